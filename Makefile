@@ -1,0 +1,50 @@
+# Two entry points for a fresh clone: `make tune` (the main job) and `make test` (every test).
+# The environment (.venv) is created and kept up to date on first use.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export VIRTUAL_ENV := $(abspath $(VENV))
+
+RUST_SOURCES := Cargo.toml $(wildcard rust/*.rs rust/benches/*.rs)
+PLUGINS := $(wildcard plugins/*)
+PLUGIN_SOURCES := $(wildcard plugins/*/pyproject.toml plugins/*/src/*/*.py)
+
+WORKLOAD ?= matmul
+SHAPE ?= 512,512,512
+TARGET ?= host
+TRIALS ?= 48
+DATABASE ?= probtune.db
+
+.PHONY: setup tune test bench clean
+
+setup: $(VENV)/.deps $(VENV)/.core $(VENV)/.plugins
+
+$(VENV)/.deps: requirements.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	touch $@
+
+# The Rust extension, built in release mode into python/probtune and installed in development mode.
+$(VENV)/.core: $(VENV)/.deps $(RUST_SOURCES) pyproject.toml
+	$(BIN)/maturin develop --release --quiet
+	touch $@
+
+$(VENV)/.plugins: $(VENV)/.core $(PLUGIN_SOURCES)
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation $(addprefix -e ,$(PLUGINS))
+	touch $@
+
+tune: setup
+	$(BIN)/probtune tune --workload $(WORKLOAD) --shape $(SHAPE) --target $(TARGET) --trials $(TRIALS) --database $(DATABASE)
+
+test: setup
+	cargo test --release
+	$(BIN)/python -m pytest
+
+bench: setup
+	$(BIN)/python -m pip install --quiet -r requirements-bench.txt
+	$(BIN)/python bench/tune_matmul.py
+
+clean:
+	rm -rf $(VENV) target python/probtune/_core*.so

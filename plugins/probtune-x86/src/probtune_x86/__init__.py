@@ -1,0 +1,73 @@
+"""x86 and generic LLVM targets for probtune.
+
+``host`` picks the widest vector ISA this CPU supports, so that tuning on any
+x86 machine works out of the box; the named ISA targets make a tuning record
+portable to machines of that class.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from probtune import TargetSpec, hookimpl
+from probtune.targets import cpu_features
+
+__all__ = ["make_targets"]
+
+CPU_MODULES = ("multi-level-tiling", "parallel-vectorize")
+CPU_VALIDATORS = ("rewrite-parallel-vectorize",)
+
+
+def _host_target(cores: int) -> TargetSpec:
+    from tvm.target import codegen
+
+    features = cpu_features()
+    width = 16 if "avx512f" in features else 8 if "avx2" in features else 4
+    return TargetSpec(
+        name="host",
+        description=f"this machine's CPU ({codegen.llvm_get_system_cpu()}, {width} fp32 lanes)",
+        tvm_target={"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu(), "num-cores": cores},
+        vector_width=width,
+        modules=CPU_MODULES,
+        validators=CPU_VALIDATORS,
+    )
+
+
+def make_targets() -> list[TargetSpec]:
+    cores = os.cpu_count() or 1
+    return [
+        TargetSpec(
+            name="x86-avx512",
+            description="x86-64 with AVX-512 (Zen 4 / Skylake-AVX512 class), 16 fp32 lanes",
+            tvm_target={"kind": "llvm", "mcpu": "znver4", "num-cores": cores},
+            vector_width=16,
+            modules=CPU_MODULES,
+            validators=CPU_VALIDATORS,
+            required_cpu_features=("avx512f", "avx512bw", "avx512vl"),
+        ),
+        TargetSpec(
+            name="x86-avx2",
+            description="x86-64 with AVX2 and FMA (Haswell / Zen 2-3 class), 8 fp32 lanes",
+            tvm_target={"kind": "llvm", "mcpu": "core-avx2", "num-cores": cores},
+            vector_width=8,
+            modules=CPU_MODULES,
+            validators=CPU_VALIDATORS,
+            required_cpu_features=("avx2", "fma"),
+        ),
+        TargetSpec(
+            name="llvm",
+            description="generic LLVM CPU code for the host architecture, no ISA assumptions",
+            tvm_target={"kind": "llvm", "num-cores": cores},
+            vector_width=4,
+            modules=CPU_MODULES,
+            validators=CPU_VALIDATORS,
+        ),
+        _host_target(cores),
+    ]
+
+
+@hookimpl
+def probtune_register_targets(register: Callable[[Any], None]) -> None:
+    for target in make_targets():
+        register(target)

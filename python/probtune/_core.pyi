@@ -1,0 +1,172 @@
+"""Rust core of probtune: traces, decisions, deterministic sampling and stable hashing.
+
+Argument values are JSON-like: ``None``, ``bool``, ``int`` (64-bit), ``float`` (finite),
+``str``, ``list`` and ``dict`` with ``str`` keys. A reference to a random variable (the
+output of an earlier instruction) is the dict ``{"rv": id}``; a dict whose only key is
+``"rv"`` is always such a reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Union
+
+Arg = Any
+"""A JSON-like argument value, with ``{"rv": id}`` dicts for random-variable references."""
+
+Decision = Union[list[int], int]
+"""Outcome of a sampling instruction: tile factors (outermost first) or a candidate index."""
+
+class TraceFormatError(ValueError):
+    """Serialized trace text that does not describe a valid trace; the message says what and where."""
+
+class InvalidDecisionError(ValueError):
+    """A decision that does not fit its instruction (non-sampling kind, wrong tile product...)."""
+
+class Instruction:
+    """One recorded step of a schedule program: ``outputs = kind(inputs, attrs)``. Read-only."""
+
+    @property
+    def kind(self) -> str:
+        """Instruction kind, e.g. ``"split"``; kinds starting with ``sample_`` are sampling instructions."""
+
+    @property
+    def inputs(self) -> list[Arg]:
+        """Positional arguments (a fresh list on each access)."""
+
+    @property
+    def attrs(self) -> dict[str, Arg]:
+        """Named arguments (a fresh dict on each access)."""
+
+    @property
+    def outputs(self) -> list[int]:
+        """Ids of the random variables this instruction defines."""
+
+    def __eq__(self, other: object) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+
+class Trace:
+    """An ordered list of instructions plus the decisions of its sampling instructions.
+
+    Copies share the instruction list (copy-on-write), so ``copy`` and ``with_decisions``
+    are cheap. Traces pickle through their JSON form.
+    """
+
+    def __init__(self) -> None:
+        """An empty trace."""
+
+    def append(
+        self,
+        kind: str,
+        inputs: list[Arg],
+        attrs: dict[str, Arg],
+        outputs: list[int],
+        decision: Decision | None = None,
+    ) -> int:
+        """Append an instruction and return its index.
+
+        Raises ``InvalidDecisionError`` for a decision on a non-sampling kind, ``ValueError``
+        when an output id is already defined or an ``{"rv": id}`` input refers to an id no
+        earlier instruction output, and ``TypeError`` for values that are not JSON-like.
+        """
+
+    def __len__(self) -> int: ...
+    @property
+    def instructions(self) -> list[Instruction]:
+        """All instructions, in order."""
+
+    def instruction(self, index: int) -> Instruction:
+        """Instruction ``index``; ``IndexError`` if out of range."""
+
+    @property
+    def decisions(self) -> dict[int, Decision]:
+        """Decisions by instruction index."""
+
+    def decision(self, index: int) -> Decision | None:
+        """Decision of instruction ``index``, ``None`` if it has none; ``IndexError`` if out of range."""
+
+    def with_decisions(self, decisions: dict[int, Decision]) -> Trace:
+        """A trace sharing these instructions with exactly ``decisions``.
+
+        ``with_decisions({})`` drops all decisions, so that replay samples fresh ones.
+        Raises ``InvalidDecisionError`` for a key that is not a sampling instruction's index.
+        """
+
+    def sampling_indices(self) -> list[int]:
+        """Indices of the sampling instructions, in order."""
+
+    def decision_hash(self) -> int:
+        """Stable 64-bit hash of the decisions (same in every process and on every platform)."""
+
+    def structure_hash(self) -> int:
+        """Stable 64-bit hash of the instructions (kinds, inputs, attrs, outputs), not the decisions."""
+
+    def to_json(self) -> str:
+        """Canonical JSON: ``{"version": 1, "insts": [...], "decisions": [[index, decision], ...]}``."""
+
+    @staticmethod
+    def from_json(text: str) -> Trace:
+        """Parse and validate ``to_json`` output; any problem raises ``TraceFormatError``."""
+
+    def copy(self) -> Trace:
+        """A cheap copy (shares the instruction list until one of them appends)."""
+
+    def __copy__(self) -> Trace: ...
+    def __deepcopy__(self, memo: dict[int, Any]) -> Trace: ...
+    def __getstate__(self) -> str: ...
+    def __setstate__(self, state: str) -> None: ...
+    def __eq__(self, other: object) -> bool:
+        """Equal instructions and equal decisions."""
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+
+class Rng:
+    """Deterministic xoshiro256** generator: equal seeds give equal streams on every platform."""
+
+    def __init__(self, seed: int) -> None:
+        """Seed the generator; ``seed`` must be in ``[0, 2**64)``."""
+
+    def next_u64(self) -> int:
+        """A uniform integer in ``[0, 2**64)``."""
+
+    def randint(self, low: int, high: int) -> int:
+        """A uniform integer in ``[low, high)``; ``ValueError`` if the range is empty."""
+
+    def random(self) -> float:
+        """A uniform float in ``[0, 1)``."""
+
+    def fork(self) -> Rng:
+        """A child generator with its own deterministic stream (advances this one by one step)."""
+
+    @property
+    def state(self) -> list[int]:
+        """The four 64-bit state words, to resume the stream with ``from_state``."""
+
+    @staticmethod
+    def from_state(state: list[int]) -> Rng:
+        """Resume a stream from ``state``; ``ValueError`` unless it is 4 words, not all zero."""
+
+    def __getnewargs__(self) -> tuple[int]: ...
+    def __getstate__(self) -> list[int]: ...
+    def __setstate__(self, state: list[int]) -> None: ...
+    def __eq__(self, other: object) -> bool:
+        """Same state, i.e. the same stream from here on."""
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+
+def sample_perfect_tile(rng: Rng, extent: int, n: int, max_innermost_factor: int) -> list[int]:
+    """Sample ``n`` factors whose product is ``extent``, the last at most ``max_innermost_factor``.
+
+    Each prime factor of ``extent`` goes to a uniformly random position (as in MetaSchedule).
+    ``max_innermost_factor <= 0`` means no limit. ``ValueError`` if ``extent < 1``, ``n < 1``,
+    or ``n == 1`` and ``extent`` exceeds the limit.
+    """
+
+def check_perfect_tile(decision: list[int], extent: int, n: int, max_innermost_factor: int) -> None:
+    """Raise ``InvalidDecisionError`` unless ``decision`` is a valid ``sample_perfect_tile`` outcome."""
+
+def sample_categorical(rng: Rng, probs: list[float]) -> int:
+    """Sample an index with probability proportional to ``probs`` (need not sum to 1).
+
+    ``ValueError`` if ``probs`` is empty, has a negative or non-finite entry, or sums to 0.
+    """
+
+def check_categorical(decision: int, num_candidates: int) -> None:
+    """Raise ``InvalidDecisionError`` unless ``0 <= decision < num_candidates``."""

@@ -1,0 +1,34 @@
+"""The kernel's own plugin: the workload catalog and local measurement.
+
+Registered through the same hooks a third-party plugin uses.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from probtune.hookspecs import hookimpl
+
+__all__ = ["probtune_register_workloads", "probtune_register_builders", "probtune_register_runners"]
+
+
+@hookimpl
+def probtune_register_workloads(register: Callable[[Any], None]) -> None:
+    from probtune.catalog import BUILTIN_WORKLOADS
+
+    for spec in BUILTIN_WORKLOADS:
+        register(spec)
+
+
+@hookimpl
+def probtune_register_builders(register: Callable[[str, Any], None]) -> None:
+    from probtune.measure import LocalBuilder
+
+    register("local", LocalBuilder)
+
+
+@hookimpl
+def probtune_register_runners(register: Callable[[str, Any], None]) -> None:
+    from probtune.measure import LocalRunner
+
+    register("local", LocalRunner)

@@ -1,0 +1,521 @@
+"""The built-in workloads: common deep-learning operators, written with ``tvm.te``.
+
+Every entry builds a PrimFunc named ``main`` whose parameters are the inputs followed by
+the output, with readable block names, and carries a numpy reference (computed in
+float64, then cast to the dtype; it takes the shape parameters, then the input arrays)
+and a FLOP count for GFLOPS figures.
+
+Shape parameters, in the order the shape is written:
+
+=======================  ====================================  ===========================
+name                     shape parameters                      tensors
+=======================  ====================================  ===========================
+matmul                   M, N, K                               A[M,K] @ B[K,N] -> C[M,N]
+batch_matmul             B, M, N, K                            A[B,M,K] @ B[B,K,N] -> C[B,M,N]
+dense_bias_relu          M, N, K                               relu(X[M,K] W[N,K]^T + bias[N])
+conv2d_nchw              N, C, H, W, K, R, S, stride, pad      data[N,C,H,W], weight[K,C,R,S]
+conv2d_nhwc              N, C, H, W, K, R, S, stride, pad      data[N,H,W,C], weight[R,S,C,K]
+depthwise_conv2d_nchw    N, C, H, W, R, S, stride, pad         data[N,C,H,W], weight[C,1,R,S]
+softmax                  M, N                                  softmax of X[M,N] over N
+layer_norm               M, N                                  X[M,N], gamma[N], beta[N]
+=======================  ====================================  ===========================
+
+Both conv2d layouts take the same parameters in the same order (C = input channels,
+K = output channels, R x S = kernel), so one tuple names one convolution problem in
+either layout.  Output sizes are ``(H + 2*pad - R) // stride + 1`` (floor, as in
+PyTorch and ONNX); padding is zero padding on all four sides.
+
+FLOP counts (one multiply-add = 2 FLOPs, an exp, max, divide or compare = 1):
+matmul ``2MNK``; batch_matmul ``2BMNK``; dense_bias_relu ``2MNK + 2MN``;
+conv2d ``2 N K OH OW C R S``; depthwise ``2 N C OH OW R S``; softmax ``5MN``
+(max, subtract, exp, sum, divide); layer_norm ``8MN`` (mean: add; variance:
+subtract, square, add; output: subtract, scale, times gamma, plus beta).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import te
+
+from probtune.errors import WorkloadShapeError
+from probtune.workload import Workload, count_inputs
+
+__all__ = ["BUILTIN_WORKLOADS", "WorkloadSpec"]
+
+Shape = tuple[int, ...]
+
+_FLOAT_DTYPES = ("float32", "float64")
+_LAYER_NORM_EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """A family of workloads: one operator, instantiated at any valid shape and dtype.
+
+    ``reference(shape, *inputs)`` computes the outputs with numpy; it gets the shape
+    because inputs alone do not determine e.g. a convolution's stride and padding.
+    Every shape parameter must be positive except those in ``zero_allowed``;
+    ``check_shape`` adds the operator's own constraints (e.g. the kernel must fit).
+    """
+
+    name: str
+    description: str
+    shape_params: tuple[str, ...]
+    default_shape: Shape
+    small_shape: Shape
+    build: Callable[[Shape, str], tvm.tirx.PrimFunc]
+    flops: Callable[[Shape], float]
+    reference: Callable[..., list[np.ndarray]]
+    dtypes: tuple[str, ...] = ("float32",)
+    zero_allowed: tuple[str, ...] = ()
+    check_shape: Callable[[Shape], None] | None = None  # raises WorkloadShapeError
+    baseline: Callable[..., object] | None = None  # numpy at the workload's dtype, for speed comparisons
+
+    def instantiate(self, shape: Sequence[int], dtype: str = "float32") -> Workload:
+        """The workload at ``shape`` and ``dtype``, after checking both."""
+        shape = self._validated_shape(shape)
+        if dtype not in self.dtypes:
+            raise WorkloadShapeError(
+                f"{self.name} supports dtypes {list(self.dtypes)}, got {dtype!r}"
+            )
+        func = self.build(shape, dtype)
+        return Workload(
+            name=self.name,
+            shape=shape,
+            dtype=dtype,
+            mod=tvm.IRModule({"main": func}),
+            num_inputs=count_inputs(func, self.name),
+            flops=float(self.flops(shape)),
+            reference=functools.partial(self.reference, shape),
+            baseline=None if self.baseline is None else functools.partial(self.baseline, shape),
+        )
+
+    def _validated_shape(self, shape: Sequence[int]) -> Shape:
+        shape = tuple(shape)
+        if len(shape) != len(self.shape_params):
+            raise WorkloadShapeError(
+                f"{self.name} takes {len(self.shape_params)} shape parameters "
+                f"({', '.join(self.shape_params)}), got {len(shape)}: {shape}"
+            )
+        for param, value in zip(self.shape_params, shape):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise WorkloadShapeError(
+                    f"{self.name} shape parameter {param} must be an integer, got {value!r}"
+                )
+            lowest = 0 if param in self.zero_allowed else 1
+            if value < lowest:
+                bound = "non-negative" if lowest == 0 else "positive"
+                raise WorkloadShapeError(
+                    f"{self.name} shape parameter {param} must be {bound}, got {value}"
+                )
+        shape = tuple(int(value) for value in shape)
+        if self.check_shape is not None:
+            self.check_shape(shape)
+        return shape
+
+
+# ---------------------------------------------------------------- matmul family
+
+
+def _build_matmul(shape: Shape, dtype: str) -> tvm.tirx.PrimFunc:
+    m, n, k = shape
+    a = te.placeholder((m, k), dtype, name="A")
+    b = te.placeholder((k, n), dtype, name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    return te.create_prim_func([a, b, c])
+
+
+def _reference_matmul(_shape: Shape, a: np.ndarray, b: np.ndarray) -> list[np.ndarray]:
+    return [(a.astype(np.float64) @ b.astype(np.float64)).astype(a.dtype)]
+
+
+def _build_batch_matmul(shape: Shape, dtype: str) -> tvm.tirx.PrimFunc:
+    batch, m, n, k = shape
+    a = te.placeholder((batch, m, k), dtype, name="A")
+    b = te.placeholder((batch, k, n), dtype, name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute(
+        (batch, m, n), lambda p, i, j: te.sum(a[p, i, r] * b[p, r, j], axis=r), name="C"
+    )
+    return te.create_prim_func([a, b, c])
+
+
+def _build_dense_bias_relu(shape: Shape, dtype: str) -> tvm.tirx.PrimFunc:
+    m, n, k = shape
+    x = te.placeholder((m, k), dtype, name="X")
+    w = te.placeholder((n, k), dtype, name="W")
+    bias = te.placeholder((n,), dtype, name="bias")
+    r = te.reduce_axis((0, k), name="k")
+    dense = te.compute((m, n), lambda i, j: te.sum(x[i, r] * w[j, r], axis=r), name="T_dense")
+    biased = te.compute((m, n), lambda i, j: dense[i, j] + bias[j], name="T_bias_add")
+    zero = tvm.tirx.const(0, dtype)
+    relu = te.compute((m, n), lambda i, j: te.max(biased[i, j], zero), name="T_relu")
+    return te.create_prim_func([x, w, bias, relu])
+
+
+def _reference_dense_bias_relu(
+    _shape: Shape, x: np.ndarray, w: np.ndarray, bias: np.ndarray
+) -> list[np.ndarray]:
+    dense = x.astype(np.float64) @ w.astype(np.float64).T + bias.astype(np.float64)
+    return [np.maximum(dense, 0.0).astype(x.dtype)]
+
+
+# ---------------------------------------------------------------- convolutions
+
+
+def _conv_output_size(size: int, kernel: int, stride: int, pad: int) -> int:
+    return (size + 2 * pad - kernel) // stride + 1
+
+
+def _check_conv_window(height: int, width: int, r: int, s: int, pad: int) -> None:
+    """The kernel must fit inside the padded input at least once."""
+    if height + 2 * pad < r or width + 2 * pad < s:
+        raise WorkloadShapeError(
+            f"a {r}x{s} kernel does not fit a {height}x{width} input padded by {pad}"
+        )
+
+
+def _check_conv2d(shape: Shape) -> None:
+    _, _, h, w, _, r, s, _, pad = shape
+    _check_conv_window(h, w, r, s, pad)
+
+
+def _check_depthwise(shape: Shape) -> None:
+    _, _, h, w, r, s, _, pad = shape
+    _check_conv_window(h, w, r, s, pad)
+
+
+def _padded(data: te.Tensor, pad: int, spatial_axes: tuple[int, int]) -> te.Tensor:
+    """Zero padding of the two spatial axes as its own block, or ``data`` when pad is 0."""
+    if pad == 0:
+        return data
+    padded_shape = tuple(
+        extent + 2 * pad if axis in spatial_axes else extent
+        for axis, extent in enumerate(data.shape)
+    )
+
+    def padded_value(*index: tvm.tirx.Var) -> tvm.tirx.Expr:
+        inside = te.all(
+            *(
+                te.all(index[axis] >= pad, index[axis] < data.shape[axis] + pad)
+                for axis in spatial_axes
+            )
+        )
+        source = [idx - pad if axis in spatial_axes else idx for axis, idx in enumerate(index)]
+        return te.if_then_else(inside, data[tuple(source)], tvm.tirx.const(0, data.dtype))
+
+    return te.compute(padded_shape, padded_value, name="pad_temp")
+
+
+def _padded_numpy(data: np.ndarray, pad: int, spatial_axes: tuple[int, int]) -> np.ndarray:
+    widths = [(pad, pad) if axis in spatial_axes else (0, 0) for axis in range(data.ndim)]
+    return np.pad(data.astype(np.float64), widths)
+
+
+def _build_conv2d_nchw(shape: Shape, dtype: str) -> tvm.tirx.PrimFunc:
+    n, c, h, w, k, r, s, stride, pad = shape
+    oh, ow = _conv_output_size(h, r, stride, pad), _conv_output_size(w, s, stride, pad)
+    data = te.placeholder((n, c, h, w), dtype, name="data")
+    weight = te.placeholder((k, c, r, s), dtype, name="weight")
+    padded = _padded(data, pad, spatial_axes=(2, 3))
+    rc = te.reduce_axis((0, c), name="rc")
+    ry = te.reduce_axis((0, r), name="ry")
+    rx = te.reduce_axis((0, s), name="rx")
+    out = te.compute(
+        (n, k, oh, ow),
+        lambda b, f, y, x: te.sum(
+            padded[b, rc, y * stride + ry, x * stride + rx] * weight[f, rc, ry, rx],
+            axis=[rc, ry, rx],
+        ),
+        name="conv2d_nchw",
+    )
+    return te.create_prim_func([data, weight, out])
+
+
+def _reference_conv2d_nchw(
+    shape: Shape, data: np.ndarray, weight: np.ndarray
+) -> list[np.ndarray]:
+    stride, pad = shape[-2:]
+    k, _, r, s = weight.shape
+    padded = _padded_numpy(data, pad, spatial_axes=(2, 3))
+    oh = (padded.shape[2] - r) // stride + 1
+    ow = (padded.shape[3] - s) // stride + 1
+    out = np.zeros((data.shape[0], k, oh, ow))
+    for dy in range(r):
+        for dx in range(s):
+            window = padded[:, :, dy : dy + stride * oh : stride, dx : dx + stride * ow : stride]
+            out += np.einsum("nchw,kc->nkhw", window, weight[:, :, dy, dx].astype(np.float64))
+    return [out.astype(data.dtype)]
+
+
+def _build_conv2d_nhwc(shape: Shape, dtype: str) -> tvm.tirx.PrimFunc:
+    n, c, h, w, k, r, s, stride, pad = shape
+    oh, ow = _conv_output_size(h, r, stride, pad), _conv_output_size(w, s, stride, pad)
+    data = te.placeholder((n, h, w, c), dtype, name="data")
+    weight = te.placeholder((r, s, c, k), dtype, name="weight")
+    padded = _padded(data, pad, spatial_axes=(1, 2))
+    ry = te.reduce_axis((0, r), name="ry")
+    rx = te.reduce_axis((0, s), name="rx")
+    rc = te.reduce_axis((0, c), name="rc")
+    out = te.compute(
+        (n, oh, ow, k),
+        lambda b, y, x, f: te.sum(
+            padded[b, y * stride + ry, x * stride + rx, rc] * weight[ry, rx, rc, f],
+            axis=[ry, rx, rc],
+        ),
+        name="conv2d_nhwc",
+    )
+    return te.create_prim_func([data, weight, out])
+
+
+def _reference_conv2d_nhwc(
+    shape: Shape, data: np.ndarray, weight: np.ndarray
+) -> list[np.ndarray]:
+    stride, pad = shape[-2:]
+    r, s, _, k = weight.shape
+    padded = _padded_numpy(data, pad, spatial_axes=(1, 2))
+    oh = (padded.shape[1] - r) // stride + 1
+    ow = (padded.shape[2] - s) // stride + 1
+    out = np.zeros((data.shape[0], oh, ow, k))
+    for dy in range(r):
+        for dx in range(s):
+            window = padded[:, dy : dy + stride * oh : stride, dx : dx + stride * ow : stride, :]
+            out += window @ weight[dy, dx].astype(np.float64)
+    return [out.astype(data.dtype)]
+
+
+def _build_depthwise_conv2d_nchw(shape: Shape, dtype: str) -> tvm.tirx.PrimFunc:
+    n, c, h, w, r, s, stride, pad = shape
+    oh, ow = _conv_output_size(h, r, stride, pad), _conv_output_size(w, s, stride, pad)
+    data = te.placeholder((n, c, h, w), dtype, name="data")
+    weight = te.placeholder((c, 1, r, s), dtype, name="weight")
+    padded = _padded(data, pad, spatial_axes=(2, 3))
+    ry = te.reduce_axis((0, r), name="ry")
+    rx = te.reduce_axis((0, s), name="rx")
+    out = te.compute(
+        (n, c, oh, ow),
+        lambda b, ch, y, x: te.sum(
+            padded[b, ch, y * stride + ry, x * stride + rx] * weight[ch, 0, ry, rx],
+            axis=[ry, rx],
+        ),
+        name="depthwise_conv2d_nchw",
+    )
+    return te.create_prim_func([data, weight, out])
+
+
+def _reference_depthwise_conv2d_nchw(
+    shape: Shape, data: np.ndarray, weight: np.ndarray
+) -> list[np.ndarray]:
+    stride, pad = shape[-2:]
+    _, _, r, s = weight.shape
+    padded = _padded_numpy(data, pad, spatial_axes=(2, 3))
+    oh = (padded.shape[2] - r) // stride + 1
+    ow = (padded.shape[3] - s) // stride + 1
+    out = np.zeros((data.shape[0], data.shape[1], oh, ow))
+    for dy in range(r):
+        for dx in range(s):
+            window = padded[:, :, dy : dy + stride * oh : stride, dx : dx + stride * ow : stride]
+            out += window * weight[:, 0, dy, dx].astype(np.float64)[None, :, None, None]
+    return [out.astype(data.dtype)]
+
+
+# ---------------------------------------------------------------- normalisations
+
+
+def _build_softmax(shape: Shape, dtype: str) -> tvm.tirx.PrimFunc:
+    m, n = shape
+    x = te.placeholder((m, n), dtype, name="X")
+    r_max = te.reduce_axis((0, n), name="k")
+    row_max = te.compute((m,), lambda i: te.max(x[i, r_max], axis=r_max), name="T_softmax_maxelem")
+    exp = te.compute((m, n), lambda i, j: te.exp(x[i, j] - row_max[i]), name="T_softmax_exp")
+    r_sum = te.reduce_axis((0, n), name="k")
+    exp_sum = te.compute((m,), lambda i: te.sum(exp[i, r_sum], axis=r_sum), name="T_softmax_expsum")
+    out = te.compute((m, n), lambda i, j: exp[i, j] / exp_sum[i], name="T_softmax_norm")
+    return te.create_prim_func([x, out])
+
+
+def _reference_softmax(_shape: Shape, x: np.ndarray) -> list[np.ndarray]:
+    shifted = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+    return [(shifted / shifted.sum(axis=1, keepdims=True)).astype(x.dtype)]
+
+
+def _build_layer_norm(shape: Shape, dtype: str) -> tvm.tirx.PrimFunc:
+    """Two-pass layer norm (mean first, then squared deviations) for numerical stability."""
+    m, n = shape
+    x = te.placeholder((m, n), dtype, name="X")
+    gamma = te.placeholder((n,), dtype, name="gamma")
+    beta = te.placeholder((n,), dtype, name="beta")
+    inv_n = tvm.tirx.const(1.0 / n, dtype)
+    eps = tvm.tirx.const(_LAYER_NORM_EPS, dtype)
+    r_mean = te.reduce_axis((0, n), name="k")
+    row_sum = te.compute((m,), lambda i: te.sum(x[i, r_mean], axis=r_mean), name="T_layer_norm_sum")
+    r_var = te.reduce_axis((0, n), name="k")
+    sq_dev_sum = te.compute(
+        (m,),
+        lambda i: te.sum(
+            (x[i, r_var] - row_sum[i] * inv_n) * (x[i, r_var] - row_sum[i] * inv_n), axis=r_var
+        ),
+        name="T_layer_norm_sq_dev_sum",
+    )
+    out = te.compute(
+        (m, n),
+        lambda i, j: (x[i, j] - row_sum[i] * inv_n)
+        * te.rsqrt(sq_dev_sum[i] * inv_n + eps)
+        * gamma[j]
+        + beta[j],
+        name="T_layer_norm",
+    )
+    return te.create_prim_func([x, gamma, beta, out])
+
+
+def _reference_layer_norm(
+    _shape: Shape, x: np.ndarray, gamma: np.ndarray, beta: np.ndarray
+) -> list[np.ndarray]:
+    x64 = x.astype(np.float64)
+    centered = x64 - x64.mean(axis=1, keepdims=True)
+    variance = (centered * centered).mean(axis=1, keepdims=True)
+    normalized = centered / np.sqrt(variance + _LAYER_NORM_EPS)
+    return [(normalized * gamma.astype(np.float64) + beta.astype(np.float64)).astype(x.dtype)]
+
+
+# ---------------------------------------------------------------- numpy baselines
+
+
+def _numpy_matmul(_shape: Shape, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return a @ b
+
+
+def _numpy_dense_bias_relu(_shape: Shape, x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    return np.maximum(x @ w.T + bias, 0)
+
+
+def _numpy_softmax(_shape: Shape, x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+# ---------------------------------------------------------------- the catalog
+
+
+
+
+def _conv2d_flops(shape: Shape) -> float:
+    n, c, h, w, k, r, s, stride, pad = shape
+    oh, ow = _conv_output_size(h, r, stride, pad), _conv_output_size(w, s, stride, pad)
+    return 2.0 * n * k * oh * ow * c * r * s
+
+
+def _depthwise_flops(shape: Shape) -> float:
+    n, c, h, w, r, s, stride, pad = shape
+    oh, ow = _conv_output_size(h, r, stride, pad), _conv_output_size(w, s, stride, pad)
+    return 2.0 * n * c * oh * ow * r * s
+
+
+_CONV2D_PARAMS = ("N", "C", "H", "W", "K", "R", "S", "stride", "pad")
+
+BUILTIN_WORKLOADS: tuple[WorkloadSpec, ...] = (
+    WorkloadSpec(
+        name="matmul",
+        description="C[M,N] = A[M,K] @ B[K,N]",
+        shape_params=("M", "N", "K"),
+        default_shape=(512, 512, 512),
+        small_shape=(24, 40, 56),
+        build=_build_matmul,
+        flops=lambda shape: 2.0 * shape[0] * shape[1] * shape[2],
+        reference=_reference_matmul,
+        baseline=_numpy_matmul,
+        dtypes=_FLOAT_DTYPES,
+    ),
+    WorkloadSpec(
+        name="batch_matmul",
+        description="C[b] = A[b] @ B[b] with A: B x M x K, B: B x K x N",
+        shape_params=("B", "M", "N", "K"),
+        default_shape=(12, 128, 128, 64),
+        small_shape=(3, 16, 24, 40),
+        build=_build_batch_matmul,
+        flops=lambda shape: 2.0 * shape[0] * shape[1] * shape[2] * shape[3],
+        reference=_reference_matmul,
+        baseline=_numpy_matmul,
+        dtypes=_FLOAT_DTYPES,
+    ),
+    WorkloadSpec(
+        name="dense_bias_relu",
+        description="relu(X[M,K] @ W[N,K]^T + bias[N]) as three blocks (dense, bias add, relu)",
+        shape_params=("M", "N", "K"),
+        default_shape=(128, 3072, 768),
+        small_shape=(16, 48, 40),
+        build=_build_dense_bias_relu,
+        flops=lambda shape: 2.0 * shape[0] * shape[1] * shape[2] + 2.0 * shape[0] * shape[1],
+        reference=_reference_dense_bias_relu,
+        baseline=_numpy_dense_bias_relu,
+        dtypes=_FLOAT_DTYPES,
+    ),
+    WorkloadSpec(
+        name="conv2d_nchw",
+        description="2-D convolution, data N x C x H x W, weight K x C x R x S, zero padding block",
+        shape_params=_CONV2D_PARAMS,
+        default_shape=(1, 64, 56, 56, 64, 3, 3, 1, 1),
+        small_shape=(2, 8, 11, 11, 12, 3, 3, 2, 1),
+        build=_build_conv2d_nchw,
+        flops=_conv2d_flops,
+        reference=_reference_conv2d_nchw,
+        dtypes=_FLOAT_DTYPES,
+        zero_allowed=("pad",),
+        check_shape=_check_conv2d,
+    ),
+    WorkloadSpec(
+        name="conv2d_nhwc",
+        description="2-D convolution, data N x H x W x C, weight R x S x C x K (HWIO)",
+        shape_params=_CONV2D_PARAMS,
+        default_shape=(1, 64, 56, 56, 64, 1, 1, 1, 0),
+        small_shape=(2, 8, 11, 11, 12, 3, 3, 2, 1),
+        build=_build_conv2d_nhwc,
+        flops=_conv2d_flops,
+        reference=_reference_conv2d_nhwc,
+        dtypes=_FLOAT_DTYPES,
+        zero_allowed=("pad",),
+        check_shape=_check_conv2d,
+    ),
+    WorkloadSpec(
+        name="depthwise_conv2d_nchw",
+        description="depthwise 2-D convolution, data N x C x H x W, weight C x 1 x R x S",
+        shape_params=("N", "C", "H", "W", "R", "S", "stride", "pad"),
+        default_shape=(1, 64, 56, 56, 3, 3, 1, 1),
+        small_shape=(2, 8, 12, 12, 3, 3, 1, 1),
+        build=_build_depthwise_conv2d_nchw,
+        flops=_depthwise_flops,
+        reference=_reference_depthwise_conv2d_nchw,
+        dtypes=_FLOAT_DTYPES,
+        zero_allowed=("pad",),
+        check_shape=_check_depthwise,
+    ),
+    WorkloadSpec(
+        name="softmax",
+        description="numerically stable softmax of X[M,N] over the last axis",
+        shape_params=("M", "N"),
+        default_shape=(1024, 1024),
+        small_shape=(16, 40),
+        build=_build_softmax,
+        flops=lambda shape: 5.0 * shape[0] * shape[1],
+        reference=_reference_softmax,
+        baseline=_numpy_softmax,
+        dtypes=_FLOAT_DTYPES,
+    ),
+    WorkloadSpec(
+        name="layer_norm",
+        description="layer normalisation of X[M,N] over the last axis, gamma/beta[N], eps=1e-5",
+        shape_params=("M", "N"),
+        default_shape=(512, 768),
+        small_shape=(16, 48),
+        build=_build_layer_norm,
+        flops=lambda shape: 8.0 * shape[0] * shape[1],
+        reference=_reference_layer_norm,
+        dtypes=_FLOAT_DTYPES,
+    ),
+)

@@ -1,0 +1,178 @@
+"""The ``probtune`` command: tune, best, plugins, workloads, targets."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["main"]
+
+DEFAULT_DATABASE = os.environ.get("PROBTUNE_DATABASE", "probtune.db")
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.3f} ms"
+
+
+def _gflops(flops: float | None, seconds: float | None) -> str:
+    return "-" if not flops or not seconds else f"{flops / seconds / 1e9:.1f} GFLOPS"
+
+
+def _print_progress(outcome) -> None:  # type: ignore[no-untyped-def]
+    width = len(str(outcome.trials))
+    head = f"[{outcome.trial:>{width}}/{outcome.trials}]"
+    if outcome.status == "ok":
+        now = f"{_ms(outcome.latency):>12} {_gflops(outcome.flops, outcome.latency):>14}"
+    else:
+        now = f"{outcome.status:>12}  {(outcome.error or '')[:60]}"
+    best = f"best {_ms(outcome.best_latency)} ({_gflops(outcome.flops, outcome.best_latency)})"
+    print(f"{head} {now}   {best}", flush=True)
+
+
+def _numpy_seconds(workload, repeat: int = 10) -> float | None:  # type: ignore[no-untyped-def]
+    """Median time of the workload's numpy implementation on the same inputs (None if it has none)."""
+    if workload.baseline is None:
+        return None
+    inputs = workload.random_inputs(0)
+    workload.baseline(*inputs)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        workload.baseline(*inputs)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from probtune import tune
+
+    print(f"tuning {args.workload} on target {args.target}: {args.trials} trials, database {args.database}", flush=True)
+    result = tune(
+        args.workload,
+        target=args.target,
+        trials=args.trials,
+        shape=args.shape,
+        dtype=args.dtype,
+        database=args.database,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        modules=args.modules.split(",") if args.modules else None,
+        progress=_print_progress,
+    )
+    work = result.workload
+    failed = {k: v for k, v in result.statuses.items() if k != "ok"}
+    print(f"\n{work.key} on {result.target.name}: measured {result.measured} candidates in {result.seconds:.1f} s"
+          + (f" (failed: {failed})" if failed else ""))
+    if result.rejections:
+        print(f"rejected before measurement: {result.rejections}")
+    if result.best is None:
+        print("no correct program found")
+        return 1
+    print(f"best:  {_ms(result.best_latency)}  {_gflops(work.flops, result.best_latency)}  (record {result.best.id})")
+    numpy_s = _numpy_seconds(work)
+    if numpy_s is not None:
+        print(f"numpy: {_ms(numpy_s)}  {_gflops(work.flops, numpy_s)}  "
+              f"(probtune/numpy speed ratio {numpy_s / result.best_latency:.2f}x)")
+    return 0
+
+
+def _cmd_best(args: argparse.Namespace) -> int:
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    from probtune.database import Database
+
+    if not os.path.exists(args.database):
+        print(f"error: no database at {args.database}", file=sys.stderr)
+        return 2
+    with Database(args.database) as db:
+        rows = db.best_per_workload(args.target)
+        if not rows:
+            print(f"{args.database}: no correct record yet")
+            return 0
+        print(f"{'workload':<40} {'target':<12} {'latency':>12} {'GFLOPS':>8} {'records':>8}  record")
+        for workload, record in rows:
+            flops = float(estimate_tir_flops(workload.mod))
+            print(f"{workload.key:<40} {record.target:<12} {_ms(record.mean_latency):>12} "
+                  f"{flops / record.mean_latency / 1e9:>8.1f} {db.count(workload.id, record.target):>8}  {record.id}")
+    return 0
+
+
+def _cmd_plugins(args: argparse.Namespace) -> int:
+    from probtune.plugins import get_registry
+
+    for info in get_registry().plugins.values():
+        print(f"{info.name}  ({info.distribution} {info.version})")
+        for kind, names in info.registered.items():
+            print(f"    {kind}: {', '.join(names)}")
+        if info.error:
+            print(f"    FAILED: {info.error}")
+    return 0
+
+
+def _cmd_workloads(args: argparse.Namespace) -> int:
+    from probtune.plugins import get_registry
+
+    for spec in get_registry().workloads.values():
+        params = ",".join(spec.shape_params)
+        default = ",".join(map(str, spec.default_shape))
+        print(f"{spec.name:<24} shape ({params}) default {default}\n    {spec.description}")
+    return 0
+
+
+def _cmd_targets(args: argparse.Namespace) -> int:
+    from probtune.plugins import get_registry
+
+    for spec in get_registry().targets.values():
+        print(f"{spec.name:<12} {spec.description}\n    modules: {', '.join(spec.modules)}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="probtune", description="Automatic tensor-program optimization.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    tune_p = sub.add_parser("tune", help="tune a workload and record every measurement in the database")
+    tune_p.add_argument("--workload", default="matmul", help="catalog name (see 'probtune workloads')")
+    tune_p.add_argument("--shape", default=None, help="shape parameters, e.g. 512,512,512 (default: the workload's)")
+    tune_p.add_argument("--dtype", default="float32")
+    tune_p.add_argument("--target", default="host", help="target name (see 'probtune targets')")
+    tune_p.add_argument("--trials", type=int, default=64)
+    tune_p.add_argument("--batch-size", type=int, default=16)
+    tune_p.add_argument("--seed", type=int, default=0)
+    tune_p.add_argument("--modules", default=None, help="comma-separated design-space modules (default: the target's)")
+    tune_p.add_argument("--database", default=DEFAULT_DATABASE)
+    tune_p.set_defaults(run=_cmd_tune)
+
+    best_p = sub.add_parser("best", help="show the best record per workload and target")
+    best_p.add_argument("--database", default=DEFAULT_DATABASE)
+    best_p.add_argument("--target", default=None)
+    best_p.set_defaults(run=_cmd_best)
+
+    sub.add_parser("plugins", help="list loaded plugins and what they registered").set_defaults(run=_cmd_plugins)
+    sub.add_parser("workloads", help="list the workload catalog").set_defaults(run=_cmd_workloads)
+    sub.add_parser("targets", help="list the registered targets").set_defaults(run=_cmd_targets)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from probtune.errors import ProbtuneError
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.formatwarning = lambda message, category, *rest: f"warning: {message}\n"  # type: ignore[assignment]
+        try:
+            return int(args.run(args))
+        except ProbtuneError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

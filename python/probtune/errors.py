@@ -1,0 +1,68 @@
+"""Errors raised by probtune: each names the problem so the user can fix the input."""
+
+from __future__ import annotations
+
+from probtune._core import InvalidDecisionError, TraceFormatError
+
+__all__ = [
+    "ProbtuneError",
+    "UnknownWorkloadError",
+    "WorkloadShapeError",
+    "UnknownTargetError",
+    "UnsupportedTargetError",
+    "DatabaseError",
+    "SchemaVersionError",
+    "DatabaseRowError",
+    "PluginError",
+    "TuningConfigError",
+    "ReplayError",
+    "InvalidDecisionError",
+    "TraceFormatError",
+]
+
+
+class ProbtuneError(Exception):
+    """Base class of probtune's own errors."""
+
+
+class UnknownWorkloadError(ProbtuneError, KeyError):
+    """A workload name that no catalog entry (built-in or plugin) provides."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class WorkloadShapeError(ProbtuneError, ValueError):
+    """A shape that does not fit the workload (wrong arity, non-positive sizes...)."""
+
+
+class UnknownTargetError(ProbtuneError, ValueError):
+    """A target name that no target plugin registered."""
+
+
+class UnsupportedTargetError(ProbtuneError, RuntimeError):
+    """A target whose code this machine cannot run (e.g. AVX-512 code on an AVX2 CPU)."""
+
+
+class DatabaseError(ProbtuneError):
+    """A tuning database that cannot be opened or used."""
+
+
+class SchemaVersionError(DatabaseError):
+    """A database written by another schema version of probtune."""
+
+
+class DatabaseRowError(DatabaseError):
+    """A database row whose content does not parse."""
+
+
+class PluginError(ProbtuneError):
+    """A plugin that registered something malformed or conflicting."""
+
+
+class TuningConfigError(ProbtuneError, ValueError):
+    """Bad tuning parameters, e.g. trials <= 0."""
+
+
+class ReplayError(ProbtuneError):
+    """A trace instruction that TVM refused while replaying (the program it names is illegal)."""

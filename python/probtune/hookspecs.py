@@ -1,0 +1,81 @@
+"""The hooks through which everything concrete reaches probtune.
+
+Every hook takes a ``register`` callback. A plugin implements a hook with
+``@probtune.hookimpl`` and calls ``register(...)`` once per thing it provides.
+Built-in plugins use exactly these hooks, so a third-party distribution that
+declares an entry point in the ``probtune`` group is on equal footing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import pluggy
+
+if TYPE_CHECKING:
+    from probtune.catalog import WorkloadSpec
+    from probtune.interfaces import (
+        BuilderFactory,
+        CostModelFactory,
+        Mutator,
+        RunnerFactory,
+        SpaceModule,
+        TargetSpec,
+        Validator,
+    )
+
+__all__ = [
+    "hookspec",
+    "hookimpl",
+    "probtune_register_workloads",
+    "probtune_register_targets",
+    "probtune_register_space_modules",
+    "probtune_register_mutators",
+    "probtune_register_validators",
+    "probtune_register_cost_models",
+    "probtune_register_builders",
+    "probtune_register_runners",
+]
+
+hookspec = pluggy.HookspecMarker("probtune")
+hookimpl = pluggy.HookimplMarker("probtune")
+
+
+@hookspec
+def probtune_register_workloads(register: Callable[[WorkloadSpec], None]) -> None:
+    """Register named, shape-parameterised workloads for the catalog (``probtune workloads``)."""
+
+
+@hookspec
+def probtune_register_targets(register: Callable[[TargetSpec], None]) -> None:
+    """Register hardware targets: a TVM target dict plus the module set and validators to use."""
+
+
+@hookspec
+def probtune_register_space_modules(register: Callable[[SpaceModule], None]) -> None:
+    """Register design-space modules: stochastic transformations applied to each block."""
+
+
+@hookspec
+def probtune_register_mutators(register: Callable[[Mutator], None]) -> None:
+    """Register mutators that change the decisions of a trace during evolutionary search."""
+
+
+@hookspec
+def probtune_register_validators(register: Callable[[Validator], None]) -> None:
+    """Register validators/post-processors that finish or reject a scheduled program."""
+
+
+@hookspec
+def probtune_register_cost_models(register: Callable[[str, CostModelFactory], None]) -> None:
+    """Register cost-model factories by name."""
+
+
+@hookspec
+def probtune_register_builders(register: Callable[[str, BuilderFactory], None]) -> None:
+    """Register builder factories by name (compile candidates into loadable artifacts)."""
+
+
+@hookspec
+def probtune_register_runners(register: Callable[[str, RunnerFactory], None]) -> None:
+    """Register runner factories by name (time candidates and check their results)."""

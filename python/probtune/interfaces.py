@@ -1,0 +1,138 @@
+"""Small Protocols that plugins satisfy: plain Python objects, no FFI bridging."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
+
+if TYPE_CHECKING:
+    import tvm
+
+    from probtune._core import Rng, Trace
+    from probtune.measure import BuildResult, MeasureReference, RunResult
+    from probtune.schedule import BlockRV, Schedule
+    from probtune.workload import Workload
+
+__all__ = [
+    "TargetSpec",
+    "SpaceContext",
+    "SpaceModule",
+    "Validator",
+    "Mutator",
+    "CostModel",
+    "Builder",
+    "Runner",
+    "BuilderFactory",
+    "RunnerFactory",
+    "CostModelFactory",
+]
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """A named hardware target.
+
+    ``tvm_target`` is TVM's target in dict form (the string form is rejected by
+    TVM 0.27). ``modules`` and ``validators`` name the design-space modules and
+    validators used by default; ``required_cpu_features`` lets the local runner
+    refuse, with a clear message, code this CPU cannot execute.
+    """
+
+    name: str
+    description: str
+    tvm_target: dict[str, Any]
+    vector_width: int
+    modules: tuple[str, ...]
+    validators: tuple[str, ...] = ()
+    required_cpu_features: tuple[str, ...] = ()
+    builder: str = "local"
+    runner: str = "local"
+
+    @property
+    def num_cores(self) -> int:
+        return int(self.tvm_target.get("num-cores", os.cpu_count() or 1))
+
+
+@dataclass
+class SpaceContext:
+    """What a module or validator may consult: the workload and the target."""
+
+    workload: Workload
+    target: TargetSpec
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class SpaceModule(Protocol):
+    """A reusable stochastic transformation applied to one block at a time."""
+
+    name: str
+
+    def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
+        """Transform ``block`` through ``sch`` (recorded in its trace); do nothing if it does not apply."""
+        ...
+
+
+@runtime_checkable
+class Validator(Protocol):
+    """Finishes a scheduled program or rejects it before it costs a measurement.
+
+    ``check`` works on the raw ``tvm.s_tir.Schedule`` after a trace is replayed;
+    what it changes is not part of the trace and is re-applied on every replay.
+    It returns ``None`` to accept or a short reason to reject.
+    """
+
+    name: str
+
+    def check(self, sch: tvm.s_tir.Schedule, ctx: SpaceContext) -> str | None: ...
+
+
+@runtime_checkable
+class Mutator(Protocol):
+    """Proposes a neighbour of a trace by changing its decisions."""
+
+    name: str
+    probability: float
+
+    def mutate(self, trace: Trace, rng: Rng, ctx: SpaceContext) -> Trace | None: ...
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """Scores candidate programs; trained on measured latencies."""
+
+    def update(self, mods: Sequence[tvm.IRModule], latencies: Sequence[float]) -> None: ...
+
+    def predict(self, mods: Sequence[tvm.IRModule]) -> Sequence[float]: ...
+
+
+@runtime_checkable
+class Builder(Protocol):
+    """Compiles candidates into artifacts a runner can load; yields (index, result) as each finishes."""
+
+    name: str
+
+    def build(
+        self, mods: Sequence[tvm.IRModule], target: dict[str, Any], workdir: str | os.PathLike[str]
+    ) -> Iterator[tuple[int, BuildResult]]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """Times artifacts and checks their outputs; yields (index, result) as each finishes."""
+
+    name: str
+
+    def run(
+        self, reference: MeasureReference, artifacts: Sequence[str | None], target: dict[str, Any]
+    ) -> Iterator[tuple[int, RunResult]]: ...
+
+    def close(self) -> None: ...
+
+
+BuilderFactory = Callable[..., Builder]
+RunnerFactory = Callable[..., Runner]
+CostModelFactory = Callable[..., CostModel]

@@ -1,0 +1,76 @@
+"""The tuning process's handle on one measurement child process.
+
+Children are started with the ``spawn`` method so that they inherit none of the
+tuner's state (TVM objects, threads, open databases), and they talk to the
+parent over a pipe.  A child leads its own process group, so killing it also
+kills whatever it started (e.g. the linker run by ``export_library``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["READY", "WorkerProcess", "WorkerStartError", "describe_exit"]
+
+READY = "ready"
+"""First message of every child: its imports are done and it takes tasks."""
+
+_SPAWN = multiprocessing.get_context("spawn")
+
+
+class WorkerStartError(RuntimeError):
+    """A child that died or hung before it was ready: the environment is broken, not a candidate."""
+
+
+class WorkerProcess:
+    """A spawned child running ``main(connection, *args)``, with the parent's end of the pipe."""
+
+    def __init__(self, main: Callable[..., None], args: tuple[Any, ...], name: str) -> None:
+        self.name = name
+        self.connection, child_end = _SPAWN.Pipe()
+        self._process = _SPAWN.Process(target=main, args=(child_end, *args), name=name, daemon=True)
+        self._process.start()
+        self._reaped = False
+        child_end.close()  # the child holds the only other end: its death reads as EOF here
+
+    def wait_ready(self, timeout: float) -> None:
+        """Block until the child reports that it is ready; kill it and raise if it does not."""
+        if not self.connection.poll(timeout):
+            self.kill()
+            raise WorkerStartError(f"{self.name} did not start within {timeout:g} s")
+        try:
+            self.connection.recv()  # the first message says it is ready
+        except (EOFError, ConnectionResetError):
+            raise WorkerStartError(f"{self.name} failed to start ({self.kill()})") from None
+
+    def kill(self) -> str:
+        """Kill the child and its process group, reap it, and say how it ended."""
+        if self._reaped:
+            return describe_exit(self._process.exitcode)
+        # Signal the group before reaping the child: until then its pid, hence the
+        # group id, cannot have been reused by an unrelated process.
+        try:
+            os.killpg(self._process.pid, signal.SIGKILL)
+        except OSError:  # the child has not made its group yet, or the group is gone
+            pass
+        self._process.kill()
+        self._process.join()
+        self._reaped = True
+        self.connection.close()
+        return describe_exit(self._process.exitcode)
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """``SIGSEGV`` for a child killed by a signal, ``exit code 1`` for one that exited."""
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return signal.Signals(-exitcode).name
+        except ValueError:
+            return f"signal {-exitcode}"
+    return f"exit code {exitcode}"

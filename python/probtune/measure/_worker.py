@@ -1,0 +1,191 @@
+"""What runs inside the measurement child processes, never in the tuning process.
+
+Each child imports TVM once, says it is ready, then serves tasks from its pipe
+until the parent kills it or goes away.  Errors a candidate causes are
+caught and reported; a crash or a hang is left to the parent to detect.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from probtune.measure._process import READY
+
+__all__ = [
+    "BuildTask",
+    "BuildReply",
+    "RunTask",
+    "RunReply",
+    "build_worker_main",
+    "run_worker_main",
+    "describe_error",
+    "first_mismatch",
+]
+
+_ERROR_LINES = 12
+_ERROR_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class BuildTask:
+    mod_json: str  # tvm.ir.save_json of the candidate: TVM objects do not pickle reliably
+    target: dict[str, Any]
+    artifact_path: str
+    scratch_dir: str  # export_library's object files: removed afterwards (by the parent if we die)
+
+
+@dataclass(frozen=True)
+class BuildReply:
+    error: str | None
+    seconds: float  # measured here: the parent may read the reply late
+
+
+@dataclass(frozen=True)
+class RunTask:
+    reference_path: str
+    num_inputs: int
+    rtol: float
+    atol: float
+    artifact_path: str
+    device: str  # a tvm.device name: "cpu", "cuda", ...
+    repeat: int
+    min_repeat_ms: float
+    warmup: int
+
+
+@dataclass(frozen=True)
+class RunReply:
+    status: str  # "ok", "wrong_result" or "run_error"
+    latencies: tuple[float, ...]
+    error: str | None
+
+
+def build_worker_main(connection: Connection) -> None:
+    """Compile candidates and export each as a shared library."""
+    os.setpgrp()
+    import tvm
+
+    def build(task: BuildTask) -> BuildReply:
+        started = time.perf_counter()
+        try:
+            mod = tvm.ir.load_json(task.mod_json)
+            executable = tvm.compile(mod, target=tvm.target.Target(task.target))
+            os.makedirs(task.scratch_dir, exist_ok=True)
+            executable.export_library(task.artifact_path, workspace_dir=task.scratch_dir)
+        except Exception as error:  # a candidate TVM rejects is a result, not a worker failure
+            Path(task.artifact_path).unlink(missing_ok=True)
+            return BuildReply(describe_error(error), time.perf_counter() - started)
+        finally:
+            shutil.rmtree(task.scratch_dir, ignore_errors=True)
+        return BuildReply(None, time.perf_counter() - started)
+
+    _serve(connection, build)
+
+
+def run_worker_main(connection: Connection, num_threads: int | None) -> None:
+    """Load, check and time candidates one at a time."""
+    os.setpgrp()
+    if num_threads is not None:
+        os.environ["TVM_NUM_THREADS"] = str(num_threads)  # read when TVM's thread pool starts
+    import tvm
+
+    cached_path: str | None = None
+    cached_arrays: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
+
+    def load_reference(task: RunTask) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        nonlocal cached_path, cached_arrays
+        if task.reference_path != cached_path:
+            with np.load(task.reference_path) as arrays:
+                inputs = [arrays[f"input_{i}"] for i in range(task.num_inputs)]
+                num_outputs = len(arrays.files) - task.num_inputs
+                outputs = [arrays[f"output_{i}"] for i in range(num_outputs)]
+            cached_path, cached_arrays = task.reference_path, (inputs, outputs)
+        return cached_arrays
+
+    def measure(task: RunTask) -> RunReply:
+        inputs, expected = load_reference(task)
+        device = tvm.device(task.device, 0)
+        module = tvm.runtime.load_module(task.artifact_path)
+        # Fresh tensors per candidate: one that scribbles on its inputs cannot spoil the next.
+        args = [tvm.runtime.tensor(array, device) for array in inputs]
+        args += [tvm.runtime.tensor(np.zeros_like(array), device) for array in expected]
+        module["main"](*args)
+        mismatch = first_mismatch(
+            [tensor.numpy() for tensor in args[len(inputs) :]], expected, task.rtol, task.atol
+        )
+        if mismatch is not None:
+            return RunReply("wrong_result", (), mismatch)
+        for _ in range(task.warmup):
+            module["main"](*args)
+        timer = module.time_evaluator(  # number=1 grows until one repeat lasts min_repeat_ms
+            "main",
+            device,
+            number=1,
+            repeat=task.repeat,
+            min_repeat_ms=math.ceil(task.min_repeat_ms),
+        )
+        return RunReply("ok", tuple(float(t) for t in timer(*args).results), None)
+
+    def run(task: RunTask) -> RunReply:
+        try:
+            return measure(task)
+        except Exception as error:  # load failures, runtime errors raised by TVM
+            return RunReply("run_error", (), describe_error(error))
+
+    _serve(connection, run)
+
+
+def _serve(connection: Connection, handle: Callable[[Any], Any]) -> None:
+    connection.send(READY)
+    for task in _tasks(connection):
+        try:
+            connection.send(handle(task))
+        except (BrokenPipeError, ConnectionResetError):  # the parent is gone
+            return
+
+
+def _tasks(connection: Connection) -> Iterator[Any]:
+    while True:
+        try:
+            yield connection.recv()
+        except EOFError:  # the parent is gone
+            return
+
+
+def describe_error(error: BaseException) -> str:
+    """The error's type and the last lines of its message (TVM's messages end with the cause)."""
+    text = "".join(traceback.format_exception_only(type(error), error)).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    tail = "\n".join(lines[-_ERROR_LINES:])
+    return tail[-_ERROR_CHARS:]
+
+
+def first_mismatch(
+    actual: list[np.ndarray], expected: list[np.ndarray], rtol: float, atol: float
+) -> str | None:
+    """Why the first wrong output is wrong, or None when all match (a NaN never matches)."""
+    for index, (out, ref) in enumerate(zip(actual, expected)):
+        if np.allclose(out, ref, rtol=rtol, atol=atol, equal_nan=False):
+            continue
+        with np.errstate(invalid="ignore"):
+            error = np.abs(out.astype(np.float64) - ref.astype(np.float64))
+        nans = int(np.isnan(error).sum())
+        if nans:
+            return f"{nans} NaN value(s) in output {index}"
+        return (
+            f"max abs error {error.max():.3g} exceeds tolerance "
+            f"(rtol {rtol:g}, atol {atol:g}) in output {index}"
+        )
+    return None
+

@@ -1,0 +1,236 @@
+"""Check and time built candidates, one at a time, in a separate process.
+
+The child process loads each artifact, runs it once on the reference inputs and
+compares every output with the reference before timing it, so a fast but wrong
+program is never reported as a latency.  A candidate that crashes the child or
+runs past the timeout gets the child killed; the next candidate gets a fresh one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from probtune.measure._process import WorkerProcess
+from probtune.measure._worker import RunTask, run_worker_main
+from probtune.measure.builder import BuildResult
+
+if TYPE_CHECKING:
+    from probtune.workload import Workload
+
+__all__ = ["RunResult", "MeasureReference", "LocalRunner", "prepare_reference"]
+
+_STARTUP_TIMEOUT = 120.0  # importing TVM takes about a second; minutes mean something is broken
+_DEVICE_OF_TARGET_KIND = {"llvm": "cpu", "c": "cpu"}  # other kinds ("cuda", ...) name their device
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One candidate's measurement.
+
+    ``status`` is "ok", "build_error", "run_error", "timeout", "crash" or
+    "wrong_result"; ``latencies`` (seconds per call, one per repeat) are given
+    for "ok" only, ``error`` says what went wrong otherwise.
+    """
+
+    status: str
+    latencies: tuple[float, ...]
+    error: str | None
+    seconds: float  # wall time spent on this candidate
+
+
+@dataclass(frozen=True)
+class MeasureReference:
+    """Where the runner finds the inputs and expected outputs, and how close outputs must be."""
+
+    path: str  # .npz with input_0.. and output_0..; its name carries a digest of its content
+    num_inputs: int
+    rtol: float
+    atol: float
+
+
+def prepare_reference(
+    workload: Workload, workdir: str | os.PathLike[str], seed: int = 0
+) -> MeasureReference:
+    """Compute the reference outputs once, in the tuning process, and save them for the runner.
+
+    The file name holds a digest of the arrays, so a runner that caches references
+    by path never confuses two workloads.
+    """
+    inputs = [np.ascontiguousarray(array) for array in workload.random_inputs(seed)]
+    outputs = list(workload.reference_outputs(inputs))
+    output_specs = workload.param_specs()[workload.num_inputs :]
+    if len(outputs) != len(output_specs):
+        raise ValueError(
+            f"workload {workload.name!r} has {len(output_specs)} outputs but its reference "
+            f"returned {len(outputs)}"
+        )
+    arrays = {f"input_{i}": array for i, array in enumerate(inputs)}
+    for i, (array, (shape, dtype)) in enumerate(zip(outputs, output_specs)):
+        array = np.asarray(array)
+        if array.shape != shape:
+            raise ValueError(
+                f"workload {workload.name!r}: reference output {i} has shape {array.shape}, "
+                f"the program's output has {shape}"
+            )
+        arrays[f"output_{i}"] = np.ascontiguousarray(array, dtype=dtype)
+    digest = hashlib.sha256()
+    for key, array in arrays.items():
+        digest.update(f"{key}:{array.dtype.str}:{array.shape};".encode())
+        digest.update(array.tobytes())
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", workload.name)
+    path = Path(workdir).resolve() / f"reference-{slug}-{digest.hexdigest()[:16]}.npz"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.npz")
+        np.savez(partial, **arrays)
+        os.replace(partial, path)  # readers never see half a file
+    rtol, atol = workload.tolerance()
+    return MeasureReference(str(path), workload.num_inputs, float(rtol), float(atol))
+
+
+class LocalRunner:
+    """Times candidates on this machine, sequentially, in one long-lived child process.
+
+    ``timeout`` bounds one candidate: loading, the check, warmup and timing.
+    ``min_repeat_ms`` makes TVM's timer run each repeat that long (it picks how
+    many calls one repeat makes); ``latencies`` are seconds per call, one per
+    repeat.  ``num_threads`` sets TVM's thread pool in the child; ``None`` takes
+    the target's ``num-cores`` (TVM's own default on x86 is half the logical
+    CPUs, as it assumes SMT, which would leave a core of this machine idle).
+    The child is spawned, so a script that runs candidates must keep its
+    top-level code under ``if __name__ == "__main__":``.
+    """
+
+    name = "local"
+
+    def __init__(
+        self,
+        timeout: float = 10.0,
+        repeat: int = 3,
+        min_repeat_ms: float = 50.0,
+        warmup: int = 1,
+        num_threads: int | None = None,
+    ) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        if repeat < 1:
+            raise ValueError(f"repeat must be at least 1, got {repeat}")
+        if min_repeat_ms < 0 or warmup < 0:
+            raise ValueError("min_repeat_ms and warmup must not be negative")
+        if num_threads is not None and num_threads < 1:
+            raise ValueError(f"num_threads must be at least 1, got {num_threads}")
+        self.timeout = timeout
+        self.repeat = repeat
+        self.min_repeat_ms = min_repeat_ms
+        self.warmup = warmup
+        self.num_threads = num_threads
+        self._children: list[WorkerProcess] = []  # at most one; shared with the finalizer
+        self._child_threads: int | None = None
+        self._finalizer = weakref.finalize(self, _kill_all, self._children)
+
+    def run(
+        self,
+        reference: MeasureReference,
+        artifacts: Sequence[str | BuildResult | None],
+        target: dict[str, Any],
+    ) -> Iterator[tuple[int, RunResult]]:
+        """Yield ``(index into artifacts, result)`` for each candidate, in order.
+
+        An item is an artifact path, or the builder's result (whose error is
+        passed on as a "build_error"), or None for a candidate that did not build.
+        """
+        if not self._finalizer.alive:
+            raise RuntimeError("this LocalRunner is closed")
+        if not os.path.isfile(reference.path):
+            raise FileNotFoundError(f"reference file {reference.path} does not exist")
+        kind = target["kind"]
+        device = _DEVICE_OF_TARGET_KIND.get(kind, kind)
+        threads = self.num_threads if self.num_threads is not None else target.get("num-cores")
+        return self._run(reference, list(artifacts), device, None if threads is None else int(threads))
+
+    def close(self) -> None:
+        """Kill the child process; the runner cannot be used afterwards."""
+        self._finalizer()
+
+    def __enter__(self) -> LocalRunner:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _run(
+        self,
+        reference: MeasureReference,
+        artifacts: list[str | BuildResult | None],
+        device: str,
+        threads: int | None,
+    ) -> Iterator[tuple[int, RunResult]]:
+        for index, item in enumerate(artifacts):
+            if isinstance(item, BuildResult):
+                artifact, build_error = item.artifact, item.error
+            else:
+                artifact, build_error = item, None
+            if artifact is None:
+                reason = build_error or "the candidate did not build"
+                yield index, RunResult("build_error", (), reason, 0.0)
+                continue
+            task = RunTask(
+                reference.path,
+                reference.num_inputs,
+                reference.rtol,
+                reference.atol,
+                str(artifact),
+                device,
+                self.repeat,
+                self.min_repeat_ms,
+                self.warmup,
+            )
+            yield index, self._measure(task, threads)
+
+    def _measure(self, task: RunTask, threads: int | None) -> RunResult:
+        child = self._ready_child(threads)
+        started = time.perf_counter()
+        child.connection.send(task)
+        if not child.connection.poll(self.timeout):
+            self._discard_child()
+            reason = f"timed out after {self.timeout:g} s"
+            return RunResult("timeout", (), reason, time.perf_counter() - started)
+        try:
+            reply = child.connection.recv()
+        except (EOFError, ConnectionResetError):
+            how = self._discard_child()
+            return RunResult("crash", (), f"runner crashed ({how})", time.perf_counter() - started)
+        return RunResult(reply.status, reply.latencies, reply.error, time.perf_counter() - started)
+
+    def _ready_child(self, threads: int | None) -> WorkerProcess:
+        """The child, started now if there is none; replaced if it died while idle or has other threads."""
+        if self._children and (self._children[0].connection.poll() or self._child_threads != threads):
+            self._discard_child()  # an idle child only speaks by dying
+        if not self._children:
+            child = WorkerProcess(run_worker_main, (threads,), name="probtune runner")
+            self._children.append(child)
+            self._child_threads = threads
+            try:
+                child.wait_ready(_STARTUP_TIMEOUT)
+            except BaseException:
+                self._discard_child()
+                raise
+        return self._children[0]
+
+    def _discard_child(self) -> str:
+        return self._children.pop().kill()
+
+
+def _kill_all(children: list[WorkerProcess]) -> None:
+    while children:
+        children.pop().kill()

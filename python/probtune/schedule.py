@@ -1,0 +1,355 @@
+"""The probabilistic schedule language.
+
+``Schedule`` wraps ``tvm.s_tir.Schedule``. Every primitive and sampling
+instruction applied through it is recorded in a Rust ``Trace``; the random
+variables handed to callers are small ``RV`` handles, so a trace can be
+replayed on a fresh copy of the workload — with its own decisions, with
+changed ones, or with none (fresh samples) — and give the same program.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import tvm
+from tvm import s_tir
+
+from probtune._core import (
+    InvalidDecisionError,
+    Rng,
+    Trace,
+    TraceFormatError,
+    check_categorical,
+    check_perfect_tile,
+    sample_categorical,
+    sample_perfect_tile,
+)
+from probtune.errors import ReplayError
+
+__all__ = ["RV", "BlockRV", "LoopRV", "ExprRV", "Schedule", "SAMPLING_KINDS", "PRIMITIVE_KINDS"]
+
+
+class RV:
+    """A random variable of the trace: a block, a loop or an integer."""
+
+    __slots__ = ("id",)
+
+    def __init__(self, rv_id: int) -> None:
+        self.id = rv_id
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.id})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.id == self.id  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self.id))
+
+
+class BlockRV(RV):
+    __slots__ = ()
+
+
+class LoopRV(RV):
+    __slots__ = ()
+
+
+class ExprRV(RV):
+    """An integer random variable (a sampled tile size or categorical value)."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True)
+class _Primitive:
+    """How to apply one instruction kind to a TVM schedule and what its outputs are."""
+
+    call: Callable[[s_tir.Schedule, list[Any], dict[str, Any]], Any]
+    output: type[RV] | None = None  # None: no outputs
+    many: bool = False  # the call returns a list of outputs
+
+
+def _annotate(s: s_tir.Schedule, ins: list[Any], at: dict[str, Any]) -> None:
+    value = ins[1] if len(ins) > 1 else at["ann_val"]
+    s.annotate(ins[0], at["ann_key"], value)
+
+
+_PRIMITIVES: dict[str, _Primitive] = {
+    "get_sblock": _Primitive(lambda s, ins, at: s.get_sblock(at["name"], at.get("func_name", "main")), BlockRV),
+    "get_loops": _Primitive(lambda s, ins, at: s.get_loops(ins[0]), LoopRV, many=True),
+    "get_child_blocks": _Primitive(lambda s, ins, at: s.get_child_blocks(ins[0]), BlockRV, many=True),
+    "get_producers": _Primitive(lambda s, ins, at: s.get_producers(ins[0]), BlockRV, many=True),
+    "get_consumers": _Primitive(lambda s, ins, at: s.get_consumers(ins[0]), BlockRV, many=True),
+    "split": _Primitive(
+        lambda s, ins, at: s.split(ins[0], ins[1:], preserve_unit_iters=at.get("preserve_unit_iters", True)),
+        LoopRV,
+        many=True,
+    ),
+    "fuse": _Primitive(lambda s, ins, at: s.fuse(*ins, preserve_unit_iters=at.get("preserve_unit_iters", True)), LoopRV),
+    "reorder": _Primitive(lambda s, ins, at: s.reorder(*ins)),
+    "parallel": _Primitive(lambda s, ins, at: s.parallel(ins[0])),
+    "vectorize": _Primitive(lambda s, ins, at: s.vectorize(ins[0])),
+    "unroll": _Primitive(lambda s, ins, at: s.unroll(ins[0])),
+    "compute_at": _Primitive(
+        lambda s, ins, at: s.compute_at(ins[0], ins[1], preserve_unit_loops=at.get("preserve_unit_loops", True))
+    ),
+    "reverse_compute_at": _Primitive(
+        lambda s, ins, at: s.reverse_compute_at(ins[0], ins[1], preserve_unit_loops=at.get("preserve_unit_loops", True))
+    ),
+    "compute_inline": _Primitive(lambda s, ins, at: s.compute_inline(ins[0])),
+    "reverse_compute_inline": _Primitive(lambda s, ins, at: s.reverse_compute_inline(ins[0])),
+    "cache_read": _Primitive(lambda s, ins, at: s.cache_read(ins[0], at["read_buffer_index"], at["storage_scope"]), BlockRV),
+    "cache_write": _Primitive(
+        lambda s, ins, at: s.cache_write(ins[0], at["write_buffer_index"], at["storage_scope"]), BlockRV
+    ),
+    "rfactor": _Primitive(lambda s, ins, at: s.rfactor(ins[0], at["factor_axis"]), BlockRV),
+    "decompose_reduction": _Primitive(lambda s, ins, at: s.decompose_reduction(ins[0], ins[1]), BlockRV),
+    "annotate": _Primitive(_annotate),
+    "unannotate": _Primitive(lambda s, ins, at: s.unannotate(ins[0], at["ann_key"])),
+}
+
+SAMPLING_KINDS = ("sample_perfect_tile", "sample_categorical", "sample_compute_location")
+PRIMITIVE_KINDS = tuple(_PRIMITIVES)
+_TVM_SEED_RANGE = (1, 2**31 - 1)
+
+
+def _encode(value: Any) -> Any:
+    """Turn an argument into its trace form: RVs become ``{"rv": id}``."""
+    if isinstance(value, RV):
+        return {"rv": value.id}
+    if isinstance(value, (list, tuple)):
+        return [_encode(v) for v in value]
+    return value
+
+
+class Schedule:
+    """A TVM schedule of one workload whose every step is recorded in a trace."""
+
+    def __init__(self, mod: tvm.IRModule | tvm.tirx.PrimFunc, *, rng: Rng | int = 0) -> None:
+        self._sch = s_tir.Schedule(mod)
+        self._rng = rng if isinstance(rng, Rng) else Rng(rng)
+        self._trace = Trace()
+        self._values: dict[int, Any] = {}
+        self._next_id = 0
+
+    # ---- reading ---------------------------------------------------------------
+    @property
+    def mod(self) -> tvm.IRModule:
+        """The transformed program."""
+        return self._sch.mod
+
+    @property
+    def tvm(self) -> s_tir.Schedule:
+        """The underlying TVM schedule, for analysis and validators (changes made here are not traced)."""
+        return self._sch
+
+    @property
+    def trace(self) -> Trace:
+        """A (cheap) copy of the trace recorded so far."""
+        return self._trace.copy()
+
+    @property
+    def rng(self) -> Rng:
+        return self._rng
+
+    def get(self, rv: RV) -> Any:
+        """The concrete value of a random variable: an int, a ``tirx.For`` or an ``SBlock``."""
+        value = self._values[rv.id]
+        return value if isinstance(value, int) else self._sch.get(value)
+
+    def resolve(self, rv: RV) -> Any:
+        """The TVM random variable (or int) behind ``rv``, for analysis on :attr:`tvm`."""
+        return self._values[rv.id]
+
+    def loop_extent(self, loop: LoopRV) -> int | None:
+        """A loop's constant extent, or None for a dynamic loop."""
+        extent = self.get(loop).extent
+        return int(extent) if isinstance(extent, tvm.tirx.IntImm) else None
+
+    # ---- recording -------------------------------------------------------------
+    def _resolve(self, value: Any) -> Any:
+        if isinstance(value, dict) and set(value) == {"rv"}:
+            return self._values[value["rv"]]
+        if isinstance(value, list):
+            return [self._resolve(v) for v in value]
+        return value
+
+    def _bind(self, values: list[Any], output_ids: Sequence[int] | None) -> list[int]:
+        if output_ids is None:
+            output_ids = list(range(self._next_id, self._next_id + len(values)))
+        elif len(output_ids) != len(values):
+            raise TraceFormatError(f"the trace names {len(output_ids)} outputs, the program gives {len(values)}")
+        for rv_id, value in zip(output_ids, values):
+            self._values[rv_id] = value
+        self._next_id = max([self._next_id, *(i + 1 for i in output_ids)])
+        return list(output_ids)
+
+    def apply(
+        self,
+        kind: str,
+        inputs: Sequence[Any] = (),
+        attrs: dict[str, Any] | None = None,
+        *,
+        decision: Any = None,
+        output_ids: Sequence[int] | None = None,
+    ) -> list[RV]:
+        """Apply one instruction (trace form: RVs as ``{"rv": id}``) and record it.
+
+        This is the single path used both when modules build a program and when a
+        trace is replayed, which is what makes replay give the same program.
+        """
+        attrs = dict(attrs or {})
+        inputs = [_encode(v) for v in inputs]
+        resolved = [self._resolve(v) for v in inputs]
+        if kind in SAMPLING_KINDS:
+            values, decision, out_type = self._sample(kind, resolved, attrs, decision)
+        elif kind in _PRIMITIVES:
+            if decision is not None:
+                raise InvalidDecisionError(f"{kind} is not a sampling instruction and takes no decision")
+            prim = _PRIMITIVES[kind]
+            result = prim.call(self._sch, resolved, attrs)
+            values = [] if prim.output is None else (list(result) if prim.many else [result])
+            out_type = prim.output or RV
+        else:
+            raise TraceFormatError(f"unknown instruction kind {kind!r}; known: {', '.join(PRIMITIVE_KINDS + SAMPLING_KINDS)}")
+        ids = self._bind(values, output_ids)
+        self._trace.append(kind, inputs, attrs, ids, decision)
+        return [out_type(i) for i in ids]
+
+    def _sample(
+        self, kind: str, inputs: list[Any], attrs: dict[str, Any], decision: Any
+    ) -> tuple[list[Any], Any, type[RV]]:
+        if kind == "sample_perfect_tile":
+            extent = self._sch.get(inputs[0]).extent
+            if not isinstance(extent, tvm.tirx.IntImm):
+                raise InvalidDecisionError(f"sample_perfect_tile needs a constant loop extent, got {extent}")
+            n, max_inner = int(attrs["n"]), int(attrs.get("max_innermost_factor", 0))
+            if decision is None:
+                decision = sample_perfect_tile(self._rng, int(extent), n, max_inner)
+            else:
+                check_perfect_tile(list(decision), int(extent), n, max_inner)
+            return list(decision), list(decision), ExprRV
+        if kind == "sample_categorical":
+            candidates = list(attrs["candidates"])
+            if decision is None:
+                decision = sample_categorical(self._rng, list(attrs["probs"]))
+            else:
+                check_categorical(int(decision), len(candidates))
+            return [int(candidates[decision])], int(decision), ExprRV
+        # sample_compute_location: TVM knows the legal locations; it samples
+        # (seeded from our stream) or checks that our decision is among them.
+        if decision is None:
+            self._sch.seed(self._rng.randint(*_TVM_SEED_RANGE))
+        loop = self._sch.sample_compute_location(inputs[0], decision=decision)
+        taken = int(self._sch.trace.decisions[self._sch.trace.insts[-1]])
+        if decision is not None and taken != int(decision):
+            raise InvalidDecisionError(
+                f"compute location {decision} is not a legal location for this block (nearest legal: {taken})"
+            )
+        return [loop], taken, LoopRV
+
+    # ---- replay ----------------------------------------------------------------
+    @classmethod
+    def replay(cls, mod: tvm.IRModule | tvm.tirx.PrimFunc, trace: Trace, *, rng: Rng | int = 0) -> Schedule:
+        """Apply ``trace`` to ``mod``; sampling instructions without a decision sample fresh ones from ``rng``."""
+        sch = cls(mod, rng=rng)
+        decisions = trace.decisions
+        for index, inst in enumerate(trace.instructions):
+            try:
+                sch.apply(inst.kind, inst.inputs, inst.attrs, decision=decisions.get(index), output_ids=inst.outputs)
+            except InvalidDecisionError as exc:
+                raise InvalidDecisionError(f"instruction {index} ({inst.kind}): {exc}") from None
+            except TraceFormatError as exc:
+                raise TraceFormatError(f"instruction {index} ({inst.kind}): {exc}") from None
+            except (RuntimeError, KeyError, IndexError, TypeError, ValueError) as exc:  # TVM errors are RuntimeErrors
+                message = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+                raise ReplayError(f"instruction {index} ({inst.kind}) cannot be applied: {message}") from exc
+        return sch
+
+    # ---- primitives ------------------------------------------------------------
+    def get_sblock(self, name: str, func_name: str = "main") -> BlockRV:
+        return self.apply("get_sblock", [], {"name": name, "func_name": func_name})[0]  # type: ignore[return-value]
+
+    def get_loops(self, block: BlockRV) -> list[LoopRV]:
+        return self.apply("get_loops", [block])  # type: ignore[return-value]
+
+    def get_child_blocks(self, block_or_loop: BlockRV | LoopRV) -> list[BlockRV]:
+        return self.apply("get_child_blocks", [block_or_loop])  # type: ignore[return-value]
+
+    def get_producers(self, block: BlockRV) -> list[BlockRV]:
+        return self.apply("get_producers", [block])  # type: ignore[return-value]
+
+    def get_consumers(self, block: BlockRV) -> list[BlockRV]:
+        return self.apply("get_consumers", [block])  # type: ignore[return-value]
+
+    def split(self, loop: LoopRV, factors: Sequence[ExprRV | int | None], *, preserve_unit_iters: bool = True) -> list[LoopRV]:
+        return self.apply("split", [loop, *factors], {"preserve_unit_iters": preserve_unit_iters})  # type: ignore[return-value]
+
+    def fuse(self, *loops: LoopRV, preserve_unit_iters: bool = True) -> LoopRV:
+        return self.apply("fuse", loops, {"preserve_unit_iters": preserve_unit_iters})[0]  # type: ignore[return-value]
+
+    def reorder(self, *loops: LoopRV) -> None:
+        self.apply("reorder", loops)
+
+    def parallel(self, loop: LoopRV) -> None:
+        self.apply("parallel", [loop])
+
+    def vectorize(self, loop: LoopRV) -> None:
+        self.apply("vectorize", [loop])
+
+    def unroll(self, loop: LoopRV) -> None:
+        self.apply("unroll", [loop])
+
+    def compute_at(self, block: BlockRV, loop: LoopRV, *, preserve_unit_loops: bool = True) -> None:
+        self.apply("compute_at", [block, loop], {"preserve_unit_loops": preserve_unit_loops})
+
+    def reverse_compute_at(self, block: BlockRV, loop: LoopRV, *, preserve_unit_loops: bool = True) -> None:
+        self.apply("reverse_compute_at", [block, loop], {"preserve_unit_loops": preserve_unit_loops})
+
+    def compute_inline(self, block: BlockRV) -> None:
+        self.apply("compute_inline", [block])
+
+    def reverse_compute_inline(self, block: BlockRV) -> None:
+        self.apply("reverse_compute_inline", [block])
+
+    def cache_read(self, block: BlockRV, read_buffer_index: int, storage_scope: str = "global") -> BlockRV:
+        attrs = {"read_buffer_index": read_buffer_index, "storage_scope": storage_scope}
+        return self.apply("cache_read", [block], attrs)[0]  # type: ignore[return-value]
+
+    def cache_write(self, block: BlockRV, write_buffer_index: int, storage_scope: str = "global") -> BlockRV:
+        attrs = {"write_buffer_index": write_buffer_index, "storage_scope": storage_scope}
+        return self.apply("cache_write", [block], attrs)[0]  # type: ignore[return-value]
+
+    def rfactor(self, loop: LoopRV, factor_axis: int) -> BlockRV:
+        return self.apply("rfactor", [loop], {"factor_axis": factor_axis})[0]  # type: ignore[return-value]
+
+    def decompose_reduction(self, block: BlockRV, loop: LoopRV) -> BlockRV:
+        return self.apply("decompose_reduction", [block, loop])[0]  # type: ignore[return-value]
+
+    def annotate(self, block_or_loop: BlockRV | LoopRV, key: str, value: ExprRV | int | float | str) -> None:
+        if isinstance(value, ExprRV):
+            self.apply("annotate", [block_or_loop, value], {"ann_key": key})
+        else:
+            self.apply("annotate", [block_or_loop], {"ann_key": key, "ann_val": value})
+
+    def unannotate(self, block_or_loop: BlockRV | LoopRV, key: str) -> None:
+        self.apply("unannotate", [block_or_loop], {"ann_key": key})
+
+    # ---- sampling instructions -------------------------------------------------
+    def sample_perfect_tile(self, loop: LoopRV, n: int, max_innermost_factor: int = 16) -> list[ExprRV]:
+        """Sample ``n`` tile sizes whose product is the loop's extent."""
+        attrs = {"n": n, "max_innermost_factor": max_innermost_factor}
+        return self.apply("sample_perfect_tile", [loop], attrs)  # type: ignore[return-value]
+
+    def sample_categorical(self, candidates: Sequence[int], probs: Sequence[float]) -> ExprRV:
+        """Sample one of ``candidates`` with the given probabilities."""
+        if len(candidates) != len(probs):
+            raise ValueError(f"{len(candidates)} candidates but {len(probs)} probabilities")
+        attrs = {"candidates": [int(c) for c in candidates], "probs": [float(p) for p in probs]}
+        return self.apply("sample_categorical", [], attrs)[0]  # type: ignore[return-value]
+
+    def sample_compute_location(self, block: BlockRV) -> LoopRV:
+        """Sample a loop at which ``block`` can be computed (or the root / inline marks)."""
+        return self.apply("sample_compute_location", [block])[0]  # type: ignore[return-value]

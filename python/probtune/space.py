@@ -1,0 +1,121 @@
+"""Design spaces: the probabilistic program that modules build for one workload and target."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import tvm
+import tvm_ffi
+from tvm import s_tir
+
+from probtune._core import Rng, Trace
+from probtune.errors import PluginError, ReplayError
+from probtune.interfaces import SpaceContext, SpaceModule, TargetSpec, Validator
+from probtune.plugins import get_registry
+from probtune.schedule import Schedule
+from probtune.tir import block_names
+from probtune.workload import Workload
+
+__all__ = ["Candidate", "DesignSpace", "generate_space", "resolve_modules", "resolve_validators"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the space: its trace and the finished program it gives."""
+
+    trace: Trace
+    mod: tvm.IRModule
+    decision_hash: int
+    program_hash: int
+
+
+def _pick(kind: str, table: dict[str, object], wanted: Sequence[str | object]) -> list:
+    chosen = []
+    for item in wanted:
+        if not isinstance(item, str):
+            chosen.append(item)
+        elif item in table:
+            chosen.append(table[item])
+        else:
+            known = ", ".join(sorted(table)) or "none"
+            raise PluginError(f"unknown {kind} {item!r}; registered: {known}")
+    return chosen
+
+
+def resolve_modules(target: TargetSpec, modules: Sequence[str | SpaceModule] | None = None) -> list[SpaceModule]:
+    """The target's default module list, or the caller's (names or module objects)."""
+    return _pick("design-space module", get_registry().space_modules, target.modules if modules is None else modules)
+
+
+def resolve_validators(target: TargetSpec, validators: Sequence[str | Validator] | None = None) -> list[Validator]:
+    return _pick("validator", get_registry().validators, target.validators if validators is None else validators)
+
+
+@dataclass
+class DesignSpace:
+    """A workload's space of programs: a trace whose sampling instructions are the free choices."""
+
+    context: SpaceContext
+    trace: Trace
+    modules: list[SpaceModule]
+    validators: list[Validator]
+    rejections: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def workload(self) -> Workload:
+        return self.context.workload
+
+    def finish(self, sch: s_tir.Schedule) -> str | None:
+        """Run the validators in order; the first rejection wins and is counted against its validator."""
+        for validator in self.validators:
+            reason = validator.check(sch, self.context)
+            if reason is not None:
+                self.rejections[validator.name] += 1
+                return f"{validator.name}: {reason}"
+        return None
+
+    def realize(self, trace: Trace, rng: Rng | int = 0) -> tuple[Schedule, str | None]:
+        """Replay ``trace`` (missing decisions are sampled from ``rng``) and finish it with the validators."""
+        sch = Schedule.replay(self.workload.mod, trace, rng=rng)
+        return sch, self.finish(sch.tvm)
+
+    def sample(self, rng: Rng) -> Candidate | None:
+        """A fresh random point of the space, or None if a validator rejected it."""
+        try:
+            sch, rejected = self.realize(self.trace.with_decisions({}), rng)
+        except ReplayError:
+            self.rejections["replay"] += 1
+            return None
+        if rejected:
+            return None
+        trace = sch.trace
+        return Candidate(trace, sch.mod, trace.decision_hash(), tvm_ffi.structural_hash(sch.mod) & (2**64 - 1))
+
+    def program(self, trace: Trace) -> tvm.IRModule:
+        """The finished program of a recorded trace (its decisions kept); raises if a validator rejects it."""
+        sch, rejected = self.realize(trace)
+        if rejected:
+            raise ReplayError(f"the trace's program is rejected by {rejected}")
+        return sch.mod
+
+
+def generate_space(
+    workload: Workload,
+    target: TargetSpec,
+    *,
+    modules: Sequence[str | SpaceModule] | None = None,
+    validators: Sequence[str | Validator] | None = None,
+    seed: int = 0,
+) -> DesignSpace:
+    """Apply each module to each block, consumers before producers, and keep the recorded trace."""
+    context = SpaceContext(workload=workload, target=target)
+    chosen = resolve_modules(target, modules)
+    sch = Schedule(workload.mod, rng=Rng(seed))
+    for name in reversed(block_names(workload.prim_func)):
+        for module in chosen:
+            if name not in block_names(sch.mod["main"]):
+                break  # an earlier module inlined it
+            module.apply(sch, sch.get_sblock(name), context)
+    return DesignSpace(context, sch.trace, chosen, resolve_validators(target, validators))

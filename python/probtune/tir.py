@@ -1,0 +1,67 @@
+"""Read-only analysis of TIR programs that design-space modules and validators share."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from tvm import s_tir, tirx
+
+__all__ = ["iter_stmts", "block_names", "find_realize", "loop_kinds", "SPATIAL", "REDUCTION", "OTHER"]
+
+SPATIAL = "spatial"
+REDUCTION = "reduction"
+OTHER = "other"  # unused by the block's bindings, or bound to opaque/ordered iterators
+
+_CHILD_FIELDS = ("seq", "block", "init", "body", "then_case", "else_case")
+
+
+def iter_stmts(stmt: tirx.Stmt) -> Iterator[tirx.Stmt]:
+    """All statements under ``stmt``, parents before children, in program order."""
+    stack = [stmt]
+    while stack:
+        node = stack.pop()
+        yield node
+        children: list[tirx.Stmt] = []
+        for name in _CHILD_FIELDS:
+            child = getattr(node, name, None)
+            if child is None:
+                continue
+            if isinstance(child, tirx.Stmt):
+                children.append(child)
+            elif not isinstance(child, tirx.Expr):  # an Array of statements
+                children.extend(c for c in child if isinstance(c, tirx.Stmt))
+        stack.extend(reversed(children))
+
+
+def block_names(func: tirx.PrimFunc) -> list[str]:
+    """Names of the blocks of ``func`` in program order, without the implicit root block."""
+    return [s.block.name_hint for s in iter_stmts(func.body) if isinstance(s, s_tir.SBlockRealize)
+            and s.block.name_hint != "root"]
+
+
+def find_realize(func: tirx.PrimFunc, name: str) -> s_tir.SBlockRealize:
+    for stmt in iter_stmts(func.body):
+        if isinstance(stmt, s_tir.SBlockRealize) and stmt.block.name_hint == name:
+            return stmt
+    raise KeyError(f"no block named {name!r}")
+
+
+def loop_kinds(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list[s_tir.schedule.LoopRV]) -> list[str]:
+    """For each loop, whether it feeds only spatial iterators of ``block``, any reduction one, or neither."""
+    sblock = sch.get(block)
+    realize = find_realize(sch.mod["main"], sblock.name_hint)
+    uses: list[tuple[set[tirx.Var], int]] = [
+        (set(tirx.analysis.undefined_vars(value)), int(iv.iter_type))
+        for iv, value in zip(sblock.iter_vars, realize.iter_values)
+    ]
+    kinds = []
+    for loop in loops:
+        var = sch.get(loop).loop_var
+        types = {iter_type for used, iter_type in uses if any(v.same_as(var) for v in used)}
+        if types == {tirx.IterVar.DataPar}:
+            kinds.append(SPATIAL)
+        elif types and types <= {tirx.IterVar.DataPar, tirx.IterVar.CommReduce}:
+            kinds.append(REDUCTION)
+        else:
+            kinds.append(OTHER)
+    return kinds

@@ -1,0 +1,276 @@
+"""probtune.measure: every candidate gets a result, whatever it does to its process.
+
+Candidates share the signature of a 64x64x64 float32 matmul ``main(A, B, C)``, so
+one reference serves them all: a correct scheduled matmul, a wrong one (A@B + 1),
+one that segfaults (libc ``raise(SIGSEGV)``), one that hangs (libc ``sleep``), one
+that TVM refuses to compile, and one whose compile takes minutes (fully unrolled).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import tvm
+from tvm import te
+from tvm.script import tirx as T
+
+from probtune.measure import (
+    BuildResult,
+    LocalBuilder,
+    LocalRunner,
+    MeasureReference,
+    RunResult,
+    prepare_reference,
+)
+from probtune.workload import Workload
+
+N = 64
+TARGET = {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu(), "num-cores": 2}
+RUNNER_TIMEOUT = 5.0
+
+
+def matmul(plus_one: bool = False) -> tvm.tirx.PrimFunc:
+    a = te.placeholder((N, N), name="A")
+    b = te.placeholder((N, N), name="B")
+    k = te.reduce_axis((0, N), name="k")
+    c = te.compute((N, N), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    if not plus_one:
+        return te.create_prim_func([a, b, c])
+    d = te.compute((N, N), lambda i, j: c[i, j] + 1.0, name="D")
+    return te.create_prim_func([a, b, d])
+
+
+def scheduled_matmul(plus_one: bool = False) -> tvm.IRModule:
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": matmul(plus_one)}))
+    i, j, k = sch.get_loops(sch.get_sblock("C"))
+    j_outer, j_inner = sch.split(j, [None, 8])
+    sch.reorder(i, j_outer, k, j_inner)
+    sch.parallel(i)
+    sch.vectorize(j_inner)
+    return sch.mod
+
+
+def slow_to_compile_matmul() -> tvm.IRModule:
+    """All 262,144 multiply-adds unrolled: LLVM needs minutes for it."""
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": matmul()}))
+    for loop in sch.get_loops(sch.get_sblock("C")):
+        sch.unroll(loop)
+    return sch.mod
+
+
+@T.prim_func
+def segfaults(
+    A: T.Buffer((N, N), "float32"), B: T.Buffer((N, N), "float32"), C: T.Buffer((N, N), "float32")
+):
+    T.func_attr({"global_symbol": "main", "tir.noalias": True})
+    T.evaluate(T.call_extern("int32", "raise", 11))  # libc raise(SIGSEGV)
+
+
+@T.prim_func
+def hangs(
+    A: T.Buffer((N, N), "float32"), B: T.Buffer((N, N), "float32"), C: T.Buffer((N, N), "float32")
+):
+    T.func_attr({"global_symbol": "main", "tir.noalias": True})
+    T.evaluate(T.call_extern("uint32", "sleep", 1000))  # libc sleep, in seconds
+
+
+@T.prim_func
+def does_not_compile(
+    A: T.Buffer((N, N), "float32"), B: T.Buffer((N, N), "float32"), C: T.Buffer((N, N), "float32")
+):
+    T.func_attr({"global_symbol": "main", "tir.noalias": True})
+    T.evaluate(T.tvm_warp_activemask())  # a GPU intrinsic the LLVM CPU back end does not know
+
+
+CANDIDATES = {
+    "good": scheduled_matmul,
+    "wrong": lambda: scheduled_matmul(plus_one=True),
+    "segfaults": lambda: tvm.IRModule({"main": segfaults}),
+    "hangs": lambda: tvm.IRModule({"main": hangs}),
+    "does_not_compile": lambda: tvm.IRModule({"main": does_not_compile}),
+}
+
+
+def spawned_children() -> set[int]:
+    """Pids of this process's multiprocessing children (not its resource tracker)."""
+    return {
+        child.pid
+        for child in psutil.Process().children()
+        if any("spawn_main" in part for part in child.cmdline())
+    }
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("measure")
+
+
+@pytest.fixture(scope="module")
+def reference(workdir: Path) -> MeasureReference:
+    return prepare_reference(Workload.from_module(matmul(), name="matmul"), workdir, seed=0)
+
+
+@pytest.fixture(scope="module")
+def built(workdir: Path) -> dict[str, BuildResult]:
+    names = list(CANDIDATES)
+    with LocalBuilder(workers=2, timeout=60.0) as builder:
+        results = dict(builder.build([CANDIDATES[name]() for name in names], TARGET, workdir))
+    return {name: results[index] for index, name in enumerate(names)}
+
+
+@pytest.fixture(scope="module")
+def runner() -> Iterator[LocalRunner]:
+    with LocalRunner(timeout=RUNNER_TIMEOUT, repeat=3, min_repeat_ms=20.0) as runner:
+        yield runner
+
+
+def run_all(
+    runner: LocalRunner, reference: MeasureReference, items: list[str | BuildResult | None]
+) -> list[RunResult]:
+    results = list(runner.run(reference, items, TARGET))
+    assert [index for index, _ in results] == list(range(len(items)))
+    return [result for _, result in results]
+
+
+def test_prepare_reference_saves_inputs_and_expected_outputs(
+    workdir: Path, reference: MeasureReference
+) -> None:
+    workload = Workload.from_module(matmul(), name="matmul")
+    assert prepare_reference(workload, workdir, seed=0) == reference  # same content, same file
+    assert prepare_reference(workload, workdir, seed=1).path != reference.path
+    with np.load(reference.path) as arrays:
+        a, b, c = arrays["input_0"], arrays["input_1"], arrays["output_0"]
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+    assert reference.num_inputs == 2
+    assert (reference.rtol, reference.atol) == workload.tolerance()
+
+
+def test_builder_builds_every_compilable_candidate(built: dict[str, BuildResult]) -> None:
+    for name in ["good", "wrong", "segfaults", "hangs"]:
+        assert built[name].error is None, built[name].error
+        assert built[name].artifact is not None and os.path.isfile(built[name].artifact)
+        assert built[name].seconds > 0
+
+
+def test_build_failure_is_reported_and_passed_on_by_the_runner(
+    built: dict[str, BuildResult], runner: LocalRunner, reference: MeasureReference
+) -> None:
+    failed = built["does_not_compile"]
+    assert failed.artifact is None
+    assert "tvm_warp_activemask" in failed.error
+    results = run_all(runner, reference, [failed, built["good"].artifact, None])
+    assert results[0].status == "build_error" and results[0].error == failed.error
+    assert results[1].status == "ok", results[1].error
+    assert results[2].status == "build_error"
+
+
+def test_correct_candidate_is_timed(
+    built: dict[str, BuildResult], runner: LocalRunner, reference: MeasureReference
+) -> None:
+    (result,) = run_all(runner, reference, [built["good"].artifact])
+    assert result.status == "ok", result.error
+    assert result.error is None
+    assert len(result.latencies) == 3 and all(latency > 0 for latency in result.latencies)
+    assert result.seconds > 0
+
+
+def test_wrong_result_is_caught(
+    built: dict[str, BuildResult], runner: LocalRunner, reference: MeasureReference
+) -> None:
+    wrong, good = run_all(runner, reference, [built["wrong"].artifact, built["good"].artifact])
+    assert wrong.status == "wrong_result"
+    assert wrong.latencies == ()
+    assert "max abs error 1 exceeds tolerance" in wrong.error and "output 0" in wrong.error
+    assert good.status == "ok", good.error
+
+
+def test_segfault_is_a_crash_and_the_next_candidate_still_runs(
+    built: dict[str, BuildResult], runner: LocalRunner, reference: MeasureReference
+) -> None:
+    crash, good = run_all(runner, reference, [built["segfaults"].artifact, built["good"].artifact])
+    assert crash.status == "crash"
+    assert crash.error == "runner crashed (SIGSEGV)"
+    assert good.status == "ok", good.error
+
+
+def test_hang_times_out_and_the_next_candidate_still_runs(
+    built: dict[str, BuildResult], runner: LocalRunner, reference: MeasureReference
+) -> None:
+    hang, good = run_all(runner, reference, [built["hangs"].artifact, built["good"].artifact])
+    assert hang.status == "timeout"
+    assert hang.error == f"timed out after {RUNNER_TIMEOUT:g} s"
+    assert good.status == "ok", good.error
+
+
+def test_unloadable_artifact_is_a_run_error(
+    workdir: Path, runner: LocalRunner, reference: MeasureReference
+) -> None:
+    (result,) = run_all(runner, reference, [str(workdir / "missing.so")])
+    assert result.status == "run_error"
+    assert "missing.so" in result.error
+
+
+def test_builder_kills_and_replaces_a_worker_that_compiles_too_long(workdir: Path) -> None:
+    with LocalBuilder(workers=1, timeout=2.0) as builder:
+        mods = [slow_to_compile_matmul(), scheduled_matmul()]
+        results = dict(builder.build(mods, TARGET, workdir))
+    assert results[0].artifact is None
+    assert results[0].error == "build timed out after 2 s"
+    assert results[1].error is None and os.path.isfile(results[1].artifact)
+
+
+def test_builder_replaces_a_worker_that_dies(workdir: Path) -> None:
+    before = spawned_children()
+    with LocalBuilder(workers=1, timeout=60.0) as builder:
+        mods = [scheduled_matmul(), slow_to_compile_matmul(), scheduled_matmul()]
+        results = builder.build(mods, TARGET, workdir)
+        first_index, first = next(results)
+        (worker,) = spawned_children() - before  # now compiling the slow candidate
+        psutil.Process(worker).kill()
+        rest = dict(results)
+    assert first_index == 0 and first.error is None
+    assert rest[1].artifact is None and rest[1].error == "builder worker crashed (SIGKILL)"
+    assert rest[2].error is None and os.path.isfile(rest[2].artifact)
+
+
+def test_abandoned_build_kills_the_busy_worker(workdir: Path) -> None:
+    before = spawned_children()
+    with LocalBuilder(workers=1, timeout=60.0) as builder:
+        results = builder.build([scheduled_matmul(), slow_to_compile_matmul()], TARGET, workdir)
+        next(results)
+        (worker,) = spawned_children() - before  # now compiling the slow candidate
+        results.close()  # the caller stops listening
+        assert not alive(worker)
+
+
+def test_close_and_garbage_collection_leave_no_child_process(
+    workdir: Path, reference: MeasureReference
+) -> None:
+    before = spawned_children()
+    builder = LocalBuilder(workers=2)
+    runner = LocalRunner()
+    built = dict(builder.build([scheduled_matmul(), scheduled_matmul()], TARGET, workdir))
+    builder_workers = spawned_children() - before
+    [(_, result)] = runner.run(reference, [built[0]], TARGET)
+    runner_child = spawned_children() - before - builder_workers
+    assert result.status == "ok" and len(builder_workers) == 2 and len(runner_child) == 1
+
+    builder.close()
+    assert not any(alive(pid) for pid in builder_workers)
+    del runner  # never closed: its finalizer must kill the child
+    gc.collect()
+    assert not any(alive(pid) for pid in runner_child)
+    assert spawned_children() == before

@@ -1,0 +1,151 @@
+"""The probabilistic language: recording, replay, decisions."""
+
+from __future__ import annotations
+
+import pytest
+import tvm
+import tvm_ffi
+from tvm import s_tir
+
+from probtune import InvalidDecisionError, ReplayError, Rng, Schedule, Trace, TraceFormatError
+
+
+def tile_matmul(sch: Schedule) -> None:
+    block = sch.get_sblock("C")
+    i, j, k = sch.get_loops(block)
+    i_tiles = sch.sample_perfect_tile(i, n=3, max_innermost_factor=8)
+    j_tiles = sch.sample_perfect_tile(j, n=3, max_innermost_factor=16)
+    i0, i1, i2 = sch.split(i, i_tiles)
+    j0, j1, j2 = sch.split(j, j_tiles)
+    k0, k1 = sch.split(k, [None, 4])
+    sch.reorder(i0, j0, i1, j1, k0, i2, k1, j2)
+    sch.parallel(sch.fuse(i0, j0))
+    unroll = sch.sample_categorical([0, 16, 64], [0.2, 0.4, 0.4])
+    sch.annotate(block, "pragma_auto_unroll_max_step", unroll)
+
+
+def test_every_step_is_recorded(matmul_mod):
+    sch = Schedule(matmul_mod, rng=Rng(1))
+    tile_matmul(sch)
+    kinds = [inst.kind for inst in sch.trace.instructions]
+    assert kinds == [
+        "get_sblock", "get_loops", "sample_perfect_tile", "sample_perfect_tile", "split", "split", "split",
+        "reorder", "fuse", "parallel", "sample_categorical", "annotate",
+    ]
+    assert sorted(sch.trace.decisions) == [2, 3, 10]
+    i_tiles = sch.trace.decision(2)
+    assert i_tiles[0] * i_tiles[1] * i_tiles[2] == 64 and i_tiles[2] <= 8
+
+
+def test_replay_gives_structurally_equal_program(matmul_mod):
+    sch = Schedule(matmul_mod, rng=Rng(7))
+    tile_matmul(sch)
+    again = Schedule.replay(matmul_mod, Trace.from_json(sch.trace.to_json()))
+    assert tvm_ffi.structural_equal(again.mod, sch.mod)
+    assert again.trace == sch.trace
+
+
+def test_replay_with_other_decisions_gives_that_program(matmul_mod):
+    sch = Schedule(matmul_mod, rng=Rng(7))
+    tile_matmul(sch)
+    changed = sch.trace.with_decisions({2: [4, 2, 8], 3: [2, 2, 16], 10: 1})
+    replayed = Schedule.replay(matmul_mod, changed)
+
+    expected = s_tir.Schedule(matmul_mod)
+    block = expected.get_sblock("C")
+    i, j, k = expected.get_loops(block)
+    i0, i1, i2 = expected.split(i, [4, 2, 8])
+    j0, j1, j2 = expected.split(j, [2, 2, 16])
+    k0, k1 = expected.split(k, [None, 4])
+    expected.reorder(i0, j0, i1, j1, k0, i2, k1, j2)
+    expected.parallel(expected.fuse(i0, j0))
+    expected.annotate(block, "pragma_auto_unroll_max_step", 16)
+    assert tvm_ffi.structural_equal(replayed.mod, expected.mod)
+    assert replayed.get(_rv(replayed, 10)) == 16
+
+
+def _rv(sch: Schedule, index: int):
+    from probtune.schedule import ExprRV
+
+    return ExprRV(sch.trace.instructions[index].outputs[0])
+
+
+def test_invalid_tile_decision_is_rejected(matmul_mod):
+    sch = Schedule(matmul_mod)
+    tile_matmul(sch)
+    with pytest.raises(InvalidDecisionError, match=r"instruction 2 \(sample_perfect_tile\).*product"):
+        Schedule.replay(matmul_mod, sch.trace.with_decisions({2: [4, 4, 8], 3: [2, 2, 16]}))
+    with pytest.raises(InvalidDecisionError, match="instruction 3"):
+        Schedule.replay(matmul_mod, sch.trace.with_decisions({3: [1, 1, 64]}))  # innermost 64 > 16
+
+
+def test_invalid_categorical_decision_is_rejected(matmul_mod):
+    sch = Schedule(matmul_mod)
+    tile_matmul(sch)
+    with pytest.raises(InvalidDecisionError, match="instruction 10"):
+        Schedule.replay(matmul_mod, sch.trace.with_decisions({10: 3}))
+
+
+def test_decision_on_non_sampling_instruction_is_rejected(matmul_mod):
+    sch = Schedule(matmul_mod)
+    tile_matmul(sch)
+    with pytest.raises(InvalidDecisionError):
+        sch.trace.with_decisions({4: [1]})
+
+
+def test_fresh_decisions_are_deterministic_per_seed(matmul_mod):
+    sch = Schedule(matmul_mod)
+    tile_matmul(sch)
+    space = sch.trace.with_decisions({})
+    first = [Schedule.replay(matmul_mod, space, rng=Rng(s)).trace.decisions for s in range(6)]
+    second = [Schedule.replay(matmul_mod, space, rng=Rng(s)).trace.decisions for s in range(6)]
+    assert first == second
+    assert len({str(d) for d in first}) > 1  # different seeds explore different points
+
+
+def test_compute_location_is_sampled_and_checked():
+    from tvm import te
+
+    a = te.placeholder((64, 64), name="A")
+    b = te.compute((64, 64), lambda i, j: a[i, j] * 2.0, name="B")
+    c = te.compute((64, 64), lambda i, j: b[i, j] + 1.0, name="C")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, c])})
+
+    sch = Schedule(mod, rng=Rng(3))
+    producer = sch.get_sblock("B")
+    consumer = sch.get_sblock("C")
+    i, j = sch.get_loops(consumer)
+    sch.split(j, [8, 8])
+    location = sch.sample_compute_location(producer)
+    sch.compute_at(producer, location)
+    decision = sch.trace.decision(4)
+    assert isinstance(decision, int) and -2 <= decision <= 2
+
+    for legal in (-1, 0, 1, 2):
+        replayed = Schedule.replay(mod, sch.trace.with_decisions({4: legal}))
+        assert replayed.trace.decision(4) == legal
+    with pytest.raises(InvalidDecisionError, match="instruction 4"):
+        Schedule.replay(mod, sch.trace.with_decisions({4: 7}))
+
+
+def test_illegal_program_is_a_replay_error(matmul_mod):
+    trace = Trace()
+    trace.append("get_sblock", [], {"name": "C", "func_name": "main"}, [0])
+    trace.append("get_loops", [{"rv": 0}], {}, [1, 2, 3])
+    trace.append("parallel", [{"rv": 3}], {}, [])  # k is a reduction loop
+    with pytest.raises(ReplayError, match=r"instruction 2 \(parallel\)"):
+        Schedule.replay(matmul_mod, trace)
+
+
+def test_unknown_instruction_kind_is_a_format_error(matmul_mod):
+    trace = Trace()
+    trace.append("get_sblock", [], {"name": "C", "func_name": "main"}, [0])
+    trace.append("teleport", [{"rv": 0}], {}, [])
+    with pytest.raises(TraceFormatError, match="teleport"):
+        Schedule.replay(matmul_mod, trace)
+
+
+def test_malformed_trace_json_is_rejected():
+    for text in ["{", '{"version": 1}', '{"version": 99, "insts": [], "decisions": []}', "[]"]:
+        with pytest.raises(TraceFormatError):
+            Trace.from_json(text)

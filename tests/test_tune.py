@@ -1,0 +1,150 @@
+"""End-to-end tuning: results, the database, resuming, bad input."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import probtune
+from probtune import Database, Trace, Workload
+from probtune.targets import cpu_features
+
+from conftest import matmul_module, run_module
+
+SMALL = dict(shape=(64, 64, 64), target="host", batch_size=4)
+
+
+def test_tune_matmul_end_to_end(tmp_path):
+    db = tmp_path / "tuning.db"
+    outcomes = []
+    result = probtune.tune("matmul", trials=6, database=db, seed=0, progress=outcomes.append, **SMALL)
+    assert result.measured == 6 and [o.trial for o in outcomes] == [1, 2, 3, 4, 5, 6]
+    assert result.statuses["ok"] == 6
+    assert result.best_latency is not None and result.best_latency > 0
+    assert result.best_gflops > 0
+    assert isinstance(result.best_trace, Trace)
+
+    lib = result.build()
+    a, b = result.workload.random_inputs(3)
+    out = run_module(lib, [a, b, np.zeros((64, 64), "float32")])[2]
+    np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+
+    with Database(db) as database:
+        workload = database.workloads()[0]
+        records = database.records(workload.id)
+        assert len(records) == 6 and all(r.status == "ok" and r.latencies for r in records)
+        assert database.best(workload.id, "host")[0].id == result.best.id
+
+
+def test_second_run_continues_from_the_database(tmp_path):
+    db = tmp_path / "tuning.db"
+    first = probtune.tune("matmul", trials=4, database=db, seed=0, **SMALL)
+    second = probtune.tune("matmul", trials=4, database=db, seed=0, **SMALL)
+    with Database(db) as database:
+        (workload,) = database.workloads()
+        records = database.records(workload.id)
+    assert len(records) == 8
+    assert len({r.decision_hash for r in records}) == 8  # nothing measured twice
+    assert second.best_latency <= first.best_latency
+
+
+def test_same_seed_same_search(tmp_path):
+    def hashes(name: str) -> list[int]:
+        probtune.tune("matmul", trials=5, database=tmp_path / name, seed=42, **SMALL)
+        with Database(tmp_path / name) as database:
+            return [r.decision_hash for r in database.records(database.workloads()[0].id)]
+
+    assert hashes("a.db") == hashes("b.db")
+
+
+def test_wrong_results_are_recorded_and_tuning_goes_on(tmp_path):
+    def wrong_reference(a, b):
+        return [a @ b + 1.0]
+
+    base = Workload.from_module(matmul_module(32, 32, 32))
+    workload = Workload(base.name, None, base.dtype, base.mod, base.num_inputs, base.flops, wrong_reference)
+    result = probtune.tune(workload, target="host", trials=3, database=tmp_path / "t.db", batch_size=3)
+    assert result.measured == 3 and result.statuses == {"wrong_result": 3}
+    assert result.best is None
+    with Database(tmp_path / "t.db") as database:
+        records = database.records(database.workloads()[0].id)
+    assert all(r.status == "wrong_result" and "tolerance" in r.error for r in records)
+
+
+def test_killed_run_loses_nothing(tmp_path):
+    db = tmp_path / "killed.db"
+    cmd = [sys.executable, "-m", "probtune.cli", "tune", "--workload", "matmul", "--shape", "64,64,64",
+           "--trials", "200", "--batch-size", "2", "--database", str(db)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    reported = 0
+    deadline = time.monotonic() + 180
+    for line in proc.stdout:  # wait until a few results were reported, then kill the whole process group
+        reported += line.startswith("[")
+        if reported >= 3 or time.monotonic() > deadline:
+            break
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert reported >= 3
+    with Database(db) as database:
+        (workload,) = database.workloads()
+        kept = database.records(workload.id)
+    assert len(kept) >= reported
+    resumed = probtune.tune("matmul", trials=2, database=db, **SMALL)
+    with Database(db) as database:
+        assert database.count(workload.id) == len(kept) + resumed.measured
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (dict(workload="nope"), probtune.UnknownWorkloadError, "unknown workload 'nope'.*matmul"),
+        (dict(workload="matmul", shape=(64, 64)), probtune.WorkloadShapeError, "3 shape parameters"),
+        (dict(workload="matmul", shape="64,x,64"), probtune.WorkloadShapeError, "64,x,64"),
+        (dict(workload="matmul", target="tpu-v9"), probtune.UnknownTargetError, "unknown target 'tpu-v9'.*host"),
+        (dict(workload="matmul", trials=0), probtune.TuningConfigError, "trials must be a positive integer"),
+        (dict(workload="matmul", trials=-3), probtune.TuningConfigError, "got -3"),
+    ],
+)
+def test_bad_input_is_named(kwargs, error, message, tmp_path):
+    kwargs = {"trials": 2, "shape": (64, 64, 64), **kwargs}
+    with pytest.raises(error, match=message):
+        probtune.tune(database=tmp_path / "t.db", **kwargs)
+
+
+def test_not_a_database_is_refused_and_left_alone(tmp_path):
+    path = tmp_path / "notes.db"
+    path.write_text("my precious notes\n")
+    with pytest.raises(probtune.DatabaseError, match="notes.db"):
+        probtune.tune("matmul", trials=2, database=path, **SMALL)
+    assert path.read_text() == "my precious notes\n"
+
+
+def test_database_of_another_schema_version_is_refused(tmp_path):
+    path = tmp_path / "old.db"
+    probtune.tune("matmul", trials=1, database=path, **SMALL)
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    with pytest.raises(probtune.SchemaVersionError, match="99"):
+        probtune.tune("matmul", trials=1, database=path, **SMALL)
+
+
+@pytest.mark.skipif("avx512f" in cpu_features(), reason="this CPU runs AVX-512 code")
+def test_target_this_cpu_cannot_run_is_refused(tmp_path):
+    with pytest.raises(probtune.UnsupportedTargetError, match="x86-avx512.*avx512f"):
+        probtune.tune("matmul", target="x86-avx512", trials=1, shape=(64, 64, 64), database=tmp_path / "t.db")
+
+
+def test_compile_best_reads_the_database(tmp_path):
+    db = tmp_path / "tuning.db"
+    probtune.tune("matmul", trials=3, database=db, **SMALL)
+    lib = probtune.compile_best("matmul", "host", db, shape=(64, 64, 64))
+    a = np.random.default_rng(0).standard_normal((64, 64)).astype("float32")
+    out = run_module(lib, [a, a, np.zeros((64, 64), "float32")])[2]
+    np.testing.assert_allclose(out, a @ a, rtol=1e-4, atol=1e-4)

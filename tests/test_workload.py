@@ -1,0 +1,288 @@
+"""Tests of Workload: user modules, shape parsing, resolution and its error messages."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+from tvm.script import tirx as T
+
+from probtune.catalog import BUILTIN_WORKLOADS
+from probtune.errors import UnknownWorkloadError, WorkloadShapeError
+from probtune.workload import Workload, count_inputs, parse_shape, resolve_workload
+
+SPECS = {spec.name: spec for spec in BUILTIN_WORKLOADS}
+
+
+@T.prim_func(s_tir=True)
+def hand_matmul(
+    A: T.Buffer((24, 40), "float32"),
+    B: T.Buffer((40, 16), "float32"),
+    C: T.Buffer((24, 16), "float32"),
+):
+    for i, j, k in T.grid(24, 16, 40):
+        with T.sblock("C"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                C[vi, vj] = T.float32(0)
+            C[vi, vj] = C[vi, vj] + A[vi, vk] * B[vk, vj]
+
+
+@T.prim_func(s_tir=True)
+def output_first(
+    C: T.Buffer((8,), "float32"), A: T.Buffer((8,), "float32"), B: T.Buffer((8,), "float32")
+):
+    for i in range(8):
+        with T.sblock("C"):
+            vi = T.axis.remap("S", [i])
+            C[vi] = A[vi] + B[vi]
+
+
+@T.prim_func(s_tir=True)
+def accumulate_in_place(A: T.Buffer((8,), "int32"), Acc: T.Buffer((8,), "int32")):
+    for i in range(8):
+        with T.sblock("Acc"):
+            vi = T.axis.remap("S", [i])
+            Acc[vi] = Acc[vi] + A[vi] * 3
+
+
+@T.prim_func(s_tir=True)
+def writes_nothing(A: T.Buffer((8,), "float32"), B: T.Buffer((8,), "float32")):
+    for i in range(8):
+        with T.sblock("scratch"):
+            vi = T.axis.remap("S", [i])
+            scratch = T.sblock_alloc_buffer((1,), "float32")
+            scratch[0] = A[vi] + B[vi]
+
+
+@T.prim_func(s_tir=True)
+def dynamic_copy(a: T.handle, b: T.handle):
+    n = T.int32()
+    A = T.match_buffer(a, (n,), "float32")
+    B = T.match_buffer(b, (n,), "float32")
+    for i in range(n):
+        with T.sblock("B"):
+            vi = T.axis.remap("S", [i])
+            B[vi] = A[vi]
+
+
+# ------------------------------------------------------------------ parse_shape
+
+
+@pytest.mark.parametrize(
+    ("text", "shape"),
+    [
+        ("512,512,512", (512, 512, 512)),
+        ("512x512x512", (512, 512, 512)),
+        (" 12 x 128 , 64 ", (12, 128, 64)),
+        ("(1, 2)", (1, 2)),
+        ("[7]", (7,)),
+        ("3 4", (3, 4)),
+        ([3, 4, 5], (3, 4, 5)),
+        ((np.int64(8), 2), (8, 2)),
+    ],
+)
+def test_parse_shape_accepts_common_spellings(text: object, shape: tuple[int, ...]) -> None:
+    assert parse_shape(text) == shape
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "  ", "abc", "512,,512", "512,512,", "1.5,2", "-1,2", "0,3", "5e3", "٣,4", "2**10"],
+)
+def test_parse_shape_rejects_junk_strings(text: str) -> None:
+    with pytest.raises(WorkloadShapeError, match=re.escape(repr(text)) + "|positive"):
+        parse_shape(text)
+
+
+@pytest.mark.parametrize("value", [[1, 0], [1.5, 2], [True, 2], [], ["3"], 5, None])
+def test_parse_shape_rejects_bad_sequences(value: object) -> None:
+    with pytest.raises(WorkloadShapeError):
+        parse_shape(value)  # type: ignore[arg-type]
+
+
+def test_parse_shape_admits_zero_only_on_request() -> None:
+    assert parse_shape("1,0", allow_zero=True) == (1, 0)
+    with pytest.raises(WorkloadShapeError, match="non-negative"):
+        parse_shape("1,-1", allow_zero=True)
+
+
+# ------------------------------------------------------------------ resolve_workload
+
+
+def test_resolve_catalog_name_with_default_and_given_shapes() -> None:
+    default = resolve_workload("matmul")
+    assert default.key == "matmul(512,512,512):float32"
+    assert default.flops == 2 * 512**3
+    assert resolve_workload("matmul", "64x32x16").key == "matmul(64,32,16):float32"
+    assert resolve_workload("matmul", (64, 32, 16), "float64").dtype == "float64"
+    assert resolve_workload("conv2d_nhwc", "1,8,7,7,8,1,1,1,0").shape[-1] == 0
+
+
+def test_resolve_unknown_name_lists_known_workloads() -> None:
+    with pytest.raises(UnknownWorkloadError) as raised:
+        resolve_workload("foo")
+    message = str(raised.value)
+    assert message.startswith("unknown workload 'foo'; known workloads: ")
+    assert all(name in message for name in SPECS)
+    assert isinstance(raised.value, KeyError)
+
+
+def test_resolve_uses_the_given_specs() -> None:
+    only_softmax = {"softmax": SPECS["softmax"]}
+    assert resolve_workload("softmax", (4, 8), specs=only_softmax).name == "softmax"
+    with pytest.raises(UnknownWorkloadError, match="known workloads: softmax$"):
+        resolve_workload("matmul", specs=only_softmax)
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "message"),
+    [
+        ("matmul", "512,512", r"matmul takes 3 shape parameters \(M, N, K\), got 2: \(512, 512\)"),
+        ("matmul", "512,0,512", r"matmul shape parameter N must be positive, got 0"),
+        ("batch_matmul", (1, 2, 3), r"batch_matmul takes 4 shape parameters \(B, M, N, K\)"),
+        ("softmax", "4,-8", r"non-negative"),
+        ("softmax", "four,eight", r"cannot parse shape 'four,eight'"),
+    ],
+)
+def test_resolve_rejects_bad_shapes(name: str, shape: object, message: str) -> None:
+    with pytest.raises(WorkloadShapeError, match=message):
+        resolve_workload(name, shape)  # type: ignore[arg-type]
+
+
+def test_resolve_rejects_unsupported_dtype() -> None:
+    with pytest.raises(WorkloadShapeError, match="supports dtypes"):
+        resolve_workload("softmax", (4, 8), "float16x")
+
+
+def test_resolve_passes_modules_and_workloads_through() -> None:
+    workload = resolve_workload(hand_matmul)
+    assert resolve_workload(workload) is workload
+    assert resolve_workload(tvm.IRModule({"main": hand_matmul})).key == workload.key
+    with pytest.raises(WorkloadShapeError, match="only to catalog workloads"):
+        resolve_workload(hand_matmul, shape=(1, 2))
+    with pytest.raises(TypeError, match="catalog name, a Workload"):
+        resolve_workload(42)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ user modules
+
+
+def test_from_prim_func_detects_inputs_and_metadata() -> None:
+    workload = Workload.from_module(hand_matmul)
+    assert workload.name == "hand_matmul"
+    assert workload.shape is None and workload.reference is None
+    assert workload.num_inputs == 2
+    assert workload.dtype == "float32"
+    assert workload.param_specs() == [
+        ((24, 40), "float32"),
+        ((40, 16), "float32"),
+        ((24, 16), "float32"),
+    ]
+    assert workload.flops == 2 * 24 * 16 * 40
+    assert re.fullmatch(r"hand_matmul:[0-9a-f]{16}", workload.key)
+    assert 0 <= workload.structural_hash < 2**64
+    assert workload.prim_func.attrs["global_symbol"] == "main"
+
+
+def test_from_ir_module_renames_and_keeps_the_key_stable() -> None:
+    module = tvm.IRModule({"mm": hand_matmul.with_attr("global_symbol", "mm")})
+    first = Workload.from_module(module, name="mine")
+    second = Workload.from_module(module, name="mine")
+    assert first.num_inputs == 2
+    assert first.key.startswith("mine:")
+    assert first is not second and first.key == second.key
+    assert first.structural_hash == second.structural_hash
+    assert list(first.mod.functions)[0].name_hint == "main"
+
+
+def test_key_distinguishes_different_programs() -> None:
+    def catalog_matmul_as_user_module(shape: tuple[int, int, int]) -> Workload:
+        return Workload.from_module(SPECS["matmul"].instantiate(shape, "float32").mod, "mm")
+
+    hand_written = Workload.from_module(hand_matmul, name="mm")
+    same_shape = catalog_matmul_as_user_module((24, 16, 40))
+    other_shape = catalog_matmul_as_user_module((24, 16, 41))
+    # One name, three programs: the te version carries other attributes; K differs.
+    assert len({hand_written.key, same_shape.key, other_shape.key}) == 3
+
+
+def test_reference_outputs_fall_back_to_the_untuned_module() -> None:
+    workload = Workload.from_module(hand_matmul)
+    a, b = workload.random_inputs(seed=11)
+    (result,) = workload.reference_outputs([a, b])
+    expected = a.astype(np.float64) @ b.astype(np.float64)
+    rtol, atol = workload.tolerance()
+    np.testing.assert_allclose(result, expected, rtol=rtol, atol=atol)
+    assert not np.allclose(result, expected * 1.001, rtol=rtol, atol=atol)
+
+
+def test_random_inputs_are_deterministic_per_seed() -> None:
+    workload = Workload.from_module(hand_matmul)
+    first, again, other = (workload.random_inputs(seed) for seed in (3, 3, 4))
+    assert all(np.array_equal(x, y) for x, y in zip(first, again))
+    assert not np.array_equal(first[0], other[0])
+    assert all(array.dtype == np.float32 for array in first)
+    assert all(np.abs(array).max() <= 1.0 for array in first)
+
+
+def test_in_place_parameter_counts_as_output_and_integers_compare_exactly() -> None:
+    workload = Workload.from_module(accumulate_in_place)
+    assert workload.num_inputs == 1
+    assert workload.tolerance() == (0.0, 0.0)
+    (a,) = workload.random_inputs(seed=0)
+    assert a.dtype == np.int32 and np.abs(a).max() <= 4
+    (result,) = workload.reference_outputs([a])
+    np.testing.assert_array_equal(result, a * 3)  # the output starts at zero
+
+
+def test_reference_outputs_check_their_inputs() -> None:
+    workload = Workload.from_module(hand_matmul)
+    a, b = workload.random_inputs(seed=0)
+    with pytest.raises(WorkloadShapeError, match="takes 2 inputs, got 1"):
+        workload.reference_outputs([a])
+    with pytest.raises(WorkloadShapeError, match=r"input 1 must be float32\[40, 16\]"):
+        workload.reference_outputs([a, b.T])
+
+
+def test_tolerance_grows_with_the_reduction() -> None:
+    short = SPECS["matmul"].instantiate((8, 8, 16), "float32")
+    long = SPECS["matmul"].instantiate((8, 8, 4096), "float32")
+    unit = [np.ones((8, 8), np.float32)]
+    assert long.tolerance(unit)[0] > short.tolerance(unit)[0]
+    assert long.tolerance(unit)[1] > short.tolerance(unit)[1]
+    hundredfold = [np.full((8, 8), 100.0)]
+    assert short.tolerance(hundredfold)[1] == pytest.approx(100 * short.tolerance(unit)[1])
+
+
+def test_outputs_must_be_trailing_parameters() -> None:
+    with pytest.raises(WorkloadShapeError, match=r"trailing.*\['A', 'B'\].*'C'"):
+        Workload.from_module(output_first)
+
+
+def test_module_without_outputs_is_rejected() -> None:
+    with pytest.raises(WorkloadShapeError, match="writes none of its parameters"):
+        count_inputs(writes_nothing)
+
+
+def test_dynamic_shapes_are_rejected() -> None:
+    with pytest.raises(WorkloadShapeError, match="static shapes only"):
+        Workload.from_module(dynamic_copy)
+
+
+def test_module_must_hold_one_prim_func() -> None:
+    two = tvm.IRModule({"a": hand_matmul, "b": output_first})
+    with pytest.raises(WorkloadShapeError, match="exactly one PrimFunc"):
+        Workload.from_module(two)
+    with pytest.raises(TypeError, match="IRModule or a PrimFunc"):
+        Workload.from_module("matmul")  # type: ignore[arg-type]
+
+
+def test_workload_validates_its_fields() -> None:
+    valid = Workload.from_module(hand_matmul)
+    with pytest.raises(WorkloadShapeError, match="num_inputs=5"):
+        Workload(valid.name, None, "float32", valid.mod, 5, None, None)
+    with pytest.raises(WorkloadShapeError, match="named 'main'"):
+        Workload("x", None, "float32", tvm.IRModule({"f": hand_matmul}), 2, None, None)
