@@ -16,13 +16,13 @@ import tvm
 import tvm_ffi
 from tvm import te
 
-from probtune import database
+import probtune.database
 from probtune.database import SCHEMA_VERSION, STATUSES, Database, Record
 from probtune.errors import DatabaseError, DatabaseRowError, SchemaVersionError
 
 TARGET = '{"kind": "llvm", "mcpu": "znver4"}'
 OTHER_TARGET = '{"kind": "llvm", "mtriple": "aarch64-linux-gnu"}'
-PYTHON_DIR = Path(database.__file__).resolve().parents[1]  # what makes probtune importable
+PYTHON_DIR = Path(probtune.database.__file__).resolve().parents[1]  # holds the package
 
 
 def matmul_module(m: int = 16, n: int = 16, k: int = 16) -> tvm.IRModule:
@@ -49,7 +49,9 @@ def workload_id(db: Database) -> int:
     return db.commit_workload("matmul_16", matmul_module())
 
 
-def add_ok(db: Database, workload_id: int, latency: float, decision_hash: int = 1, target: str = TARGET) -> int:
+def add_ok(
+    db: Database, workload_id: int, latency: float, decision_hash: int = 1, target: str = TARGET
+) -> int:
     return db.add_record(workload_id, target, "[]", decision_hash, "ok", [latency])
 
 
@@ -193,20 +195,20 @@ WRITER = """
     from probtune.database import Database
     db = Database({path!r})
     for index in range({count}):
-        record_id = db.add_record({workload_id}, "t", f"trace {{index}}", index, "ok", [index + 1.0])
+        trace = f"trace {{index}}"
+        record_id = db.add_record({workload_id}, "t", trace, index, "ok", [index + 1.0])
         print(record_id, index, flush=True)
     {at_end}
 """
 
 
-def test_records_survive_writer_exiting_without_close(db_path: Path, run_python: StartPython) -> None:
+def test_records_survive_writer_exiting_without_close(
+    db_path: Path, run_python: StartPython
+) -> None:
     with Database(db_path) as db:
         workload_id = db.commit_workload("matmul_16", matmul_module())
-    writer = run_python(
-        WRITER.format(
-            path=str(db_path), count=40, workload_id=workload_id, at_end="os._exit(0)"
-        )
-    )
+    code = WRITER.format(path=str(db_path), count=40, workload_id=workload_id, at_end="os._exit(0)")
+    writer = run_python(code)
     stdout, stderr = writer.communicate(timeout=120)
     assert writer.returncode == 0, stderr
     written = [tuple(map(int, line.split())) for line in stdout.splitlines()]
@@ -222,11 +224,8 @@ def test_records_survive_writer_exiting_without_close(db_path: Path, run_python:
 def test_records_survive_writer_killed_mid_way(db_path: Path, run_python: StartPython) -> None:
     with Database(db_path) as db:
         workload_id = db.commit_workload("matmul_16", matmul_module())
-    writer = run_python(
-        WRITER.format(
-            path=str(db_path), count=100_000, workload_id=workload_id, at_end=""
-        )
-    )
+    code = WRITER.format(path=str(db_path), count=100_000, workload_id=workload_id, at_end="")
+    writer = run_python(code)
     written = []
     while len(written) < 50:
         line = writer.stdout.readline()
@@ -242,6 +241,8 @@ def test_records_survive_writer_killed_mid_way(db_path: Path, run_python: StartP
             assert (record.trace_json, record.decision_hash) == (f"trace {index}", index)
         assert db.count(workload_id) >= len(written)
         assert db.seen_decision_hashes(workload_id, "t") >= {index for _, index in written}
+        next_id = db.add_record(workload_id, "t", "after the kill", 2**40, "timeout")
+        assert db.record(next_id).trace_json == "after the kill"
     with sqlite3.connect(db_path) as connection:
         assert connection.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     connection.close()
@@ -264,7 +265,7 @@ RACER = """
     for round in range({rounds}):
         open(os.path.join({folder!r}, f"ready-{{round}}-{{os.getpid()}}"), "w").close()
         deadline = time.monotonic() + 60
-        while sum(name.startswith(f"ready-{{round}}-") for name in os.listdir({folder!r})) < {racers}:
+        while sum(f.startswith(f"ready-{{round}}-") for f in os.listdir({folder!r})) < {racers}:
             if time.monotonic() > deadline:
                 raise SystemExit("the other racers never got ready")
         with Database(os.path.join({folder!r}, f"round-{{round}}.db")) as db:
@@ -275,7 +276,9 @@ RACER = """
 """
 
 
-def test_processes_creating_one_file_at_once_share_it(tmp_path: Path, run_python: StartPython) -> None:
+def test_processes_creating_one_file_at_once_share_it(
+    tmp_path: Path, run_python: StartPython
+) -> None:
     racers, rounds, count = 2, 20, 5
     code = RACER.format(folder=str(tmp_path), racers=racers, rounds=rounds, count=count)
     processes = [run_python(code) for _ in range(racers)]
@@ -302,6 +305,13 @@ def test_file_that_is_not_sqlite_is_refused(tmp_path: Path) -> None:
         Database(path)
     assert str(path) in str(caught.value)
     assert path.read_bytes() == content
+
+
+def test_unopenable_path_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "missing-folder" / "tune.db"
+    with pytest.raises(DatabaseError, match="cannot open") as caught:
+        Database(path)
+    assert str(path) in str(caught.value)
 
 
 def make_sqlite_file(path: Path, *statements: str) -> bytes:
@@ -505,10 +515,13 @@ def test_malformed_records_are_skipped_with_one_warning(
     assert db.count() == 6  # nothing was deleted
 
 
-def test_malformed_workload_is_skipped_with_warning(db: Database, db_path: Path, workload_id: int) -> None:
+def test_malformed_workload_is_skipped_with_warning(
+    db: Database, db_path: Path, workload_id: int
+) -> None:
     with sqlite3.connect(db_path) as connection:
         bad_hash = connection.execute(
-            "INSERT INTO workloads (key, structural_hash, program_json) VALUES ('x', 'nothex', '{}')"
+            "INSERT INTO workloads (key, structural_hash, program_json) "
+            "VALUES ('x', 'nothex', '{}')"
         ).lastrowid
         bad_program = connection.execute(
             "INSERT INTO workloads (key, structural_hash, program_json) "

@@ -1,10 +1,11 @@
-"""Parallelize outer loops over the cores and vectorize the innermost loop.
+"""Parallelize outer loops over the cores, vectorize the innermost loop, unroll with a sampled depth.
 
-The module only *annotates* a block with the limits it sampled; the
-validator ``rewrite-parallel-vectorize`` turns the annotations into real
-fuse/parallel/vectorize steps on each replayed program. This keeps the
-trace's structure independent of sampled tile sizes: how many loops to fuse
-depends on their extents, which change from one sample to the next.
+The modules only *annotate* a block with the limits they sampled; the
+validator ``rewrite-parallel-vectorize-unroll`` turns the annotations into
+real fuse/parallel/vectorize/unroll steps on each replayed program. This
+keeps the trace's structure independent of sampled tile sizes: how many
+loops to fuse depends on their extents, which change from one sample to the
+next.
 """
 
 from __future__ import annotations
@@ -16,13 +17,31 @@ from tvm import s_tir
 
 from probtune import SpaceContext
 from probtune.schedule import BlockRV, Schedule
-from probtune.tir import SPATIAL, block_names, loop_kinds
+from probtune.tir import REDUCTION, SPATIAL, block_names, loop_kinds
 
-__all__ = ["ParallelVectorize", "RewriteParallelVectorize", "PARALLEL_KEY", "VECTORIZE_KEY"]
+__all__ = [
+    "ParallelVectorize",
+    "AutoUnroll",
+    "RewriteParallelVectorizeUnroll",
+    "RewriteReductionBlock",
+    "PARALLEL_KEY",
+    "VECTORIZE_KEY",
+    "UNROLL_KEY",
+]
 
 PARALLEL_KEY = "probtune.parallel_jobs"
 VECTORIZE_KEY = "probtune.vector_lanes"
+UNROLL_KEY = "probtune.unroll_max_step"
 MAX_VECTORS_PER_LOOP = 16  # a longer innermost loop is left to LLVM rather than made one huge vector
+
+
+def _at_root(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """Whether the block has loops hanging directly under the root block (not computed at another block)."""
+    loops = sch.get_loops(block)
+    if not loops:
+        return False
+    parent = sch.get_sref(loops[0]).parent
+    return parent is not None and isinstance(parent.stmt, s_tir.SBlock)
 
 
 @dataclass(frozen=True)
@@ -33,53 +52,96 @@ class ParallelVectorize:
     jobs_per_core: int = 16
 
     def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
-        if sch.tvm.get_loops(sch.resolve(block)) and _at_root(sch.tvm, sch.resolve(block)):
+        if _at_root(sch.tvm, sch.resolve(block)):
             sch.annotate(block, PARALLEL_KEY, self.jobs_per_core * ctx.target.num_cores)
             sch.annotate(block, VECTORIZE_KEY, ctx.target.vector_width)
 
 
-def _at_root(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
-    """Whether the block's loop nest hangs directly under the root block (not computed at another block)."""
-    parent = sch.get_sref(sch.get_loops(block)[0]).parent
-    return parent is not None and isinstance(parent.stmt, s_tir.SBlock)
+@dataclass(frozen=True)
+class AutoUnroll:
+    """Sample how far LLVM-side unrolling may go for the block's loop nest (0 turns it off)."""
+
+    name: str = "auto-unroll"
+    max_steps: tuple[int, ...] = (0, 16, 64, 512)
+
+    def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
+        if _at_root(sch.tvm, sch.resolve(block)):
+            step = sch.sample_categorical(self.max_steps, [1.0 / len(self.max_steps)] * len(self.max_steps))
+            sch.annotate(block, UNROLL_KEY, step)
+
+
+def _last_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[-1] if text else type(exc).__name__
 
 
 @dataclass(frozen=True)
-class RewriteParallelVectorize:
-    """Fuse the leading spatial loops up to the job limit and parallelize them; vectorize the innermost."""
+class RewriteParallelVectorizeUnroll:
+    """Fuse the leading spatial loops up to the job limit and parallelize them; vectorize the innermost; unroll."""
 
-    name: str = "rewrite-parallel-vectorize"
+    name: str = "rewrite-parallel-vectorize-unroll"
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
         for name in block_names(sch.mod["main"]):
             block = sch.get_sblock(name)
             annotations = sch.get(block).annotations
-            if PARALLEL_KEY not in annotations:
+            wanted = {key: int(annotations[key]) for key in (PARALLEL_KEY, VECTORIZE_KEY, UNROLL_KEY) if key in annotations}
+            if not wanted:
                 continue
-            max_jobs = int(annotations[PARALLEL_KEY])
-            lanes = int(annotations[VECTORIZE_KEY])
-            sch.unannotate(block, PARALLEL_KEY)
-            sch.unannotate(block, VECTORIZE_KEY)
+            for key in wanted:
+                sch.unannotate(block, key)
             try:
-                self._rewrite(sch, block, max_jobs, lanes)
+                self._rewrite(sch, block, wanted)
             except RuntimeError as exc:  # TVM schedule errors
-                return f"block {name}: {str(exc).strip().splitlines()[-1]}"
+                return f"block {name}: {_last_line(exc)}"
         return None
 
     @staticmethod
-    def _rewrite(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, max_jobs: int, lanes: int) -> None:
+    def _rewrite(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, wanted: dict[str, int]) -> None:
         loops = sch.get_loops(block)
         kinds = loop_kinds(sch, block, loops)
         extents = [sch.get(loop).extent for loop in loops]
         if any(not isinstance(e, tvm.tirx.IntImm) for e in extents):
             return
         sizes = [int(e) for e in extents]
-        vectorize = len(loops) > 1 and kinds[-1] == SPATIAL and 1 < sizes[-1] <= lanes * MAX_VECTORS_PER_LOOP
+        lanes = wanted.get(VECTORIZE_KEY, 0)
+        if lanes and len(loops) > 1 and kinds[-1] == SPATIAL and 1 < sizes[-1] <= lanes * MAX_VECTORS_PER_LOOP:
+            sch.vectorize(loops[-1])
         leading, jobs = 0, 1
+        max_jobs = wanted.get(PARALLEL_KEY, 1)
         while leading < len(loops) - 1 and kinds[leading] == SPATIAL and jobs < max_jobs:
             jobs *= sizes[leading]
             leading += 1
-        if vectorize:
-            sch.vectorize(loops[-1])
+        outer = loops[0]
         if jobs > 1:
-            sch.parallel(sch.fuse(*loops[:leading]) if leading > 1 else loops[0])
+            outer = sch.fuse(*loops[:leading]) if leading > 1 else loops[0]
+            sch.parallel(outer)
+        if wanted.get(UNROLL_KEY):
+            sch.annotate(outer, "pragma_auto_unroll_max_step", wanted[UNROLL_KEY])
+            sch.annotate(outer, "pragma_unroll_explicit", 1)
+
+
+@dataclass(frozen=True)
+class RewriteReductionBlock:
+    """Split a reduction's initialisation out of its reduction loops (``decompose_reduction``).
+
+    Left inside, the init is a branch executed on every reduction step of the
+    innermost loops, which blocks vectorization of the hot loop.
+    """
+
+    name: str = "rewrite-reduction-block"
+
+    def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
+        for name in block_names(sch.mod["main"]):
+            block = sch.get_sblock(name)
+            if sch.get(block).init is None:
+                continue
+            loops = sch.get_loops(block)
+            kinds = loop_kinds(sch, block, loops)
+            if REDUCTION not in kinds:
+                continue
+            try:
+                sch.decompose_reduction(block, loops[kinds.index(REDUCTION)])
+            except RuntimeError as exc:  # TVM schedule errors
+                return f"block {name}: {_last_line(exc)}"
+        return None

@@ -15,8 +15,8 @@ from probtune.targets import cpu_features
 
 __all__ = ["make_targets"]
 
-CPU_MODULES = ("multi-level-tiling", "parallel-vectorize")
-CPU_VALIDATORS = ("rewrite-parallel-vectorize",)
+CPU_MODULES = ("multi-level-tiling", "parallel-vectorize", "auto-unroll")
+CPU_VALIDATORS = ("rewrite-parallel-vectorize-unroll", "rewrite-reduction-block")
 
 
 def _host_target(cores: int) -> TargetSpec:
