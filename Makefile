@@ -16,7 +16,7 @@ TARGET ?= host
 TRIALS ?= 48
 DATABASE ?= probtune.db
 
-.PHONY: setup tune test bench clean
+.PHONY: setup tune test bench bench-space clean
 
 setup: $(VENV)/.deps $(VENV)/.core $(VENV)/.plugins
 
@@ -45,6 +45,11 @@ test: setup
 bench: setup
 	$(BIN)/python -m pip install --quiet -r requirements-bench.txt
 	$(BIN)/python bench/tune_matmul.py
+
+# probtune's design space against TVM MetaSchedule's (both random sampling), nine workloads; BENCH_ARGS adds options.
+bench-space: setup
+	$(BIN)/python -m pip install --quiet -r requirements-bench.txt
+	$(BIN)/python bench/space_vs_tvm.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) target python/probtune/_core*.so

@@ -13,7 +13,7 @@ use crate::rng::Rng;
 const PERFECT_TILE_ATTEMPTS: usize = 64;
 
 /// Prime factors of `n` (n >= 1) in ascending order, with multiplicity.
-fn prime_factors(mut n: i64) -> Vec<i64> {
+pub(crate) fn prime_factors(mut n: i64) -> Vec<i64> {
     let mut factors = Vec::new();
     let mut divisor = 2;
     while divisor <= n / divisor {
@@ -30,7 +30,7 @@ fn prime_factors(mut n: i64) -> Vec<i64> {
 }
 
 /// Whether `factor` is allowed as innermost factor; a non-positive limit means no limit.
-fn innermost_allowed(factor: i64, max_innermost_factor: i64) -> bool {
+pub(crate) fn innermost_allowed(factor: i64, max_innermost_factor: i64) -> bool {
     max_innermost_factor <= 0 || factor <= max_innermost_factor
 }
 

@@ -167,6 +167,24 @@ impl Trace {
         })
     }
 
+    /// A trace sharing these instructions with the decision of instruction `index` set to
+    /// `decision` and every other decision kept: the one-decision change mutators make.
+    pub fn with_decision(&self, index: usize, decision: Decision) -> Result<Trace, CoreError> {
+        let mut decisions = self.decisions.clone();
+        match decisions.binary_search_by_key(&index, |(at, _)| *at) {
+            Ok(position) => decisions[position].1 = decision,
+            Err(position) => {
+                self.check_sampling_index(index)
+                    .map_err(CoreError::InvalidDecision)?;
+                decisions.insert(position, (index, decision));
+            }
+        }
+        Ok(Trace {
+            program: Arc::clone(&self.program),
+            decisions,
+        })
+    }
+
     /// Sorts `decisions` by index after checking each names a distinct sampling instruction.
     fn checked_decisions(
         &self,
@@ -177,20 +195,26 @@ impl Trace {
             if position > 0 && decisions[position - 1].0 == *index {
                 return Err(format!("instruction {index} is given two decisions"));
             }
-            let inst = self.instruction(*index).ok_or_else(|| {
-                format!(
-                    "decision for instruction {index}, but the trace has {} instructions",
-                    self.len()
-                )
-            })?;
-            if !inst.is_sampling() {
-                return Err(format!(
-                    "instruction {index} ({}) is not a sampling instruction and cannot carry a decision",
-                    inst.kind
-                ));
-            }
+            self.check_sampling_index(*index)?;
         }
         Ok(decisions)
+    }
+
+    /// Checks that `index` names a sampling instruction of this trace.
+    fn check_sampling_index(&self, index: usize) -> Result<(), String> {
+        let inst = self.instruction(index).ok_or_else(|| {
+            format!(
+                "decision for instruction {index}, but the trace has {} instructions",
+                self.len()
+            )
+        })?;
+        if !inst.is_sampling() {
+            return Err(format!(
+                "instruction {index} ({}) is not a sampling instruction and cannot carry a decision",
+                inst.kind
+            ));
+        }
+        Ok(())
     }
 
     /// Canonical JSON in the format [`Trace::from_json`] reads; equal traces give equal text.
@@ -677,6 +701,30 @@ mod tests {
         );
         assert!(matches!(
             trace.with_decisions([(50, Decision::Index(0))]),
+            Err(CoreError::InvalidDecision(_))
+        ));
+    }
+
+    #[test]
+    fn with_decision_changes_one_decision_and_shares_instructions() {
+        let trace = small_trace();
+        let changed = trace.with_decision(2, Decision::Tile(vec![16, 8])).unwrap();
+        assert!(changed.shares_instructions_with(&trace));
+        assert_eq!(
+            changed.decisions(),
+            &[(2, Decision::Tile(vec![16, 8])), (4, Decision::Index(1))]
+        );
+        let without_tile = trace.with_decisions([(4, Decision::Index(1))]).unwrap();
+        let added = without_tile
+            .with_decision(2, Decision::Tile(vec![1, 128]))
+            .unwrap();
+        assert_eq!(added.decisions()[0], (2, Decision::Tile(vec![1, 128])));
+        assert!(matches!(
+            trace.with_decision(3, Decision::Index(0)),
+            Err(CoreError::InvalidDecision(_))
+        ));
+        assert!(matches!(
+            trace.with_decision(9, Decision::Index(0)),
             Err(CoreError::InvalidDecision(_))
         ));
     }

@@ -1,4 +1,5 @@
-"""Rust core of probtune: traces, decisions, deterministic sampling and stable hashing.
+"""Rust core of probtune: traces, decisions, deterministic sampling, stable hashing, decision
+mutators, deduplication and the evolutionary search loop.
 
 Argument values are JSON-like: ``None``, ``bool``, ``int`` (64-bit), ``float`` (finite),
 ``str``, ``list`` and ``dict`` with ``str`` keys. A reference to a random variable (the
@@ -8,13 +9,16 @@ output of an earlier instruction) is the dict ``{"rv": id}``; a dict whose only 
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Union
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence, Union
 
 Arg = Any
 """A JSON-like argument value, with ``{"rv": id}`` dicts for random-variable references."""
 
 Decision = Union[list[int], int]
 """Outcome of a sampling instruction: tile factors (outermost first) or a candidate index."""
+
+PythonMutator = Callable[["Trace", "Rng"], Union["Trace", None]]
+"""A mutator written in Python: returns a trace with one decision changed, or None if it finds nothing to change."""
 
 class TraceFormatError(ValueError):
     """Serialized trace text that does not describe a valid trace; the message says what and where."""
@@ -170,3 +174,80 @@ def sample_categorical(rng: Rng, probs: list[float]) -> int:
 
 def check_categorical(decision: int, num_candidates: int) -> None:
     """Raise ``InvalidDecisionError`` unless ``0 <= decision < num_candidates``."""
+
+class DecisionSet:
+    """A set of decision hashes (``Trace.decision_hash()``): what was measured, or chosen to be.
+
+    ``evolve`` never returns a trace whose hash is in the set, and adds what it returns, so
+    filling it from the database first means the same decisions are never measured twice.
+    """
+
+    def __init__(self, hashes: Iterable[int] = ()) -> None: ...
+    def add(self, decision_hash: int) -> bool:
+        """Add a hash; True when it was new. ``OverflowError`` outside ``[0, 2**64)``."""
+
+    def extend(self, hashes: Iterable[int]) -> int:
+        """Add every hash; returns how many were new."""
+
+    def __contains__(self, decision_hash: object) -> bool:
+        """Whether the hash is in the set (False for anything that is not a possible hash)."""
+
+    def __len__(self) -> int: ...
+
+def mutate_tile_size(trace: Trace, rng: Rng) -> Trace | None:
+    """Move a prime factor of one level of a random ``sample_perfect_tile`` decision to another level.
+
+    The product, the number of levels (attr ``n``) and attr ``max_innermost_factor`` are
+    respected; the result shares instructions with ``trace`` and differs in that one
+    decision. None when no tile decision has a legal move (after a bounded number of tries).
+    """
+
+def mutate_categorical(trace: Trace, rng: Rng) -> Trace | None:
+    """Change a random ``sample_categorical`` decision to another index, drawn by attr ``probs``.
+
+    Only decisions with another candidate of positive probability qualify; None if there is none.
+    """
+
+def evolve(
+    initial: Sequence[Trace],
+    score: Callable[[list[Trace]], Sequence[float | None]],
+    rng: Rng,
+    *,
+    seen: DecisionSet,
+    population_size: int = 512,
+    generations: int = 4,
+    mutate_prob: float = 0.85,
+    mutators: Sequence[tuple[str, float]] = (("tile_size", 0.9), ("categorical", 0.1)),
+    python_mutators: Mapping[str, PythonMutator] | None = None,
+    num_select: int = 64,
+    eps_greedy: float = 0.05,
+) -> list[Trace]:
+    """Evolve ``initial`` by mutation under ``score`` and return up to ``num_select`` traces to measure.
+
+    ``initial`` (e.g. the best measured traces plus fresh samples) is scored first. Each of
+    ``generations`` then fills ``population_size`` slots: with probability ``mutate_prob`` a
+    slot mutates a parent drawn in proportion to its score (shifted to be non-negative when
+    any is negative; uniform when all are equal), using a mutator drawn by its weight in
+    ``mutators``; otherwise the slot copies its parent, which adds nothing new. Children whose
+    decisions were already produced in this call are dropped; the new ones are scored, and
+    the best ``population_size`` of parents and children form the next population.
+
+    ``score`` gets all new candidates of a step in one list (one call for ``initial``, then
+    one per generation that produced any) and returns one score per candidate, higher is
+    better, ``None`` for an invalid one (it is discarded). Python mutators (``mutators`` names
+    the built-ins ``"tile_size"`` and ``"categorical"`` or keys of ``python_mutators``) are
+    called once per generation, one after another, each with a parent and its own ``Rng``.
+    The GIL is held only for these calls.
+
+    Of all candidates scored, those whose hash is not in ``seen`` are chosen: the best
+    ``num_select - floor(num_select * eps_greedy)`` by score, then the rest uniformly at
+    random from the others, all with distinct decision hashes. They are added to ``seen`` and
+    returned best first, then the random ones. Equal inputs, ``rng`` state and ``score``
+    give equal results; ``rng`` advances.
+
+    Exceptions raised by ``score`` or a Python mutator propagate unchanged. ``ValueError``
+    when ``score`` returns the wrong number of scores or a non-finite one, for an unknown,
+    repeated or unweighted mutator name, a Python mutator named like a built-in, weights that
+    are negative or sum to zero, ``population_size < 1``, or a probability outside [0, 1];
+    ``TypeError`` when ``score`` or a Python mutator is not callable or returns the wrong type.
+    """

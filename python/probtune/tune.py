@@ -85,9 +85,13 @@ class TuneResult:
         return tvm.compile(self.schedule(), target=tvm.target.Target(self.target.tvm_target))
 
 
-def _factory(kind: str, table: dict[str, Callable[..., Any]], name: str) -> Callable[..., Any]:
+def _factory(kind: str, table: dict[str, Callable[..., Any]], name: str, target: str) -> Callable[..., Any]:
     if name not in table:
-        raise PluginError(f"unknown {kind} {name!r}; registered: {', '.join(sorted(table)) or 'none'}")
+        raise PluginError(
+            f"target {target!r} uses the {kind} {name!r}, which no installed plugin registers "
+            f"(registered {kind}s: {', '.join(sorted(table)) or 'none'}); install a plugin that provides it, "
+            f"or tune for a target this machine can measure, such as 'host'"
+        )
     return table[name]
 
 
@@ -120,8 +124,8 @@ def tune(
     spec = resolve_target(target)
     registry = get_registry()
     work = resolve_workload(workload, shape, dtype, registry.workloads)
-    builder_factory = _factory("builder", registry.builders, spec.builder)
-    runner_factory = _factory("runner", registry.runners, spec.runner)
+    builder_factory = _factory("builder", registry.builders, spec.builder, spec.name)
+    runner_factory = _factory("runner", registry.runners, spec.runner, spec.name)
     if spec.runner == "local":
         check_runs_here(spec)
 

@@ -6,15 +6,19 @@ from typing import Any, Callable
 
 from probtune import hookimpl
 
-from probtune_cpu.multi_level_tiling import MultiLevelTiling
+from probtune_cpu.add_rfactor import AddRFactor
+from probtune_cpu.auto_inline import AutoInline
+from probtune_cpu.multi_level_tiling import MultiLevelTiling, RewriteWriteBackLocation
 from probtune_cpu.parallel_vectorize import (
     AutoUnroll,
     ParallelVectorize,
     RewriteParallelVectorizeUnroll,
     RewriteReductionBlock,
 )
+from probtune_cpu.random_compute_location import RandomComputeLocation
+from probtune_cpu.validators import VerifyParallel, VerifyStaticLoops, VerifyUnrollSize, VerifyVectorize
 
-__all__ = ["MultiLevelTiling", "ParallelVectorize", "AutoUnroll", "RewriteParallelVectorizeUnroll", "RewriteReductionBlock"]
+__all__ = ["AutoInline", "AddRFactor", "RandomComputeLocation", "MultiLevelTiling", "ParallelVectorize", "AutoUnroll", "RewriteParallelVectorizeUnroll", "RewriteReductionBlock"]
 
 
 @hookimpl
@@ -22,9 +26,17 @@ def probtune_register_space_modules(register: Callable[[Any], None]) -> None:
     register(MultiLevelTiling())
     register(ParallelVectorize())
     register(AutoUnroll())
+    register(AutoInline())
+    register(AddRFactor())
+    register(RandomComputeLocation())
 
 
 @hookimpl
 def probtune_register_validators(register: Callable[[Any], None]) -> None:
     register(RewriteParallelVectorizeUnroll())
     register(RewriteReductionBlock())
+    register(RewriteWriteBackLocation())
+    register(VerifyStaticLoops())
+    register(VerifyVectorize())
+    register(VerifyParallel())
+    register(VerifyUnrollSize())

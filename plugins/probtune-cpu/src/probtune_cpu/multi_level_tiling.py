@@ -1,29 +1,94 @@
-"""Multi-level tiling: the loop structure behind fast CPU reductions (matmul, conv)."""
+"""Multi-level tiling: the loop structure behind fast CPU reductions (matmul, conv).
+
+After tiling, the block's results are written back tile by tile (MetaSchedule's
+"may reuse" write cache): an elementwise consumer such as a bias add or a ReLU
+is fused into the tile, or, for a block writing a function output, a write
+cache is added and its copy-out is fused into the tile. Either way the
+accumulator stays in cache while it is finished and stored.
+
+Which tile level the write-back sits under is sampled (``sample_categorical``),
+but a trace cannot pick a loop by a sampled value, so the module records the
+sample as a block annotation and the post-processor
+``rewrite-write-back-location`` does the ``reverse_compute_at`` on every
+replayed program; the trace's structure never depends on sampled values.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tvm_ffi
+from tvm import ir, s_tir, tirx
+
 from probtune import SpaceContext
 from probtune.schedule import BlockRV, LoopRV, Schedule
-from probtune.tir import REDUCTION, SPATIAL, loop_kinds
+from probtune.tir import REDUCTION, SPATIAL, block_names, loop_kinds
 
-__all__ = ["MultiLevelTiling"]
+from probtune_cpu.parallel_vectorize import PARALLEL_KEY, UNROLL_KEY, VECTORIZE_KEY, _at_root, _last_line
+
+__all__ = ["MultiLevelTiling", "RewriteWriteBackLocation", "WRITE_BACK_DEPTH_KEY"]
+
+WRITE_BACK_DEPTH_KEY = "probtune.write_back_depth"
+"""Block annotation: the write-back goes under this many of the tiled block's outer loops."""
+
+
+def _is_point_access(region: ir.TensorRegion, iter_vars: list[tirx.IterVar]) -> bool:
+    """Whether ``region`` is the single element indexed by ``iter_vars``, in order."""
+    return len(region.region) == len(iter_vars) and all(
+        isinstance(r.extent, tirx.IntImm) and int(r.extent) == 1 and r.min.same_as(iv.var)
+        for r, iv in zip(region.region, iter_vars)
+    )
+
+
+def _has_elementwise_consumer(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """Whether the block's only consumer, at the root, reads each produced element where it was produced."""
+    consumers = sch.get_consumers(block)
+    if len(consumers) != 1 or not _at_root(sch, consumers[0]):
+        return False
+    producer, consumer = sch.get(block), sch.get(consumers[0])
+    if len(producer.writes) != 1 or len(consumer.writes) != 1:
+        return False
+    if any(int(iv.iter_type) != tirx.IterVar.DataPar for iv in consumer.iter_vars):
+        return False
+    spatial = [iv for iv in producer.iter_vars if int(iv.iter_type) == tirx.IterVar.DataPar]
+    same_space = len(spatial) == len(consumer.iter_vars) and all(
+        tvm_ffi.structural_equal(p.dom.extent, c.dom.extent) for p, c in zip(spatial, consumer.iter_vars)
+    )
+    reads = [r for r in consumer.reads if r.source.same_as(producer.writes[0].source)]
+    return (
+        same_space
+        and bool(reads)
+        and _is_point_access(producer.writes[0], spatial)
+        and all(_is_point_access(r, list(consumer.iter_vars)) for r in reads)
+    )
+
+
+def _writes_output(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    params = sch.mod["main"].params
+    return any(any(w.source.same_as(p) for p in params) for w in sch.get(block).writes)
 
 
 @dataclass(frozen=True)
 class MultiLevelTiling:
-    """Tile spatial loops in ``structure``'s S levels and reduction loops in its R levels.
+    """Tile spatial loops in ``structure``'s S levels and reduction loops in its R levels, then write back per tile.
 
     With the default "SSRSRS" every spatial loop is split into 4 sampled
     perfect tiles and every reduction loop into 2, then the tiles are
     reordered level by level, so that the innermost levels form a small
     register/L1-resident kernel and the outer ones walk the caches.
+    ``write_back_levels`` are the (1-based) levels of ``structure`` after
+    which the write-back may go; they must be S levels.
     """
 
     name: str = "multi-level-tiling"
     structure: str = "SSRSRS"
     max_innermost_factor: int = 64
+    write_back_levels: tuple[int, ...] = (1, 2)
+
+    def __post_init__(self) -> None:
+        s_levels = [index + 1 for index, letter in enumerate(self.structure) if letter == "S"]
+        if not self.write_back_levels or not set(self.write_back_levels) <= set(s_levels):
+            raise ValueError(f"write_back_levels {self.write_back_levels} must name S levels of {self.structure!r}")
 
     def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
         loops = sch.get_loops(block)
@@ -42,9 +107,67 @@ class MultiLevelTiling:
             for level, tile_loop in zip(levels[kind], sch.split(loop, tiles)):
                 level.append(tile_loop)
         order: list[LoopRV] = []
+        level_ends: list[int] = []  # per level of ``structure``: how many loops are at or above it
         next_level = {SPATIAL: 0, REDUCTION: 0}
         for letter in self.structure:
             kind = SPATIAL if letter == "S" else REDUCTION
             order.extend(levels[kind][next_level[kind]])
             next_level[kind] += 1
+            level_ends.append(len(order))
         sch.reorder(*order)
+        self._write_back_per_tile(sch, block, [level_ends[level - 1] for level in self.write_back_levels])
+
+    @staticmethod
+    def _write_back_per_tile(sch: Schedule, block: BlockRV, depths: list[int]) -> None:
+        """Give the block a write-back that can follow it into the tile, and sample under how many loops it goes."""
+        if not _has_elementwise_consumer(sch.tvm, sch.resolve(block)):
+            if not _writes_output(sch.tvm, sch.resolve(block)):
+                return
+            sch.cache_write(block, 0, "global")
+        depth = sch.sample_categorical(depths, [1.0 / len(depths)] * len(depths))
+        sch.annotate(block, WRITE_BACK_DEPTH_KEY, depth)
+
+
+@dataclass(frozen=True)
+class RewriteWriteBackLocation:
+    """Compute each annotated block's only consumer (its write-back) inside the block's tile, at the sampled depth.
+
+    The moved block joins the tiled block's loop nest: its own parallel and
+    unroll requests are dropped (the nest's outer loops are parallelized and
+    unrolled once, for the tiled block) and it takes the tiled block's vector
+    width, so that its innermost loop is still vectorized. Must run before
+    ``rewrite-parallel-vectorize-unroll``.
+    """
+
+    name: str = "rewrite-write-back-location"
+
+    def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
+        for name in block_names(sch.mod["main"]):
+            block = sch.get_sblock(name)
+            annotations = sch.get(block).annotations
+            if WRITE_BACK_DEPTH_KEY not in annotations:
+                continue
+            depth = int(annotations[WRITE_BACK_DEPTH_KEY])
+            sch.unannotate(block, WRITE_BACK_DEPTH_KEY)
+            consumers = sch.get_consumers(block)
+            if len(consumers) != 1 or not _at_root(sch, consumers[0]):
+                continue  # another module already placed it
+            loops = sch.get_loops(block)
+            if depth > len(loops):
+                return f"block {name} has {len(loops)} loops, its write-back was sampled under {depth}"
+            try:
+                sch.reverse_compute_at(consumers[0], loops[depth - 1], preserve_unit_loops=True)
+            except RuntimeError as exc:  # TVM schedule errors
+                return f"block {name}: {_last_line(exc)}"
+            self._join_nest(sch, block, consumers[0])
+        return None
+
+    @staticmethod
+    def _join_nest(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, moved: s_tir.schedule.SBlockRV) -> None:
+        own = sch.get(moved).annotations
+        for key in (PARALLEL_KEY, UNROLL_KEY, VECTORIZE_KEY):
+            if key in own:
+                sch.unannotate(moved, key)
+        lanes = sch.get(block).annotations.get(VECTORIZE_KEY)
+        if lanes is not None:
+            sch.annotate(moved, VECTORIZE_KEY, lanes)

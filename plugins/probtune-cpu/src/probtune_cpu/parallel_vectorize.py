@@ -17,7 +17,7 @@ from tvm import s_tir
 
 from probtune import SpaceContext
 from probtune.schedule import BlockRV, Schedule
-from probtune.tir import REDUCTION, SPATIAL, block_names, loop_kinds
+from probtune.tir import REDUCTION, SPATIAL, block_names, iter_stmts, loop_kinds
 
 __all__ = [
     "ParallelVectorize",
@@ -70,6 +70,24 @@ class AutoUnroll:
             sch.annotate(block, UNROLL_KEY, step)
 
 
+def _is_guest(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """Whether the block was computed into the loop nest of a consumer that parallelizes it.
+
+    Such a block shares its outer loops with that consumer, whose own rewrite
+    fuses, parallelizes and unrolls them; the guest may only vectorize its own
+    innermost loop. (A consumer moved into a producer's tile, such as a cache
+    write-back, carries no parallel request of its own, so the producer stays host.)
+    """
+    loops = sch.get_loops(block)
+    if not loops:
+        return False
+    inside = {s.block.name_hint for s in iter_stmts(sch.get(loops[0])) if isinstance(s, s_tir.SBlockRealize)}
+    return any(
+        sch.get(consumer).name_hint in inside and PARALLEL_KEY in sch.get(consumer).annotations
+        for consumer in sch.get_consumers(block)
+    )
+
+
 def _last_line(exc: Exception) -> str:
     text = str(exc).strip()
     return text.splitlines()[-1] if text else type(exc).__name__
@@ -90,6 +108,9 @@ class RewriteParallelVectorizeUnroll:
                 continue
             for key in wanted:
                 sch.unannotate(block, key)
+            if _is_guest(sch, block):  # its outer loops belong to a consumer, which parallelizes and unrolls them
+                wanted.pop(PARALLEL_KEY, None)
+                wanted.pop(UNROLL_KEY, None)
             try:
                 self._rewrite(sch, block, wanted)
             except RuntimeError as exc:  # TVM schedule errors
@@ -105,13 +126,22 @@ class RewriteParallelVectorizeUnroll:
             return
         sizes = [int(e) for e in extents]
         lanes = wanted.get(VECTORIZE_KEY, 0)
-        if lanes and len(loops) > 1 and kinds[-1] == SPATIAL and 1 < sizes[-1] <= lanes * MAX_VECTORS_PER_LOOP:
+        innermost_holds_only_block = isinstance(sch.get(loops[-1]).body, s_tir.SBlockRealize)
+        if (
+            lanes
+            and len(loops) > 1
+            and kinds[-1] == SPATIAL
+            and innermost_holds_only_block
+            and 1 < sizes[-1] <= lanes * MAX_VECTORS_PER_LOOP
+        ):
             sch.vectorize(loops[-1])
         leading, jobs = 0, 1
         max_jobs = wanted.get(PARALLEL_KEY, 1)
         while leading < len(loops) - 1 and kinds[leading] == SPATIAL and jobs < max_jobs:
             jobs *= sizes[leading]
             leading += 1
+            if not isinstance(sch.get(loops[leading - 1]).body, tvm.tirx.For):
+                break  # fuse needs a perfect nest: a loop holding more than one statement ends the fused prefix
         outer = loops[0]
         if jobs > 1:
             outer = sch.fuse(*loops[:leading]) if leading > 1 else loops[0]

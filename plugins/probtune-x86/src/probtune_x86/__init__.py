@@ -12,11 +12,9 @@ from typing import Any, Callable
 
 from probtune import TargetSpec, hookimpl
 from probtune.targets import cpu_features
+from probtune_cpu.defaults import DEFAULT_MODULES, DEFAULT_VALIDATORS
 
 __all__ = ["make_targets"]
-
-CPU_MODULES = ("multi-level-tiling", "parallel-vectorize", "auto-unroll")
-CPU_VALIDATORS = ("rewrite-parallel-vectorize-unroll", "rewrite-reduction-block")
 
 
 def _host_target(cores: int) -> TargetSpec:
@@ -29,8 +27,8 @@ def _host_target(cores: int) -> TargetSpec:
         description=f"this machine's CPU ({codegen.llvm_get_system_cpu()}, {width} fp32 lanes)",
         tvm_target={"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu(), "num-cores": cores},
         vector_width=width,
-        modules=CPU_MODULES,
-        validators=CPU_VALIDATORS,
+        modules=DEFAULT_MODULES,
+        validators=DEFAULT_VALIDATORS,
     )
 
 
@@ -42,8 +40,8 @@ def make_targets() -> list[TargetSpec]:
             description="x86-64 with AVX-512 (Zen 4 / Skylake-AVX512 class), 16 fp32 lanes",
             tvm_target={"kind": "llvm", "mcpu": "znver4", "num-cores": cores},
             vector_width=16,
-            modules=CPU_MODULES,
-            validators=CPU_VALIDATORS,
+            modules=DEFAULT_MODULES,
+            validators=DEFAULT_VALIDATORS,
             required_cpu_features=("avx512f", "avx512bw", "avx512vl"),
         ),
         TargetSpec(
@@ -51,8 +49,8 @@ def make_targets() -> list[TargetSpec]:
             description="x86-64 with AVX2 and FMA (Haswell / Zen 2-3 class), 8 fp32 lanes",
             tvm_target={"kind": "llvm", "mcpu": "core-avx2", "num-cores": cores},
             vector_width=8,
-            modules=CPU_MODULES,
-            validators=CPU_VALIDATORS,
+            modules=DEFAULT_MODULES,
+            validators=DEFAULT_VALIDATORS,
             required_cpu_features=("avx2", "fma"),
         ),
         TargetSpec(
@@ -60,8 +58,8 @@ def make_targets() -> list[TargetSpec]:
             description="generic LLVM CPU code for the host architecture, no ISA assumptions",
             tvm_target={"kind": "llvm", "num-cores": cores},
             vector_width=4,
-            modules=CPU_MODULES,
-            validators=CPU_VALIDATORS,
+            modules=DEFAULT_MODULES,
+            validators=DEFAULT_VALIDATORS,
         ),
         _host_target(cores),
     ]

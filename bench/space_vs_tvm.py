@@ -1,0 +1,443 @@
+"""Is probtune's design space at least as good as TVM MetaSchedule's?
+
+Both systems tune each workload with pure random sampling from their own design
+space and the same number of trials: probtune with its random search, TVM
+MetaSchedule with its default CPU space and the ``replay-trace`` strategy.  The
+two best programs are then compiled and timed again in this process, the same
+way and interleaved round by round (this machine is shared and noisy), after
+checking both outputs against the workload's numpy reference.  Where the
+workload has a numpy baseline, numpy is timed in the same rounds.
+
+Run with ``make bench-space`` (or ``.venv/bin/python bench/space_vs_tvm.py
+--trials 64``); pick workloads with ``--workloads matmul:1024,1024,1024 softmax``.
+The report goes to ``bench/results/space_vs_tvm.json``.  The exit status is 1
+when a tuned program computes a wrong result or a system fails with an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import platform
+import re
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+# numpy's BLAS uses every core; give TVM's in-process thread pool the same (its x86 default is
+# half).  Both systems' measurement processes inherit this too.
+os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count()))
+
+import numpy as np  # noqa: E402
+import tvm  # noqa: E402
+import tvm.s_tir.meta_schedule as ms  # noqa: E402
+
+import probtune  # noqa: E402
+from probtune.errors import ProbtuneError  # noqa: E402
+from probtune.plugins import get_registry  # noqa: E402
+from probtune.targets import resolve_target  # noqa: E402
+from probtune.workload import Workload, parse_shape  # noqa: E402
+
+DEFAULT_SUITE = (
+    "matmul:512,512,512",
+    "matmul:1024,1024,1024",
+    "batch_matmul:12,128,128,64",
+    "dense_bias_relu:128,3072,768",
+    "conv2d_nchw:1,64,56,56,64,3,3,1,1",
+    "conv2d_nhwc",
+    "depthwise_conv2d_nchw",
+    "softmax:1024,1024",
+    "layer_norm:512,768",
+)
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "space_vs_tvm.json"
+
+# What TVM MetaSchedule records for a candidate that failed to build or run.
+_MS_FAILED_SECONDS = 1e9
+_MS_TASK_LOG = "tvm.s_tir.meta_schedule.logging.task_0_main.log"
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- TVM MetaSchedule
+
+
+def ms_build_without_intrinsics(mod: tvm.IRModule, target: tvm.target.Target, _params: Any) -> Any:
+    """TVM MetaSchedule's default build function, minus its ``import tvm.s_tir.tensor_intrin``.
+
+    The stock function imports every tensor intrinsic (CUDA, ROCm, Hexagon, ARM...)
+    in each builder process: 30-45 s on this 2-core machine (CUDA's alone ~27 s).
+    MetaSchedule starts fresh builder processes for every batch and counts that
+    import against the build timeout, so with the stock function every candidate
+    times out, at TVM's 30 s default and at 60 s alike (``--tvm-stock-builder``
+    shows it).  The x86 design space tensorizes nothing, so the compiled program
+    is the same.
+    """
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return tvm.tirx.build(mod, target=target, pipeline="default")  # what tvm.driver.build, which the stock one calls, does
+
+
+def tvm_import_intrinsics() -> float:
+    """Import TVM's tensor intrinsics once, before any timed tuning; return the seconds it took.
+
+    MetaSchedule's TuneContext imports them on first use; that one-time cost (tens of
+    seconds here) says nothing about the design space, so it is kept out of the first
+    workload's tuning time and reported on its own.
+    """
+    started = time.perf_counter()
+    import tvm.s_tir.tensor_intrin  # noqa: F401
+
+    return time.perf_counter() - started
+
+
+def tvm_log_counts(work_dir: Path) -> dict[str, int]:
+    """Failures as MetaSchedule's task log names them (its database only holds 1e10 for each)."""
+    log = work_dir / "logs" / _MS_TASK_LOG
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return {
+        "build_error": len(re.findall(r"Trial #\d+: Error in building", text)),
+        "run_error": len(re.findall(r"Trial #\d+: Error in running", text)),
+        "timeout": len(re.findall(r"Timeout, killed after", text)),
+    }
+
+
+def tune_tvm(work: Workload, target: tvm.target.Target, args: argparse.Namespace) -> tuple[dict, Any]:
+    """Tune with MetaSchedule's default CPU space and random sampling; return a report and the best schedule's module."""
+    builder = ms.builder.LocalBuilder(
+        timeout_sec=args.build_timeout,
+        f_build=None if args.tvm_stock_builder else ms_build_without_intrinsics,
+    )
+    with tempfile.TemporaryDirectory(prefix="space-vs-tvm-") as scratch:
+        work_dir = Path(scratch)
+        if args.tvm_work_dir:  # keep MetaSchedule's logs and JSON database for a look afterwards
+            work_dir = Path(args.tvm_work_dir) / re.sub(r"[^\w.,-]+", "_", work.key)
+            work_dir.mkdir(parents=True, exist_ok=True)
+        # MetaSchedule's console handler takes this level (its log files keep everything); each
+        # tune_tir call resets the level to DEBUG, so set it before every call.
+        logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+        started = time.perf_counter()
+        database = ms.tune_tir(
+            work.mod,
+            target,
+            str(work_dir),
+            max_trials_global=args.trials,
+            num_trials_per_iter=min(args.trials, 64),
+            builder=builder,
+            strategy="replay-trace",
+            cost_model="random",  # replay-trace never asks the cost model; don't spend time training XGBoost
+            seed=args.seed,
+        )
+        wall = time.perf_counter() - started
+        records = list(database.get_all_tuning_records())
+        means = [
+            float(np.mean([float(s) for s in r.run_secs]))
+            for r in records
+            if r.run_secs is not None and len(r.run_secs) > 0
+        ]
+        ok = [m for m in means if m < _MS_FAILED_SECONDS]
+        sch = ms.tir_integration.compile_tir(database, work.mod, target)
+        report = {
+            "tuning_wall_seconds": round(wall, 2),
+            "measured": len(records),
+            "statuses": {"ok": len(ok), "failed": len(records) - len(ok), **tvm_log_counts(work_dir)},
+            "distinct_traces": len({str(r.trace) for r in records}),
+            "best_recorded_ms": round(min(ok) * 1e3, 4) if ok else None,
+        }
+    return report, (sch.mod if sch is not None else None)
+
+
+# ---------------------------------------------------------------- probtune
+
+
+def tune_probtune(work: Workload, args: argparse.Namespace) -> tuple[dict, Any]:
+    with tempfile.TemporaryDirectory(prefix="space-vs-tvm-") as scratch:
+        started = time.perf_counter()
+        result = probtune.tune(
+            work, target=args.target, trials=args.trials, database=Path(scratch) / "bench.db",
+            seed=args.seed, build_timeout=args.build_timeout,
+        )
+        wall = time.perf_counter() - started
+    report = {
+        "tuning_wall_seconds": round(wall, 2),
+        "measured": result.measured,
+        "statuses": dict(result.statuses),
+        "rejections": result.rejections,
+        "best_recorded_ms": round(result.best_latency * 1e3, 4) if result.best_latency else None,
+    }
+    return report, (result.schedule() if result.best is not None else None)
+
+
+# ---------------------------------------------------------------- timing in this process
+
+
+@dataclass
+class Contender:
+    """One program to time: ``call_once()`` runs it once; ``time_round(n)`` returns seconds per call over ``n`` calls."""
+
+    name: str
+    call_once: Callable[[], list[np.ndarray]]
+    time_round: Callable[[int], float]
+    calls_per_round: int = 1
+
+
+def tvm_contender(name: str, lib: Any, work: Workload, inputs: list[np.ndarray]) -> Contender:
+    dev = tvm.cpu()
+    in_tensors = [tvm.runtime.tensor(x, dev) for x in inputs]
+    out_specs = work.param_specs()[work.num_inputs:]
+
+    def fresh_outputs() -> list[Any]:
+        return [tvm.runtime.tensor(np.zeros(shape, dtype), dev) for shape, dtype in out_specs]
+
+    timing_outputs = fresh_outputs()
+
+    def call_once() -> list[np.ndarray]:
+        outputs = fresh_outputs()
+        lib["main"](*in_tensors, *outputs)
+        return [t.numpy() for t in outputs]
+
+    def time_round(calls: int) -> float:
+        evaluator = lib.mod.time_evaluator("main", dev, number=calls, repeat=1)
+        return float(evaluator(*in_tensors, *timing_outputs).mean)
+
+    return Contender(name, call_once, time_round)
+
+
+def numpy_contender(work: Workload, inputs: list[np.ndarray]) -> Contender:
+    def call_once() -> list[np.ndarray]:
+        out = work.baseline(*inputs)
+        return list(out) if isinstance(out, (list, tuple)) else [np.asarray(out)]
+
+    def time_round(calls: int) -> float:
+        started = time.perf_counter()
+        for _ in range(calls):
+            work.baseline(*inputs)
+        return (time.perf_counter() - started) / calls
+
+    return Contender("numpy", call_once, time_round)
+
+
+def check_outputs(work: Workload, got: list[np.ndarray], expected: list[np.ndarray]) -> dict:
+    rtol, atol = work.tolerance(expected)
+    correct = len(got) == len(expected) and all(
+        g.shape == e.shape and bool(np.allclose(g, e, rtol=rtol, atol=atol)) for g, e in zip(got, expected)
+    )
+    max_error = max(
+        (float(np.max(np.abs(g.astype(np.float64) - e.astype(np.float64)))) for g, e in zip(got, expected)
+         if g.shape == e.shape and g.size),
+        default=None,
+    )
+    return {"correct": correct, "max_abs_error": max_error, "rtol": rtol, "atol": atol}
+
+
+def calibrate(contender: Contender, round_ms: float) -> None:
+    """Pick the calls per round so that one round lasts about ``round_ms``."""
+    contender.time_round(1)  # warm up (caches, thread pool)
+    one = min(contender.time_round(1) for _ in range(3))
+    contender.calls_per_round = max(1, math.ceil(round_ms / 1e3 / max(one, 1e-9)))
+
+
+def time_interleaved(contenders: list[Contender], rounds: int, round_ms: float) -> dict[str, float]:
+    """Median seconds per call of each contender; every round times each once, in a rotating order."""
+    for contender in contenders:
+        calibrate(contender, round_ms)
+    samples: dict[str, list[float]] = {c.name: [] for c in contenders}
+    for r in range(rounds):
+        shift = r % len(contenders)
+        for contender in contenders[shift:] + contenders[:shift]:
+            samples[contender.name].append(contender.time_round(contender.calls_per_round))
+    return {name: float(np.median(values)) for name, values in samples.items()}
+
+
+# ---------------------------------------------------------------- one workload
+
+
+def parse_workload(text: str, dtype: str) -> Workload:
+    """``name`` (the catalog's default shape) or ``name:shape``, e.g. ``matmul:64,64,64``."""
+    specs = get_registry().workloads
+    name, _, shape = text.partition(":")
+    if name not in specs:
+        raise ValueError(f"unknown workload {name!r}; known: {', '.join(sorted(specs))}")
+    values = parse_shape(shape, allow_zero=True) if shape else specs[name].default_shape
+    return specs[name].instantiate(values, dtype)
+
+
+def bench_workload(work: Workload, tvm_target: tvm.target.Target, args: argparse.Namespace) -> dict:
+    entry: dict[str, Any] = {"workload": work.key, "flops": work.flops, "problems": [], "notes": []}
+    programs: dict[str, Any] = {}
+    for system, tune in (("probtune", lambda: tune_probtune(work, args)),
+                         ("tvm", lambda: tune_tvm(work, tvm_target, args))):
+        say(f"[{work.key}] tuning with {system} ({args.trials} trials)...")
+        try:
+            report, program = tune()
+        except Exception as error:  # noqa: BLE001 - one system failing must not stop the suite
+            traceback.print_exc()
+            entry[system] = {"error": f"{type(error).__name__}: {error}"}
+            entry["problems"].append(f"{system} failed: {type(error).__name__}: {error}")
+            continue
+        entry[system] = report
+        if program is None:
+            report["error"] = "no correct program was measured"
+            entry["notes"].append(f"{system} measured no correct program")
+            say(f"[{work.key}] {system} measured no correct program")
+        else:
+            programs[system] = program
+        say(f"[{work.key}] {system}: {report['tuning_wall_seconds']} s, statuses {report['statuses']}")
+
+    inputs = work.random_inputs(args.seed)
+    expected = work.reference_outputs(inputs)
+    contenders = []
+    for system, program in programs.items():
+        try:
+            lib = tvm.compile(program, target=tvm_target)
+        except Exception as error:  # noqa: BLE001
+            traceback.print_exc()
+            entry[system]["error"] = f"compiling the best program failed: {error}"
+            entry["problems"].append(f"{system}: compiling its best program failed: {error}")
+            continue
+        contender = tvm_contender(system, lib, work, inputs)
+        check = check_outputs(work, contender.call_once(), expected)
+        entry[system].update(check)
+        if not check["correct"]:
+            message = (f"{system}'s best program for {work.key} computes a WRONG RESULT "
+                       f"(max abs error {check['max_abs_error']}, atol {check['atol']:.3g}, rtol {check['rtol']:.3g})")
+            say("!" * 78 + f"\n!!! {message}\n" + "!" * 78)
+            entry["problems"].append(message)
+            continue
+        contenders.append(contender)
+    if work.baseline is not None:
+        contender = numpy_contender(work, inputs)
+        entry["numpy"] = check_outputs(work, contender.call_once(), expected)
+        contenders.append(contender)
+    else:
+        entry["numpy"] = None
+
+    if contenders:
+        say(f"[{work.key}] timing {', '.join(c.name for c in contenders)} interleaved, {args.rounds} rounds...")
+        medians = time_interleaved(contenders, args.rounds, args.round_ms)
+        for name, seconds in medians.items():
+            entry[name]["ms"] = round(seconds * 1e3, 4)
+            entry[name]["gflops"] = round(work.flops / seconds / 1e9, 2) if work.flops else None
+            entry[name]["calls_per_round"] = next(c.calls_per_round for c in contenders if c.name == name)
+    ours, theirs = (entry.get(s) or {} for s in ("probtune", "tvm"))
+    both = "ms" in ours and "ms" in theirs
+    entry["tvm_over_probtune"] = round(theirs["ms"] / ours["ms"], 4) if both else None
+    return entry
+
+
+# ---------------------------------------------------------------- report
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_table(entries: list[dict], geomean: float | None) -> None:
+    width = max([len("workload")] + [len(e["workload"]) for e in entries])
+    header = (f"{'workload':<{width}} {'probtune ms':>11} {'TVM ms':>10} {'TVM/probtune':>12} "
+              f"{'numpy ms':>9} {'tune s probtune':>15} {'tune s TVM':>10}")
+    print(header)
+    print("-" * len(header))
+    for e in entries:
+        ours, theirs, base = e.get("probtune") or {}, e.get("tvm") or {}, e.get("numpy") or {}
+        remarks = e["problems"] + e.get("notes", [])
+        flag = "  <-- " + "; ".join(remarks) if remarks else ""
+        print(f"{e['workload']:<{width}} {fmt(ours.get('ms'), '.4f'):>11} {fmt(theirs.get('ms'), '.4f'):>10} "
+              f"{fmt(e['tvm_over_probtune'], '.3f'):>12} {fmt(base.get('ms'), '.4f'):>9} "
+              f"{fmt(ours.get('tuning_wall_seconds'), '.1f'):>15} {fmt(theirs.get('tuning_wall_seconds'), '.1f'):>10}"
+              f"{flag}")
+    ratios = sum(1 for e in entries if e["tvm_over_probtune"])
+    print(f"geometric mean TVM/probtune over {ratios} workload(s): {fmt(geomean, '.3f')}  (>1: probtune faster)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", nargs="+", default=list(DEFAULT_SUITE), metavar="NAME[:SHAPE]",
+                        help="catalog workloads, each a name (its default shape) or name:shape, e.g. matmul:64,64,64")
+    parser.add_argument("--trials", type=int, default=64, help="measured candidates per system and workload")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--target", default="host", help="probtune target; TVM gets its TVM target")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--build-timeout", type=float, default=60.0,
+                        help="seconds per candidate build, for both systems (TVM's own default is 30)")
+    parser.add_argument("--rounds", type=int, default=20, help="interleaved timing rounds of the best programs")
+    parser.add_argument("--round-ms", type=float, default=50.0, help="length of one timing round of one program")
+    parser.add_argument("--tvm-stock-builder", action="store_true",
+                        help="use MetaSchedule's stock build function (imports all tensor intrinsics per batch)")
+    parser.add_argument("--tvm-work-dir", help="keep MetaSchedule's logs and database here, one folder per workload")
+    parser.add_argument("--out", default=str(DEFAULT_OUT))
+    args = parser.parse_args()
+    if args.trials <= 0:
+        parser.error("--trials must be positive")
+
+    try:
+        chosen = [parse_workload(text, args.dtype) for text in args.workloads]
+    except (ValueError, ProbtuneError) as error:
+        parser.error(f"--workloads: {error}")
+    spec = resolve_target(args.target)
+    tvm_target = tvm.target.Target(spec.tvm_target)
+
+    say("importing TVM's tensor intrinsics (MetaSchedule needs them; one-time cost, not counted)...")
+    intrinsics_seconds = tvm_import_intrinsics()
+    entries = []
+    for work in chosen:
+        try:
+            entries.append(bench_workload(work, tvm_target, args))
+        except Exception as error:  # noqa: BLE001
+            traceback.print_exc()
+            entries.append({"workload": work.key, "tvm_over_probtune": None,
+                            "problems": [f"benchmark failed: {type(error).__name__}: {error}"]})
+
+    ratios = [e["tvm_over_probtune"] for e in entries if e["tvm_over_probtune"]]
+    geomean = float(np.exp(np.mean(np.log(ratios)))) if ratios else None
+    report = {
+        "question": "is probtune's design space at least as good as TVM MetaSchedule's (random sampling, same trials)?",
+        "trials": args.trials,
+        "seed": args.seed,
+        "target": args.target,
+        "tvm_target": str(tvm_target),
+        "tvm_num_threads": os.environ.get("TVM_NUM_THREADS"),
+        "cpu_count": os.cpu_count(),
+        "cpu": cpu_model(),
+        "tvm_version": tvm.__version__,
+        "tvm_builder": "stock" if args.tvm_stock_builder else "stock minus tensor-intrinsic import",
+        "build_timeout_seconds": args.build_timeout,
+        "tvm_tensor_intrin_import_seconds": round(intrinsics_seconds, 2),
+        "timing": {"rounds": args.rounds, "round_ms": args.round_ms, "statistic": "median seconds per call",
+                   "interleaved": True},
+        "workloads": entries,
+        "geomean_tvm_over_probtune": round(geomean, 4) if geomean else None,
+    }
+    print_table(entries, geomean)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    say(f"report written to {out}")
+    problems = [p for e in entries for p in e["problems"]]
+    if problems:
+        say(f"{len(problems)} problem(s):\n  " + "\n  ".join(problems))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""AArch64 targets for probtune, cross-compiled from any host through TVM's LLVM.
+
+``arm-neon`` describes a Cortex-A72 class board (Raspberry Pi 4, AWS
+Graviton 1): 4 cores, 128-bit NEON registers, so 4 fp32 lanes. ``mcpu`` only
+tunes LLVM's instruction scheduling; the code runs on any ARMv8-A core with
+NEON. That code cannot run on the tuning machine, so the target is measured
+through the ``rpc`` runner, which a later plugin provides; until then tuning
+for it stops before any work, with an error that names the missing runner.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from probtune import TargetSpec, hookimpl
+from probtune_cpu.defaults import DEFAULT_MODULES, DEFAULT_VALIDATORS
+
+__all__ = ["make_targets"]
+
+
+def make_targets() -> list[TargetSpec]:
+    return [
+        TargetSpec(
+            name="arm-neon",
+            description="AArch64 with NEON (Cortex-A72 class, 4 cores), 4 fp32 lanes; measured over RPC",
+            tvm_target={
+                "kind": "llvm",
+                "mtriple": "aarch64-linux-gnu",
+                "mcpu": "cortex-a72",
+                "mattr": ["+neon"],
+                "num-cores": 4,
+            },
+            vector_width=4,
+            modules=DEFAULT_MODULES,
+            validators=DEFAULT_VALIDATORS,
+            runner="rpc",
+        ),
+    ]
+
+
+@hookimpl
+def probtune_register_targets(register: Callable[[Any], None]) -> None:
+    for target in make_targets():
+        register(target)

@@ -1,0 +1,109 @@
+"""Inline elementwise blocks into their neighbours, so that no intermediate buffer is written and read back.
+
+Two directions, tried in this order (MetaSchedule's AutoInline is the model):
+
+* ``compute_inline``: a spatial block (a bias add, a scale) is folded into the
+  blocks that read it, its value recomputed where it is used;
+* ``reverse_compute_inline``: an elementwise consumer (ReLU after a bias add, a
+  cast) is folded into its only producer, so that the final value is written
+  once.
+
+Whether a primitive is legal is decided by TVM itself, on a copy of the
+untraced schedule: a refused primitive never reaches the trace, and legality
+depends only on the program's structure, never on sampled tile sizes, so the
+recorded choice holds on every replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+
+from probtune import SpaceContext
+from probtune.schedule import BlockRV, Schedule
+from probtune.tir import iter_stmts
+
+__all__ = ["AutoInline"]
+
+_EXPR_CHILD_FIELDS = (
+    "a", "b", "value", "body", "args", "condition", "true_value", "false_value", "indices", "base", "vectors",
+)
+
+
+def _is_spatial(block: s_tir.SBlock) -> bool:
+    return all(int(iv.iter_type) == tirx.IterVar.DataPar for iv in block.iter_vars)
+
+
+def _is_spatial_function(func: tirx.PrimFunc) -> bool:
+    """Whether no block of ``func`` reduces: then every value is read once per output and recomputation is cheap."""
+    return all(
+        _is_spatial(stmt.block)
+        for stmt in iter_stmts(func.body)
+        if isinstance(stmt, s_tir.SBlockRealize) and stmt.block.name_hint != "root"
+    )
+
+
+def _calls_any(expr: tirx.Expr, op_names: Iterable[str]) -> bool:
+    """Whether ``expr`` calls one of the named TIR operators anywhere inside."""
+    wanted = set(op_names)
+    stack: list[object] = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, tvm.ir.Call) and isinstance(node.op, tvm.ir.Op) and node.op.name in wanted:
+            return True
+        for field in _EXPR_CHILD_FIELDS:
+            child = getattr(node, field, None)
+            if isinstance(child, tirx.Expr):
+                stack.append(child)
+            elif isinstance(child, tvm_ffi.Array):
+                stack.extend(c for c in child if isinstance(c, tirx.Expr))
+    return False
+
+
+def _legal(sch: s_tir.Schedule, primitive: Callable[[s_tir.Schedule], None]) -> bool:
+    """Whether ``primitive`` succeeds on a throw-away copy of ``sch`` (the copy keeps the random variables valid)."""
+    try:
+        primitive(sch.copy())
+    except RuntimeError:  # TVM schedule errors
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class AutoInline:
+    """Inline a spatial block into its consumers, else fold it into its only producer.
+
+    In a function with a reduction, a block whose value calls one of
+    ``costly_ops`` is not inlined into its consumers, whose inner loops would
+    recompute it: ``exp`` is a transcendental (softmax's is read by both the
+    sum and the normalisation), ``if_then_else`` is convolution padding, a
+    branch in the convolution's innermost loop (measured on a 2-core AVX2
+    machine, 15 random tilings of three padded convolutions: inlined padding
+    was slower than padding as its own pass in 13, median 1.5x, up to 8x).
+    Such blocks are left to ``random-compute-location``, which may still
+    sample inlining. Folding into the producer computes each value once and
+    is always allowed.
+    """
+
+    name: str = "auto-inline"
+    costly_ops: tuple[str, ...] = ("tirx.exp", "prim.if_then_else")
+
+    def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
+        raw, block_rv = sch.tvm, sch.resolve(block)
+        sblock = raw.get(block_rv)
+        if len(sblock.writes) != 1 or not _is_spatial(sblock):
+            return
+        if self._cheap_to_recompute(sblock, ctx) and _legal(raw, lambda s: s.compute_inline(block_rv)):
+            sch.compute_inline(block)
+        elif _legal(raw, lambda s: s.reverse_compute_inline(block_rv)):
+            sch.reverse_compute_inline(block)
+
+    def _cheap_to_recompute(self, sblock: s_tir.SBlock, ctx: SpaceContext) -> bool:
+        body = sblock.body
+        if not isinstance(body, tirx.BufferStore) or not _calls_any(body.value, self.costly_ops):
+            return True
+        return _is_spatial_function(ctx.workload.prim_func)

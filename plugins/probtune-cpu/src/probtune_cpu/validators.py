@@ -1,0 +1,190 @@
+"""Reject, before building, programs that cannot compile or would waste a measurement.
+
+Each validator reads the finished program (after the rewrites; it changes
+nothing) in a few milliseconds, where a program it rejects would cost a build
+of a second or more, or the whole build timeout, and give no measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+from tvm import s_tir, tirx
+
+from probtune import SpaceContext
+from probtune.tir import iter_stmts
+
+from probtune_cpu.parallel_vectorize import MAX_VECTORS_PER_LOOP
+
+__all__ = ["VerifyStaticLoops", "VerifyVectorize", "VerifyParallel", "VerifyUnrollSize", "estimate_unrolled_size"]
+
+_UNROLL_STEP_KEY = "pragma_auto_unroll_max_step"  # what TVM's UnrollLoop pass reads
+
+
+def _loops(func: tirx.PrimFunc, kind: tirx.ForKind | None = None) -> Iterator[tirx.For]:
+    for stmt in iter_stmts(func.body):
+        if isinstance(stmt, tirx.For) and (kind is None or stmt.kind == kind):
+            yield stmt
+
+
+def _loops_under(loop: tirx.For) -> Iterator[tirx.For]:
+    return (s for s in iter_stmts(loop.body) if isinstance(s, tirx.For))
+
+
+def _constant(expr: tirx.Expr) -> int | None:
+    return int(expr) if isinstance(expr, tirx.IntImm) else None
+
+
+def _binds_non_spatial_iterator(loop: tirx.For) -> str | None:
+    """The name of a block under ``loop`` whose reduction (or opaque) iterator depends on the loop variable."""
+    for stmt in iter_stmts(loop.body):
+        if not isinstance(stmt, s_tir.SBlockRealize):
+            continue
+        for iter_var, value in zip(stmt.block.iter_vars, stmt.iter_values):
+            if int(iter_var.iter_type) != tirx.IterVar.DataPar and any(
+                v.same_as(loop.loop_var) for v in tirx.analysis.undefined_vars(value)
+            ):
+                return stmt.block.name_hint
+    return None
+
+
+@dataclass(frozen=True)
+class VerifyStaticLoops:
+    """Reject a loop whose bounds are not constants.
+
+    A candidate is built and timed at one shape; tile sampling, vectorization
+    and unrolling all need constant extents, and x86 has no vectors of
+    run-time length.
+    """
+
+    name: str = "verify-static-loops"
+
+    def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
+        for loop in _loops(sch.mod["main"]):
+            if _constant(loop.min) is None or _constant(loop.extent) is None:
+                return f"loop {loop.loop_var.name} runs from {loop.min} for {loop.extent} iterations"
+        return None
+
+
+@dataclass(frozen=True)
+class VerifyVectorize:
+    """Reject a vectorized loop that TVM cannot turn into good vector code.
+
+    Rules: the extent is a constant (no run-time vector length on x86); it
+    is at most ``max_vectors`` native vectors (wider, one operation no longer
+    fits the register file (16 vectors on AVX2) and spills: the parallel/vectorize rewrite
+    leaves such loops to LLVM for that reason); the loop is innermost, no loop
+    of more than one iteration under it (TVM widens every statement of the
+    body, so a nested loop becomes strided lane-by-lane accesses, and a nested
+    vectorized loop fails the build); and every block iterator it feeds is
+    data parallel (lanes of a reduction would write the same element).
+    """
+
+    name: str = "verify-vectorize"
+    max_vectors: int = MAX_VECTORS_PER_LOOP
+
+    def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
+        max_lanes = self.max_vectors * ctx.target.vector_width
+        for loop in _loops(sch.mod["main"], tirx.ForKind.VECTORIZED):
+            name, lanes = loop.loop_var.name, _constant(loop.extent)
+            if lanes is None:
+                return f"vectorized loop {name} has a non-constant extent {loop.extent}"
+            if lanes > max_lanes:
+                return f"vectorized loop {name} has {lanes} lanes, more than {max_lanes} ({self.max_vectors} vectors)"
+            inner = next((s for s in _loops_under(loop) if _constant(s.extent) != 1), None)
+            if inner is not None:
+                return f"vectorized loop {name} is not innermost: loop {inner.loop_var.name} is inside it"
+            block = _binds_non_spatial_iterator(loop)
+            if block is not None:
+                return f"vectorized loop {name} feeds a reduction iterator of block {block}"
+        return None
+
+
+@dataclass(frozen=True)
+class VerifyParallel:
+    """Reject a parallel loop over a reduction, or one nested in another parallel loop.
+
+    Threads running a reduction's iterations would race on the accumulator;
+    TVM's thread pool cannot nest parallel loops (the build fails).
+    """
+
+    name: str = "verify-parallel"
+
+    def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
+        for loop in _loops(sch.mod["main"], tirx.ForKind.PARALLEL):
+            name = loop.loop_var.name
+            nested = next((s for s in _loops_under(loop) if s.kind == tirx.ForKind.PARALLEL), None)
+            if nested is not None:
+                return f"parallel loop {nested.loop_var.name} is nested in parallel loop {name}"
+            block = _binds_non_spatial_iterator(loop)
+            if block is not None:
+                return f"parallel loop {name} feeds a reduction iterator of block {block}"
+        return None
+
+
+def estimate_unrolled_size(stmt: tirx.Stmt, vector_width: int) -> int:
+    """Native vector operations in ``stmt`` once TVM has vectorized and unrolled it (one per stored vector register).
+
+    Follows TVM's UnrollLoop pass, which runs after vectorization: under a
+    ``pragma_auto_unroll_max_step`` of N, a serial loop with no rolled loop
+    inside is unrolled when its extent times its body's stores is at most N.
+    """
+    return _unroll(stmt, max_step=0, lanes=1, vector_width=vector_width)[2]
+
+
+def _unroll(stmt: tirx.Stmt, max_step: int, lanes: int, vector_width: int) -> tuple[int, bool, int]:
+    """(stores counted for unrolling, whether a rolled loop is inside, native operations) of ``stmt``."""
+    if isinstance(stmt, tirx.BufferStore):
+        return 1, False, -(-lanes // vector_width)
+    if isinstance(stmt, tirx.Evaluate):
+        return 1, False, 1
+    if isinstance(stmt, tirx.For):
+        extent = _constant(stmt.extent)
+        if _UNROLL_STEP_KEY in stmt.annotations:
+            max_step = int(stmt.annotations[_UNROLL_STEP_KEY])
+        if stmt.kind == tirx.ForKind.VECTORIZED and extent is not None:
+            return _unroll(stmt.body, max_step, lanes * extent, vector_width)  # one wide statement, no loop left
+        steps, rolled_inside, ops = _unroll(stmt.body, max_step, lanes, vector_width)
+        unrolled = extent is not None and (
+            stmt.kind == tirx.ForKind.UNROLLED
+            or (stmt.kind == tirx.ForKind.SERIAL and not rolled_inside and extent * steps <= max_step)
+        )
+        return (steps * extent, False, ops * extent) if unrolled else (steps, True, ops)
+    steps, rolled_inside, ops = 0, False, 0
+    for child in _children(stmt):
+        child_steps, child_rolled, child_ops = _unroll(child, max_step, lanes, vector_width)
+        steps, rolled_inside, ops = steps + child_steps, rolled_inside or child_rolled, ops + child_ops
+    return steps, rolled_inside, ops
+
+
+def _children(stmt: tirx.Stmt) -> list[tirx.Stmt]:
+    children: list[tirx.Stmt] = []
+    for field in ("seq", "block", "init", "body", "then_case", "else_case"):
+        child = getattr(stmt, field, None)
+        if isinstance(child, tirx.Stmt):
+            children.append(child)
+        elif child is not None and not isinstance(child, tirx.Expr):
+            children.extend(c for c in child if isinstance(c, tirx.Stmt))
+    return children
+
+
+@dataclass(frozen=True)
+class VerifyUnrollSize:
+    """Reject a program whose unrolled code would be huge.
+
+    Unrolling multiplies the code of the loops it covers, and LLVM's time
+    grows faster than the code: on a 2-core machine, matmul tiles estimated
+    at 17k, 34k and 68k vector operations took 5 s, 67 s and 232 s to build
+    (the largest samples of the default space stay under 5k). Code that big
+    would not fit the instruction cache anyway.
+    """
+
+    name: str = "verify-unroll-size"
+    max_vector_ops: int = 16384
+
+    def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
+        size = estimate_unrolled_size(sch.mod["main"].body, ctx.target.vector_width)
+        if size > self.max_vector_ops:
+            return f"about {size} vector operations once unrolled, more than {self.max_vector_ops}"
+        return None

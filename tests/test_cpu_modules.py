@@ -1,0 +1,262 @@
+"""CPU modules auto-inline, random-compute-location and add-rfactor: where they apply, replay, correctness."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import s_tir, te, tirx
+
+from probtune import Rng, Schedule, generate_space
+from probtune.catalog import BUILTIN_WORKLOADS
+from probtune.search import RandomSearch
+from probtune.tir import block_names, find_realize, iter_stmts
+from probtune.workload import Workload
+from probtune_cpu.auto_inline import AutoInline
+from probtune_cpu.random_compute_location import PLACE_PRODUCERS_KEY
+
+from conftest import run_module
+
+CATALOG = {spec.name: spec for spec in BUILTIN_WORKLOADS}
+FULL_CPU_SPACE = [
+    "auto-inline",
+    "add-rfactor",
+    "multi-level-tiling",
+    "parallel-vectorize",
+    "auto-unroll",
+    "random-compute-location",
+]
+
+
+def catalog_workload(name: str, shape: tuple[int, ...] | None = None) -> Workload:
+    spec = CATALOG[name]
+    return spec.instantiate(shape or spec.small_shape, "float32")
+
+
+def fresh_program(workload: Workload, space, seed: int) -> tirx.PrimFunc:
+    """The space's program for fresh decisions, before validators run."""
+    return Schedule.replay(workload.mod, space.trace.with_decisions({}), rng=Rng(seed)).mod["main"]
+
+
+def instruction_kinds(space) -> list[str]:
+    return [inst.kind for inst in space.trace.instructions]
+
+
+def located_blocks(trace) -> list[str]:
+    """For each sample_compute_location of ``trace``, the name of the block it places."""
+    names = {inst.outputs[0]: inst.attrs["name"] for inst in trace.instructions if inst.kind == "get_sblock"}
+    return [names[inst.inputs[0]["rv"]] for inst in trace.instructions if inst.kind == "sample_compute_location"]
+
+
+def sampled_tiles(trace) -> dict[str, list[int]]:
+    """For each sample_perfect_tile of ``trace``, its decision, keyed by the block named last before it."""
+    tiles, block = {}, None
+    for index, inst in enumerate(trace.instructions):
+        if inst.kind == "get_sblock":
+            block = inst.attrs["name"]
+        elif inst.kind == "sample_perfect_tile":
+            tiles[block] = trace.decision(index)
+    return tiles
+
+
+def allocated_shape(func: tirx.PrimFunc, buffer_name: str) -> list[int]:
+    (buffer,) = [b for b in func.body.block.alloc_buffers if b.name == buffer_name]
+    return [int(n) for n in buffer.shape]
+
+
+def loop_mates(func: tirx.PrimFunc, name: str) -> set[str]:
+    """Blocks that share at least one enclosing loop with block ``name``."""
+    mates: set[str] = set()
+    for stmt in iter_stmts(func.body):
+        if isinstance(stmt, tirx.For):
+            inside = {s.block.name_hint for s in iter_stmts(stmt) if isinstance(s, s_tir.SBlockRealize)}
+            if name in inside:
+                mates |= inside - {name}
+    return mates
+
+
+def assert_samples_correct(workload: Workload, space, host, samples: int = 3, seed: int = 11) -> list:
+    """Draw ``samples`` candidates with fresh decisions; each must replay to itself, compile and match numpy."""
+    batch = RandomSearch(space, Rng(seed)).next_batch(samples)
+    assert batch, f"no valid sample of {workload.key}"
+    inputs = workload.random_inputs(0)
+    expected = workload.reference(*inputs)
+    rtol, atol = workload.tolerance()
+    target = tvm.target.Target(host.tvm_target)
+    for candidate in batch:
+        assert tvm_ffi.structural_equal(space.program(candidate.trace), candidate.mod)
+        lib = tvm.compile(candidate.mod, target=target)
+        outputs = [np.zeros(shape, dtype) for shape, dtype in workload.param_specs()[workload.num_inputs :]]
+        results = run_module(lib, [*inputs, *outputs])[workload.num_inputs :]
+        for got, want in zip(results, expected):
+            np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+    return batch
+
+
+# ---------------------------------------------------------------- auto-inline
+
+
+@pytest.mark.parametrize("name", ["conv2d_nchw", "conv2d_nhwc", "depthwise_conv2d_nchw"])
+def test_auto_inline_keeps_conv_padding_for_random_compute_location(name, host):
+    workload = catalog_workload(name)
+    space = generate_space(workload, host, modules=["auto-inline", "random-compute-location"])
+    assert "compute_inline" not in instruction_kinds(space)
+    assert located_blocks(space.trace) == ["pad_temp"]
+
+
+@pytest.mark.parametrize("name", ["conv2d_nchw", "conv2d_nhwc", "depthwise_conv2d_nchw"])
+def test_auto_inline_folds_conv_padding_when_branches_may_be_recomputed(name, host):
+    workload = catalog_workload(name)
+    space = generate_space(workload, host, modules=[AutoInline(costly_ops=("tirx.exp",))])
+    assert instruction_kinds(space).count("compute_inline") == 1
+    assert block_names(fresh_program(workload, space, 0)) == [name]
+    assert_samples_correct(workload, space, host, samples=1)
+
+
+def test_auto_inline_folds_relu_into_the_bias_add_and_leaves_the_dense_alone(host):
+    workload = catalog_workload("dense_bias_relu")
+    space = generate_space(workload, host, modules=["auto-inline"])
+    assert instruction_kinds(space).count("reverse_compute_inline") == 1
+    assert "compute_inline" not in instruction_kinds(space)
+    func = fresh_program(workload, space, 0)
+    assert block_names(func) == ["T_dense", "T_bias_add"]
+    bias_add = find_realize(func, "T_bias_add").block
+    assert [region.source.name for region in bias_add.writes] == ["T_relu"]
+    assert "T.max" in bias_add.script()
+    dense = find_realize(func, "T_dense").block
+    assert tvm_ffi.structural_equal(dense, find_realize(workload.prim_func, "T_dense").block)
+    assert_samples_correct(workload, space, host, samples=1)
+
+
+@pytest.mark.parametrize("name", ["softmax", "layer_norm", "matmul"])
+def test_auto_inline_keeps_reductions_and_exp_with_two_readers(name, host):
+    workload = catalog_workload(name)
+    space = generate_space(workload, host, modules=["auto-inline"])
+    assert set(instruction_kinds(space)) == {"get_sblock"}, "a refused primitive reached the trace"
+
+
+def test_auto_inline_inlines_exp_when_the_function_has_no_reduction(host):
+    a = te.placeholder((8, 16), name="A")
+    exp = te.compute(a.shape, lambda i, j: te.exp(a[i, j]), name="E")
+    shifted = te.compute(a.shape, lambda i, j: exp[i, j] + 1.0, name="F")
+    out = te.compute(a.shape, lambda i, j: shifted[i, j] * exp[i, j], name="Out")
+    workload = Workload.from_module(tvm.IRModule({"main": te.create_prim_func([a, out])}))
+    space = generate_space(workload, host, modules=["auto-inline"])
+    assert block_names(fresh_program(workload, space, 0)) == ["Out"]
+
+
+# ---------------------------------------------------------------- random-compute-location
+
+
+def test_random_compute_location_places_conv_padding(host):
+    workload = catalog_workload("conv2d_nchw")
+    space = generate_space(workload, host, modules=["random-compute-location"])
+    assert located_blocks(space.trace) == ["pad_temp"]
+    assert instruction_kinds(space)[-1] == "compute_at"
+    index = instruction_kinds(space).index("sample_compute_location")
+    decisions = {
+        RandomSearch(space, Rng(seed)).next_batch(1)[0].trace.decision(index) for seed in range(12)
+    }
+    assert -1 in decisions and any(d >= 0 for d in decisions), decisions
+
+    at_root = Schedule.replay(workload.mod, space.trace.with_decisions({index: -1})).mod
+    assert tvm_ffi.structural_equal(at_root, workload.mod)
+    inlined = Schedule.replay(workload.mod, space.trace.with_decisions({index: -2})).mod["main"]
+    assert block_names(inlined) == ["conv2d_nchw"]
+    inside = Schedule.replay(workload.mod, space.trace.with_decisions({index: 3})).mod["main"]
+    assert loop_mates(inside, "pad_temp") == {"conv2d_nchw"}
+    assert_samples_correct(workload, space, host, samples=4)
+
+
+def test_random_compute_location_skips_tiled_blocks_and_outputs(host):
+    workload = catalog_workload("dense_bias_relu")
+    space = generate_space(workload, host, modules=["multi-level-tiling", "random-compute-location"])
+    assert located_blocks(space.trace) == ["T_bias_add"]  # not the tiled T_dense, not the output T_relu
+    assert_samples_correct(workload, space, host, samples=3)
+
+
+def test_random_compute_location_does_nothing_on_a_single_block(host):
+    workload = catalog_workload("matmul")
+    space = generate_space(workload, host, modules=["random-compute-location"])
+    assert instruction_kinds(space) == ["get_sblock"]
+
+
+# ---------------------------------------------------------------- add-rfactor
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "reductions"),
+    [
+        ("softmax", (4, 256), ["T_softmax_maxelem", "T_softmax_expsum"]),
+        ("layer_norm", (6, 192), ["T_layer_norm_sum", "T_layer_norm_sq_dev_sum"]),
+        ("matmul", (2, 2, 512), ["C"]),  # matrix-vector-like: too few outputs for the cores
+    ],
+)
+def test_add_rfactor_splits_long_reductions(name, shape, reductions, host):
+    workload = catalog_workload(name, shape)
+    space = generate_space(workload, host, modules=["add-rfactor"])
+    assert instruction_kinds(space).count("rfactor") == len(reductions)
+    untouched = [n for n in block_names(workload.prim_func) if n not in reductions]
+    for seed in range(3):
+        program = Schedule.replay(workload.mod, space.trace.with_decisions({}), rng=Rng(seed))
+        func = program.mod["main"]
+        tiles = sampled_tiles(program.trace)
+        assert sorted(block_names(func)) == sorted([*block_names(workload.prim_func), *(f"{r}_rf" for r in reductions)])
+        for reduction in reductions:
+            outer, inner = tiles[reduction]
+            assert outer * inner == shape[-1] and inner <= 64
+            (result,) = find_realize(func, reduction).block.writes
+            partials = allocated_shape(func, f"{reduction}.rf")
+            assert len(partials) == len(result.region) + 1 and partials[-1] == inner  # partials: a new innermost axis
+            assert PLACE_PRODUCERS_KEY in find_realize(func, reduction).block.annotations
+        for other in untouched:
+            before = find_realize(workload.prim_func, other).block
+            assert tvm_ffi.structural_equal(find_realize(func, other).block, before)
+    assert_samples_correct(workload, space, host, samples=3)
+
+
+def test_add_rfactor_splits_row_reductions_with_many_rows(host):
+    workload = catalog_workload("layer_norm", (1024, 64))
+    space = generate_space(workload, host, modules=["add-rfactor"])
+    assert instruction_kinds(space).count("rfactor") == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"),
+    [("softmax", (4, 16)), ("matmul", (24, 40, 56)), ("matmul", (4, 8, 512)), ("conv2d_nchw", None)],
+)
+def test_add_rfactor_leaves_short_or_matmul_like_reductions_alone(name, shape, host):
+    workload = catalog_workload(name, shape)
+    space = generate_space(workload, host, modules=["add-rfactor"])
+    assert set(instruction_kinds(space)) == {"get_sblock"}
+
+
+def test_random_compute_location_places_the_partial_sums(host):
+    workload = catalog_workload("softmax", (4, 256))
+    space = generate_space(workload, host, modules=["add-rfactor", "random-compute-location"])
+    assert set(located_blocks(space.trace)) >= {"T_softmax_maxelem_rf", "T_softmax_expsum_rf"}
+    nested = set()
+    for seed in range(8):
+        func = fresh_program(workload, space, seed)
+        assert all(PLACE_PRODUCERS_KEY not in find_realize(func, n).block.annotations for n in block_names(func))
+        nested |= {n for n in ("T_softmax_maxelem", "T_softmax_expsum") if f"{n}_rf" in loop_mates(func, n)}
+    assert nested, "no sample computed the partial sums inside the loop that sums them"
+    assert_samples_correct(workload, space, host, samples=4)
+
+
+# ---------------------------------------------------------------- the modules together
+
+
+@pytest.mark.parametrize("spec", BUILTIN_WORKLOADS, ids=lambda s: s.name)
+def test_full_cpu_space_samples_compile_and_are_correct(spec, host):
+    workload = catalog_workload(spec.name)
+    space = generate_space(workload, host, modules=FULL_CPU_SPACE)
+    assert_samples_correct(workload, space, host, samples=3)
+
+
+@pytest.mark.parametrize(("name", "shape"), [("softmax", (4, 256)), ("layer_norm", (6, 192)), ("conv2d_nchw", None)])
+def test_full_cpu_space_with_partial_sums_and_placed_padding(name, shape, host):
+    workload = catalog_workload(name, shape)
+    space = generate_space(workload, host, modules=FULL_CPU_SPACE)
+    assert_samples_correct(workload, space, host, samples=3)

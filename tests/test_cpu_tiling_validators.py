@@ -1,0 +1,263 @@
+"""Multi-level tiling's per-tile write-back, and the CPU validators that reject programs before building."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+from tvm.script import tirx as T
+
+from probtune import Rng, generate_space
+from probtune.catalog import BUILTIN_WORKLOADS
+from probtune.schedule import BlockRV, Schedule
+from probtune.tir import block_names
+from probtune.workload import Workload
+from probtune_cpu.multi_level_tiling import WRITE_BACK_DEPTH_KEY
+from probtune_cpu.validators import estimate_unrolled_size
+
+from conftest import matmul_module, run_module
+
+VERIFIERS = ["verify-static-loops", "verify-vectorize", "verify-parallel", "verify-unroll-size"]
+CATALOG = {spec.name: spec for spec in BUILTIN_WORKLOADS}
+
+
+def _write_back_sample(trace) -> int:
+    """Index of the instruction that samples the write-back level."""
+    insts = trace.instructions
+    for index, (inst, following) in enumerate(zip(insts, insts[1:])):
+        if inst.kind == "sample_categorical" and following.attrs.get("ann_key") == WRITE_BACK_DEPTH_KEY:
+            return index
+    raise AssertionError("the space samples no write-back level")
+
+
+def _shared_loops(sch: tvm.s_tir.Schedule, block: str, other: str) -> list[tvm.tirx.For]:
+    """The outer loops that enclose both blocks."""
+    shared = []
+    for a, b in zip(sch.get_loops(sch.get_sblock(block)), sch.get_loops(sch.get_sblock(other))):
+        if not sch.get(a).loop_var.same_as(sch.get(b).loop_var):
+            break
+        shared.append(sch.get(a))
+    return shared
+
+
+def _spatial_tile_product(trace, level: int) -> int:
+    """Iterations of the spatial tile levels above the write-back: the product of the first ``level`` factors."""
+    decisions = trace.decisions
+    return math.prod(
+        math.prod(decisions[i][:level])
+        for i, inst in enumerate(trace.instructions)
+        if inst.kind == "sample_perfect_tile" and inst.attrs["n"] == 4
+    )
+
+
+def _matmul_decisions(trace, level: int) -> dict[int, object]:
+    """Fixed tiles for a 64^3 matmul (i, j: 2x2x4x4 / 2x2x2x8, k: 8x8) and write-back level; the rest is sampled."""
+    tile_indices = [i for i in trace.sampling_indices() if trace.instructions[i].kind == "sample_perfect_tile"]
+    decisions: dict[int, object] = dict(zip(tile_indices, [[2, 2, 4, 4], [2, 2, 2, 8], [8, 8]]))
+    decisions[_write_back_sample(trace)] = level
+    return decisions
+
+
+@pytest.mark.parametrize("level", [0, 1])
+def test_matmul_writes_back_through_a_cache_at_the_sampled_level(host, level):
+    workload = Workload.from_module(matmul_module(64, 64, 64))
+    space = generate_space(workload, host, validators=["rewrite-write-back-location"])
+    kinds = [inst.kind for inst in space.trace.instructions]
+    assert kinds.count("cache_write") == 1
+    index = _write_back_sample(space.trace)
+    depths = space.trace.instructions[index].attrs["candidates"]
+    assert depths == [2, 4]  # after the first and the second spatial tile level of i and j
+
+    sch, rejected = space.realize(space.trace.with_decisions(_matmul_decisions(space.trace, level)))
+    assert rejected is None
+    assert len(_shared_loops(sch.tvm, "C", "C_global")) == depths[level]
+    assert sch.trace.structure_hash() == space.trace.structure_hash()  # the level moves the block, not the trace
+
+
+def test_matmul_write_back_is_vectorized_inside_the_parallel_tile(host):
+    workload = Workload.from_module(matmul_module(64, 64, 64))
+    space = generate_space(workload, host)
+    for level, tile_iterations in [(0, 2 * 2), (1, 2 * 2 * 2 * 2)]:
+        sch, rejected = space.realize(space.trace.with_decisions(_matmul_decisions(space.trace, level)))
+        assert rejected is None
+        shared = _shared_loops(sch.tvm, "C_update", "C_global")
+        assert shared and shared[0].kind == tvm.tirx.ForKind.PARALLEL
+        assert math.prod(int(loop.extent) for loop in shared) == tile_iterations
+        innermost = sch.tvm.get(sch.tvm.get_loops(sch.tvm.get_sblock("C_global"))[-1])
+        assert innermost.kind == tvm.tirx.ForKind.VECTORIZED
+
+
+def test_dense_fuses_its_elementwise_epilogue_instead_of_a_cache(host):
+    spec = CATALOG["dense_bias_relu"]
+    space = generate_space(spec.instantiate(spec.small_shape), host, validators=["rewrite-write-back-location"])
+    assert "cache_write" not in [inst.kind for inst in space.trace.instructions]
+    index = _write_back_sample(space.trace)
+    depths = space.trace.instructions[index].attrs["candidates"]
+    for level in (0, 1):
+        sch, rejected = space.realize(space.trace.with_decisions({index: level}), Rng(3))
+        assert rejected is None
+        (epilogue,) = sch.tvm.get_consumers(sch.tvm.get_sblock("T_dense"))
+        assert len(_shared_loops(sch.tvm, "T_dense", sch.tvm.get(epilogue).name_hint)) == depths[level]
+
+
+def test_no_write_back_for_an_intermediate_read_by_a_broadcast(host):
+    spec = CATALOG["softmax"]  # the row max (tiled: a reduction) is read by every element of its row
+    space = generate_space(spec.instantiate(spec.small_shape), host, modules=["multi-level-tiling"])
+    kinds = [inst.kind for inst in space.trace.instructions]
+    assert "split" in kinds and "cache_write" not in kinds
+    assert not any(inst.attrs.get("ann_key") == WRITE_BACK_DEPTH_KEY for inst in space.trace.instructions)
+
+
+@pytest.mark.parametrize("name", ["matmul", "batch_matmul", "dense_bias_relu", "conv2d_nchw", "conv2d_nhwc"])
+def test_every_write_back_level_compiles_and_matches_numpy(host, name):
+    spec = CATALOG[name]
+    workload = spec.instantiate(spec.small_shape, "float32")
+    space = generate_space(workload, host, seed=0)
+    index = _write_back_sample(space.trace)
+    inputs = workload.random_inputs(0)
+    expected = workload.reference(*inputs)
+    rtol, atol = workload.tolerance()
+    target = tvm.target.Target(host.tvm_target)
+    for level, seed in [(0, 1), (0, 2), (1, 3), (1, 4)]:
+        sch, rejected = space.realize(space.trace.with_decisions({index: level}), Rng(seed))
+        assert rejected is None
+        raw = sch.tvm
+        tiled = next(block for block in block_names(raw.mod["main"]) if block.endswith("_update"))
+        (write_back,) = raw.get_consumers(raw.get_sblock(tiled))
+        shared = _shared_loops(raw, tiled, raw.get(write_back).name_hint)
+        assert math.prod(int(loop.extent) for loop in shared) == _spatial_tile_product(sch.trace, level + 1)
+        lib = tvm.compile(sch.mod, target=target)
+        outputs = [np.zeros(shape, dtype) for shape, dtype in workload.param_specs()[workload.num_inputs :]]
+        for got, want in zip(run_module(lib, [*inputs, *outputs])[workload.num_inputs :], expected):
+            np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+
+
+# ---- validators ------------------------------------------------------------------------------------------------
+
+
+@T.prim_func(s_tir=True)
+def _prefix_sum(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32")):
+    for i in range(16):
+        for j in range(i + 1):  # a triangular loop: its extent changes with i
+            with T.sblock("prefix"):
+                vi = T.axis.spatial(16, i)
+                vj = T.axis.reduce(16, j)
+                with T.init():
+                    B[vi] = T.float32(0)
+                B[vi] = B[vi] + A[vj]
+
+
+@T.prim_func(s_tir=True)
+def _row_sum_parallel_over_k(A: T.Buffer((16, 32), "float32"), B: T.Buffer((16,), "float32")):
+    for i in range(16):
+        for k in T.parallel(32):
+            with T.sblock("row_sum"):
+                vi, vk = T.axis.remap("SR", [i, k])
+                with T.init():
+                    B[vi] = T.float32(0)
+                B[vi] = B[vi] + A[vi, vk]
+
+
+@T.prim_func(s_tir=True)
+def _row_sum_vectorized_over_k(A: T.Buffer((16, 32), "float32"), B: T.Buffer((16,), "float32")):
+    for i in range(16):
+        for k in T.vectorized(32):
+            with T.sblock("row_sum"):
+                vi, vk = T.axis.remap("SR", [i, k])
+                with T.init():
+                    B[vi] = T.float32(0)
+                B[vi] = B[vi] + A[vi, vk]
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """A test module: apply ``steps(sch, loops)`` to every block (loops of a plain matmul: i, j, k)."""
+
+    steps: object
+    name: str = "test-steps"
+
+    def apply(self, sch: Schedule, block: BlockRV, ctx) -> None:
+        self.steps(sch, sch.get_loops(block))
+
+
+def _vectorize_outer(sch, loops):
+    sch.vectorize(loops[0])
+
+
+def _vectorize_wide(sch, loops):
+    i, j, k = loops
+    sch.reorder(i, k, j)
+    sch.vectorize(j)
+
+
+def _nested_parallel(sch, loops):
+    sch.parallel(loops[0])
+    sch.parallel(loops[1])
+
+
+def _unroll_everything(sch, loops):
+    sch.annotate(loops[0], "pragma_auto_unroll_max_step", 1 << 20)
+    sch.annotate(loops[0], "pragma_unroll_explicit", 1)
+
+
+@pytest.mark.parametrize(
+    "steps, shape, validator, reason",
+    [
+        (_vectorize_outer, (16, 16, 16), "verify-vectorize", "not innermost"),
+        (_vectorize_wide, (4, 4096, 4), "verify-vectorize", "4096 lanes"),
+        (_nested_parallel, (16, 16, 16), "verify-parallel", "nested"),
+        (_unroll_everything, (64, 64, 64), "verify-unroll-size", "once unrolled"),
+    ],
+    ids=["vectorize-outer", "vectorize-wide", "nested-parallel", "unroll-size"],
+)
+def test_traced_programs_are_rejected_and_counted(host, steps, shape, validator, reason):
+    space = generate_space(Workload.from_module(matmul_module(*shape)), host, modules=[_Steps(steps)])
+    _, rejected = space.realize(space.trace)
+    assert rejected is not None and rejected.startswith(validator) and reason in rejected
+    assert space.sample(Rng(0)) is None and space.sample(Rng(1)) is None
+    assert space.rejections == {validator: 3}  # realize counts too
+
+
+@pytest.mark.parametrize(
+    "func, validator, reason",
+    [
+        (_prefix_sum, "verify-static-loops", "runs from 0 for i + 1"),
+        (_row_sum_parallel_over_k, "verify-parallel", "reduction iterator of block row_sum"),
+        (_row_sum_vectorized_over_k, "verify-vectorize", "reduction iterator of block row_sum"),
+    ],
+    ids=["dynamic-extent", "parallel-reduction", "vectorized-reduction"],
+)
+def test_hand_written_programs_are_rejected_and_counted(host, func, validator, reason):
+    space = generate_space(Workload.from_module(func), host, modules=[], validators=VERIFIERS)
+    assert space.sample(Rng(0)) is None
+    assert space.rejections == {validator: 1}
+    _, rejected = space.realize(space.trace)
+    assert reason in rejected
+
+
+@pytest.mark.parametrize("name", ["matmul", "dense_bias_relu", "conv2d_nhwc"])
+def test_normal_samples_pass_every_validator(host, name):
+    spec = CATALOG[name]
+    space = generate_space(spec.instantiate(spec.small_shape), host, seed=0)
+    assert set(VERIFIERS) <= set(host.validators)
+    rng = Rng(5)
+    assert all(space.sample(rng) is not None for _ in range(24))
+    assert not space.rejections
+
+
+def test_unroll_estimate_follows_tvm_unroll_rule(host):
+    def nest(max_step: int) -> tvm.tirx.Stmt:
+        a = te.placeholder((4, 8), name="A")
+        b = te.compute((4, 8), lambda i, j: a[i, j] + 1.0, name="B")
+        sch = tvm.s_tir.Schedule(te.create_prim_func([a, b]))
+        i, _ = sch.get_loops(sch.get_sblock("B"))
+        sch.annotate(i, "pragma_auto_unroll_max_step", max_step)
+        return sch.mod["main"].body
+
+    assert estimate_unrolled_size(nest(32), host.vector_width) == 32  # both loops unrolled: 4 x 8 stores
+    assert estimate_unrolled_size(nest(8), host.vector_width) == 8  # only the inner loop fits: 8 stores, once
+    assert estimate_unrolled_size(nest(0), host.vector_width) == 1  # nothing unrolled
