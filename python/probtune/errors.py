@@ -66,3 +66,9 @@ class TuningConfigError(ProbtuneError, ValueError):
 
 class ReplayError(ProbtuneError):
     """A trace instruction that TVM refused while replaying (the program it names is illegal)."""
+
+
+def last_line(exc: BaseException) -> str:
+    """The last line of an error's message: TVM's long messages end with the cause."""
+    text = str(exc).strip()
+    return text.splitlines()[-1] if text else type(exc).__name__

@@ -25,7 +25,7 @@ from probtune._core import (
     sample_categorical,
     sample_perfect_tile,
 )
-from probtune.errors import ReplayError
+from probtune.errors import ReplayError, last_line
 
 __all__ = ["RV", "BlockRV", "LoopRV", "ExprRV", "Schedule", "SAMPLING_KINDS", "PRIMITIVE_KINDS"]
 
@@ -264,8 +264,7 @@ class Schedule:
             except TraceFormatError as exc:
                 raise TraceFormatError(f"instruction {index} ({inst.kind}): {exc}") from None
             except (RuntimeError, KeyError, IndexError, TypeError, ValueError) as exc:  # TVM errors are RuntimeErrors
-                message = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-                raise ReplayError(f"instruction {index} ({inst.kind}) cannot be applied: {message}") from exc
+                raise ReplayError(f"instruction {index} ({inst.kind}) cannot be applied: {last_line(exc)}") from exc
         return sch
 
     # ---- primitives ------------------------------------------------------------

@@ -6,7 +6,7 @@ from typing import Iterator
 
 from tvm import s_tir, tirx
 
-__all__ = ["iter_stmts", "block_names", "find_realize", "loop_kinds", "SPATIAL", "REDUCTION", "OTHER"]
+__all__ = ["iter_stmts", "block_names", "find_realize", "loop_kinds", "at_root", "SPATIAL", "REDUCTION", "OTHER"]
 
 SPATIAL = "spatial"
 REDUCTION = "reduction"
@@ -65,3 +65,12 @@ def loop_kinds(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list[
         else:
             kinds.append(OTHER)
     return kinds
+
+
+def at_root(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """Whether the block has loops hanging directly under the root block (not computed at another block)."""
+    loops = sch.get_loops(block)
+    if not loops:
+        return False
+    parent = sch.get_sref(loops[0]).parent
+    return parent is not None and isinstance(parent.stmt, s_tir.SBlock)

@@ -22,9 +22,10 @@ from tvm import ir, s_tir, tirx
 
 from probtune import SpaceContext
 from probtune.schedule import BlockRV, LoopRV, Schedule
-from probtune.tir import REDUCTION, SPATIAL, block_names, loop_kinds
+from probtune.errors import last_line
+from probtune.tir import REDUCTION, SPATIAL, at_root, block_names, loop_kinds
 
-from probtune_cpu.parallel_vectorize import PARALLEL_KEY, UNROLL_KEY, VECTORIZE_KEY, _at_root, _last_line
+from probtune_cpu.parallel_vectorize import PARALLEL_KEY, UNROLL_KEY, VECTORIZE_KEY
 
 __all__ = ["MultiLevelTiling", "RewriteWriteBackLocation", "WRITE_BACK_DEPTH_KEY"]
 
@@ -43,7 +44,7 @@ def _is_point_access(region: ir.TensorRegion, iter_vars: list[tirx.IterVar]) -> 
 def _has_elementwise_consumer(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
     """Whether the block's only consumer, at the root, reads each produced element where it was produced."""
     consumers = sch.get_consumers(block)
-    if len(consumers) != 1 or not _at_root(sch, consumers[0]):
+    if len(consumers) != 1 or not at_root(sch, consumers[0]):
         return False
     producer, consumer = sch.get(block), sch.get(consumers[0])
     if len(producer.writes) != 1 or len(consumer.writes) != 1:
@@ -150,7 +151,7 @@ class RewriteWriteBackLocation:
             depth = int(annotations[WRITE_BACK_DEPTH_KEY])
             sch.unannotate(block, WRITE_BACK_DEPTH_KEY)
             consumers = sch.get_consumers(block)
-            if len(consumers) != 1 or not _at_root(sch, consumers[0]):
+            if len(consumers) != 1 or not at_root(sch, consumers[0]):
                 continue  # another module already placed it
             loops = sch.get_loops(block)
             if depth > len(loops):
@@ -158,7 +159,7 @@ class RewriteWriteBackLocation:
             try:
                 sch.reverse_compute_at(consumers[0], loops[depth - 1], preserve_unit_loops=True)
             except RuntimeError as exc:  # TVM schedule errors
-                return f"block {name}: {_last_line(exc)}"
+                return f"block {name}: {last_line(exc)}"
             self._join_nest(sch, block, consumers[0])
         return None
 

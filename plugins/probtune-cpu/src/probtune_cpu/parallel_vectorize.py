@@ -17,7 +17,8 @@ from tvm import s_tir
 
 from probtune import SpaceContext
 from probtune.schedule import BlockRV, Schedule
-from probtune.tir import REDUCTION, SPATIAL, block_names, iter_stmts, loop_kinds
+from probtune.errors import last_line
+from probtune.tir import REDUCTION, SPATIAL, at_root, block_names, iter_stmts, loop_kinds
 
 __all__ = [
     "ParallelVectorize",
@@ -35,15 +36,6 @@ UNROLL_KEY = "probtune.unroll_max_step"
 MAX_VECTORS_PER_LOOP = 16  # a longer innermost loop is left to LLVM rather than made one huge vector
 
 
-def _at_root(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
-    """Whether the block has loops hanging directly under the root block (not computed at another block)."""
-    loops = sch.get_loops(block)
-    if not loops:
-        return False
-    parent = sch.get_sref(loops[0]).parent
-    return parent is not None and isinstance(parent.stmt, s_tir.SBlock)
-
-
 @dataclass(frozen=True)
 class ParallelVectorize:
     """Ask for ``jobs_per_core`` x cores parallel iterations and target-width vectors."""
@@ -52,7 +44,7 @@ class ParallelVectorize:
     jobs_per_core: int = 16
 
     def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
-        if _at_root(sch.tvm, sch.resolve(block)):
+        if at_root(sch.tvm, sch.resolve(block)):
             sch.annotate(block, PARALLEL_KEY, self.jobs_per_core * ctx.target.num_cores)
             sch.annotate(block, VECTORIZE_KEY, ctx.target.vector_width)
 
@@ -65,7 +57,7 @@ class AutoUnroll:
     max_steps: tuple[int, ...] = (0, 16, 64, 512)
 
     def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
-        if _at_root(sch.tvm, sch.resolve(block)):
+        if at_root(sch.tvm, sch.resolve(block)):
             step = sch.sample_categorical(self.max_steps, [1.0 / len(self.max_steps)] * len(self.max_steps))
             sch.annotate(block, UNROLL_KEY, step)
 
@@ -86,11 +78,6 @@ def _is_guest(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
         sch.get(consumer).name_hint in inside and PARALLEL_KEY in sch.get(consumer).annotations
         for consumer in sch.get_consumers(block)
     )
-
-
-def _last_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[-1] if text else type(exc).__name__
 
 
 @dataclass(frozen=True)
@@ -114,7 +101,7 @@ class RewriteParallelVectorizeUnroll:
             try:
                 self._rewrite(sch, block, wanted)
             except RuntimeError as exc:  # TVM schedule errors
-                return f"block {name}: {_last_line(exc)}"
+                return f"block {name}: {last_line(exc)}"
         return None
 
     @staticmethod
@@ -173,5 +160,5 @@ class RewriteReductionBlock:
             try:
                 sch.decompose_reduction(block, loops[kinds.index(REDUCTION)])
             except RuntimeError as exc:  # TVM schedule errors
-                return f"block {name}: {_last_line(exc)}"
+                return f"block {name}: {last_line(exc)}"
         return None
