@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -40,10 +42,13 @@ def test_matmul_space_is_tiled_parallel_and_vectorized(host):
     workload = Workload.from_module(matmul_module(64, 64, 64))
     space = generate_space(workload, host, seed=0)
     kinds = [inst.kind for inst in space.trace.instructions]
-    assert kinds.count("sample_perfect_tile") == 3 and kinds.count("split") == 3
-    candidate = RandomSearch(space, Rng(0)).next_batch(1)[0]
-    text = candidate.mod.script()
-    assert "T.parallel" in text and "T.vectorized" in text
+    # i, j, k tiled; j first cut into whole vectors, which the innermost j tile is fused with
+    assert kinds.count("sample_perfect_tile") == 3 and kinds.count("split") == 4 and kinds.count("fuse") == 1
+    for candidate in RandomSearch(space, Rng(0)).next_batch(4):
+        text = candidate.mod.script()
+        assert "T.parallel" in text
+        lanes = [int(n) for n in re.findall(r"T\.vectorized\((\d+)\)", text)]
+        assert lanes and all(n % host.vector_width == 0 for n in lanes)
 
 
 def test_random_search_never_repeats_and_is_deterministic(host):
