@@ -5,8 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from tvm import te
 
+from probtune import Rng
+from probtune.search import RandomSearch
 from probtune.targets import resolve_target
 
 
@@ -34,3 +37,21 @@ def run_module(lib, arrays: list[np.ndarray]) -> list[np.ndarray]:
     tensors = [tvm.runtime.tensor(a, dev) for a in arrays]
     lib["main"](*tensors)
     return [t.numpy() for t in tensors]
+
+
+def assert_samples_correct(workload, space, host, samples: int = 3, seed: int = 11) -> list:
+    """Draw ``samples`` candidates with fresh decisions; each must replay to itself, compile and match numpy."""
+    batch = RandomSearch(space, Rng(seed)).next_batch(samples)
+    assert batch, f"no valid sample of {workload.key}"
+    inputs = workload.random_inputs(0)
+    expected = workload.reference(*inputs)
+    rtol, atol = workload.tolerance()
+    target = tvm.target.Target(host.tvm_target)
+    for candidate in batch:
+        assert tvm_ffi.structural_equal(space.program(candidate.trace), candidate.mod)
+        lib = tvm.compile(candidate.mod, target=target)
+        outputs = [np.zeros(shape, dtype) for shape, dtype in workload.param_specs()[workload.num_inputs :]]
+        results = run_module(lib, [*inputs, *outputs])[workload.num_inputs :]
+        for got, want in zip(results, expected):
+            np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+    return batch

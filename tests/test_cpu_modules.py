@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import tvm
 import tvm_ffi
@@ -14,19 +13,13 @@ from probtune.search import RandomSearch
 from probtune.tir import block_names, find_realize, iter_stmts
 from probtune.workload import Workload
 from probtune_cpu.auto_inline import AutoInline
+from probtune_cpu.defaults import DEFAULT_MODULES
 from probtune_cpu.random_compute_location import PLACE_PRODUCERS_KEY
 
-from conftest import run_module
+from conftest import assert_samples_correct
 
 CATALOG = {spec.name: spec for spec in BUILTIN_WORKLOADS}
-FULL_CPU_SPACE = [
-    "auto-inline",
-    "add-rfactor",
-    "multi-level-tiling",
-    "parallel-vectorize",
-    "auto-unroll",
-    "random-compute-location",
-]
+FULL_CPU_SPACE = list(DEFAULT_MODULES)
 
 
 def catalog_workload(name: str, shape: tuple[int, ...] | None = None) -> Workload:
@@ -74,24 +67,6 @@ def loop_mates(func: tirx.PrimFunc, name: str) -> set[str]:
             if name in inside:
                 mates |= inside - {name}
     return mates
-
-
-def assert_samples_correct(workload: Workload, space, host, samples: int = 3, seed: int = 11) -> list:
-    """Draw ``samples`` candidates with fresh decisions; each must replay to itself, compile and match numpy."""
-    batch = RandomSearch(space, Rng(seed)).next_batch(samples)
-    assert batch, f"no valid sample of {workload.key}"
-    inputs = workload.random_inputs(0)
-    expected = workload.reference(*inputs)
-    rtol, atol = workload.tolerance()
-    target = tvm.target.Target(host.tvm_target)
-    for candidate in batch:
-        assert tvm_ffi.structural_equal(space.program(candidate.trace), candidate.mod)
-        lib = tvm.compile(candidate.mod, target=target)
-        outputs = [np.zeros(shape, dtype) for shape, dtype in workload.param_specs()[workload.num_inputs :]]
-        results = run_module(lib, [*inputs, *outputs])[workload.num_inputs :]
-        for got, want in zip(results, expected):
-            np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
-    return batch
 
 
 # ---------------------------------------------------------------- auto-inline

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 import pytest
-import tvm
 
 from probtune import Rng, generate_space
 from probtune.catalog import BUILTIN_WORKLOADS
@@ -14,7 +12,7 @@ from probtune.errors import PluginError
 from probtune.search import RandomSearch
 from probtune.workload import Workload
 
-from conftest import matmul_module, run_module
+from conftest import assert_samples_correct, matmul_module
 
 SAMPLES_PER_WORKLOAD = 3
 
@@ -22,20 +20,7 @@ SAMPLES_PER_WORKLOAD = 3
 @pytest.mark.parametrize("spec", BUILTIN_WORKLOADS, ids=lambda s: s.name)
 def test_every_sample_compiles_and_is_correct(spec, host):
     workload = spec.instantiate(spec.small_shape, "float32")
-    space = generate_space(workload, host, seed=0)
-    search = RandomSearch(space, Rng(11))
-    batch = search.next_batch(SAMPLES_PER_WORKLOAD)
-    assert batch, f"no valid sample of {workload.key}"
-    inputs = workload.random_inputs(0)
-    expected = workload.reference(*inputs)
-    rtol, atol = workload.tolerance()
-    target = tvm.target.Target(host.tvm_target)
-    for candidate in batch:
-        lib = tvm.compile(candidate.mod, target=target)
-        outputs = [np.zeros(shape, dtype) for shape, dtype in workload.param_specs()[workload.num_inputs :]]
-        results = run_module(lib, [*inputs, *outputs])[workload.num_inputs :]
-        for got, want in zip(results, expected):
-            np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+    assert_samples_correct(workload, generate_space(workload, host, seed=0), host, SAMPLES_PER_WORKLOAD)
 
 
 def test_matmul_space_is_tiled_parallel_and_vectorized(host):
