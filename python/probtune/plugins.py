@@ -79,9 +79,6 @@ class Registry:
     runners: dict[str, Callable[..., Any]] = field(default_factory=dict)
     plugins: dict[str, PluginInfo] = field(default_factory=dict)
 
-    def kinds(self) -> list[str]:
-        return [attr for attr, _ in _HOOKS.values()]
-
 
 def _name_list(value: str) -> set[str]:
     return {part.strip() for part in value.split(",") if part.strip()}
