@@ -9,6 +9,7 @@ changed ones, or with none (fresh samples) — and give the same program.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -124,11 +125,30 @@ def _encode(value: Any) -> Any:
     return value
 
 
+def _without_argument_checks(schedule_class: type[s_tir.Schedule]) -> type[s_tir.Schedule]:
+    """``schedule_class`` with TVM's Python-side argument type checks removed.
+
+    TVM wraps each schedule method in a checker that inspects every argument's
+    type hints on every call; that took about 80% of the time of replaying a
+    trace and validating it. Our arguments come from recorded traces of the
+    same program, and TVM's C++ side still checks everything it relies on.
+    """
+    unchecked = {}
+    for klass in reversed(schedule_class.__mro__):
+        for name, attr in vars(klass).items():
+            if inspect.isfunction(attr) and inspect.isfunction(getattr(attr, "__wrapped__", None)):
+                unchecked[name] = attr.__wrapped__
+    return type(f"Unchecked{schedule_class.__name__}", (schedule_class,), unchecked)
+
+
+_TVMSchedule = _without_argument_checks(s_tir.Schedule)
+
+
 class Schedule:
     """A TVM schedule of one workload whose every step is recorded in a trace."""
 
     def __init__(self, mod: tvm.IRModule | tvm.tirx.PrimFunc, *, rng: Rng | int = 0) -> None:
-        self._sch = s_tir.Schedule(mod)
+        self._sch = _TVMSchedule(mod)
         self._rng = rng if isinstance(rng, Rng) else Rng(rng)
         self._trace = Trace()
         self._values: dict[int, Any] = {}
