@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:
+    import numpy as np
     import tvm
 
     from probtune._core import Rng, Trace
@@ -90,7 +91,13 @@ class Validator(Protocol):
 
 @runtime_checkable
 class Mutator(Protocol):
-    """Proposes a neighbour of a trace by changing its decisions."""
+    """Proposes a neighbour of a trace by changing its decisions.
+
+    ``probability`` is its weight among the mutators an evolutionary search
+    uses. A mutator whose ``core_mutator`` attribute names a mutator built into
+    ``probtune._core`` ("tile_size", "categorical") is applied in Rust without
+    calling ``mutate``.
+    """
 
     name: str
     probability: float
@@ -100,11 +107,36 @@ class Mutator(Protocol):
 
 @runtime_checkable
 class CostModel(Protocol):
-    """Scores candidate programs; trained on measured latencies."""
+    """Predicts which programs are fast; retrained as measurements arrive.
 
-    def update(self, mods: Sequence[tvm.IRModule], latencies: Sequence[float]) -> None: ...
+    ``featurize`` turns finished programs into whatever the model learns from
+    (one array per program), so a search computes a candidate's features once
+    and reuses them for prediction and, once measured, for training. Scores
+    only need to rank: higher means faster. ``groups`` tell which samples are
+    of the same workload, so latencies are compared only within a workload
+    (this is what lets records of other workloads help on a new one).
+    ``save``/``load`` carry the whole state, training samples included, so a
+    model stored in the database continues where it stopped.
+    """
 
-    def predict(self, mods: Sequence[tvm.IRModule]) -> Sequence[float]: ...
+    name: str
+
+    def featurize(self, programs: Sequence[tvm.IRModule]) -> list[np.ndarray]: ...
+
+    def update(
+        self, features: Sequence[np.ndarray], latencies: Sequence[float | None], groups: Sequence[str]
+    ) -> None:
+        """Add measured samples (``None``: the candidate failed) and retrain."""
+        ...
+
+    def predict(self, features: Sequence[np.ndarray]) -> np.ndarray: ...
+
+    @property
+    def num_samples(self) -> int: ...
+
+    def save(self) -> bytes: ...
+
+    def load(self, data: bytes) -> None: ...
 
 
 @runtime_checkable
@@ -127,8 +159,16 @@ class Runner(Protocol):
     name: str
 
     def run(
-        self, reference: MeasureReference, artifacts: Sequence[str | None], target: dict[str, Any]
-    ) -> Iterator[tuple[int, RunResult]]: ...
+        self,
+        reference: MeasureReference,
+        artifacts: Sequence[str | None],
+        target: dict[str, Any],
+        *,
+        stop_above: float | None = None,
+    ) -> Iterator[tuple[int, RunResult]]:
+        """``stop_above``: a candidate whose first timed repeat is slower than this many seconds
+        per call is clearly not the best; it gets that one latency and no further repeats."""
+        ...
 
     def close(self) -> None: ...
 
@@ -136,3 +176,4 @@ class Runner(Protocol):
 BuilderFactory = Callable[..., Builder]
 RunnerFactory = Callable[..., Runner]
 CostModelFactory = Callable[..., CostModel]
+"""Called as ``factory(seed=int)``."""
