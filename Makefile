@@ -16,7 +16,7 @@ TARGET ?= host
 TRIALS ?= 48
 DATABASE ?= probtune.db
 
-.PHONY: setup tune test bench bench-space clean
+.PHONY: setup tune test bench bench-space bench-tune clean
 
 setup: $(VENV)/.deps $(VENV)/.core $(VENV)/.plugins
 
@@ -50,6 +50,11 @@ bench: setup
 bench-space: setup
 	$(BIN)/python -m pip install --quiet -r requirements-bench.txt
 	$(BIN)/python bench/space_vs_tvm.py $(BENCH_ARGS)
+
+# probtune's evolutionary search + XGBoost against TVM MetaSchedule's (and numpy, onnxruntime); BENCH_ARGS adds options.
+bench-tune: setup
+	$(BIN)/python -m pip install --quiet -r requirements-bench.txt
+	$(BIN)/python bench/tune_vs_tvm.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) target python/probtune/_core*.so

@@ -537,3 +537,36 @@ def test_malformed_workload_is_skipped_with_warning(
     with pytest.raises(DatabaseRowError, match=f"workloads row {bad_program}: program_json"):
         db.workload(bad_program).mod
     assert tvm_ffi.structural_equal(db.workload(workload_id).mod, matmul_module())
+
+
+def test_cost_model_state_round_trip_and_replace(db: Database, db_path: Path) -> None:
+    assert db.load_cost_model("xgb", "host") is None
+    db.save_cost_model("xgb", "host", b"first")
+    db.save_cost_model("xgb", "host", b"second")
+    db.save_cost_model("xgb", "x86-avx2", b"other target")
+    with Database(db_path) as again:
+        assert again.load_cost_model("xgb", "host") == b"second"
+        assert again.load_cost_model("xgb", "x86-avx2") == b"other target"
+        assert again.load_cost_model("random", "host") is None
+    with pytest.raises(TypeError, match="must be bytes"):
+        db.save_cost_model("xgb", "host", "text")  # type: ignore[arg-type]
+
+
+def test_file_without_cost_model_table_gains_it_and_keeps_its_records(
+    db: Database, db_path: Path, workload_id: int
+) -> None:
+    db.add_record(workload_id, "host", "[]", 1, "ok", [1e-3])
+    db.close()
+    with sqlite3.connect(db_path) as raw:  # as written by the first release of schema 1
+        raw.execute("DROP TABLE cost_models")
+    with Database(db_path) as again:
+        assert again.count(workload_id) == 1
+        again.save_cost_model("xgb", "host", b"state")
+        assert again.load_cost_model("xgb", "host") == b"state"
+
+
+def test_malformed_cost_model_row_is_named(db: Database, db_path: Path) -> None:
+    with sqlite3.connect(db_path) as raw:
+        raw.execute("INSERT INTO cost_models (name, target, state) VALUES ('xgb', 'host', 'not bytes')")
+    with pytest.raises(DatabaseRowError, match=r"cost_models row \('xgb', 'host'\)"):
+        db.load_cost_model("xgb", "host")

@@ -1,4 +1,4 @@
-"""The kernel's own plugin: the workload catalog and local measurement.
+"""The kernel's own plugin: the workload catalog, mutators of its sampling instructions, local measurement.
 
 Registered through the same hooks a third-party plugin uses.
 """
@@ -9,7 +9,12 @@ from typing import Any, Callable
 
 from probtune.hookspecs import hookimpl
 
-__all__ = ["probtune_register_workloads", "probtune_register_builders", "probtune_register_runners"]
+__all__ = [
+    "probtune_register_workloads",
+    "probtune_register_mutators",
+    "probtune_register_builders",
+    "probtune_register_runners",
+]
 
 
 @hookimpl
@@ -18,6 +23,14 @@ def probtune_register_workloads(register: Callable[[Any], None]) -> None:
 
     for spec in BUILTIN_WORKLOADS:
         register(spec)
+
+
+@hookimpl
+def probtune_register_mutators(register: Callable[[Any], None]) -> None:
+    from probtune.mutators import BUILTIN_MUTATORS
+
+    for mutator in BUILTIN_MUTATORS:
+        register(mutator)
 
 
 @hookimpl

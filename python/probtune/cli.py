@@ -52,7 +52,9 @@ def _numpy_seconds(workload, repeat: int = 10) -> float | None:  # type: ignore[
 def _cmd_tune(args: argparse.Namespace) -> int:
     from probtune import tune
 
-    print(f"tuning {args.workload} on target {args.target}: {args.trials} trials, database {args.database}", flush=True)
+    search = "random search" if args.strategy == "random" else f"evolutionary search, cost model {args.cost_model}"
+    print(f"tuning {args.workload} on target {args.target}: {args.trials} trials ({search}), "
+          f"database {args.database}", flush=True)
     result = tune(
         args.workload,
         target=args.target,
@@ -62,12 +64,15 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         database=args.database,
         seed=args.seed,
         batch_size=args.batch_size,
+        strategy=args.strategy,
+        cost_model=args.cost_model,
         modules=args.modules.split(",") if args.modules else None,
         progress=_print_progress,
     )
     work = result.workload
     failed = {k: v for k, v in result.statuses.items() if k != "ok"}
-    print(f"\n{work.key} on {result.target.name}: measured {result.measured} candidates in {result.seconds:.1f} s"
+    print(f"\n{work.key} on {result.target.name}: measured {result.measured} candidates in {result.seconds:.1f} s, "
+          f"{result.search_seconds:.1f} s of it searching"
           + (f" (failed: {failed})" if failed else ""))
     if result.rejections:
         print(f"rejected before measurement: {result.rejections}")
@@ -143,7 +148,9 @@ def _parser() -> argparse.ArgumentParser:
     tune_p.add_argument("--dtype", default="float32")
     tune_p.add_argument("--target", default="host", help="target name (see 'probtune targets')")
     tune_p.add_argument("--trials", type=int, default=64)
-    tune_p.add_argument("--batch-size", type=int, default=16)
+    tune_p.add_argument("--batch-size", type=int, default=32, help="candidates measured per search round")
+    tune_p.add_argument("--strategy", default="evolutionary", choices=["evolutionary", "random"])
+    tune_p.add_argument("--cost-model", default="xgb", help="cost model of the evolutionary search (xgb, random)")
     tune_p.add_argument("--seed", type=int, default=0)
     tune_p.add_argument("--modules", default=None, help="comma-separated design-space modules (default: the target's)")
     tune_p.add_argument("--database", default=DEFAULT_DATABASE)

@@ -4,7 +4,8 @@ Each record is committed the moment it is added, so a killed tuning run loses
 nothing it had measured (with synchronous=NORMAL only a power cut can lose the
 last few commits), and a later or concurrent run, in any process, continues from
 everything recorded so far. Rows are never deleted or rewritten; a row that does
-not parse is skipped by listings with a warning.
+not parse is skipped by listings with a warning. The one exception is the
+saved state of a cost model, which each save replaces.
 """
 
 from __future__ import annotations
@@ -57,6 +58,16 @@ _U64_LIMIT = 1 << 64
 _HEX_HASH = re.compile(r"[0-9a-fA-F]{16}")
 _Row = TypeVar("_Row", "WorkloadRow", "Record")
 
+# Added after schema version 1 was released: created on open when missing (older
+# files gain it; nothing in them changes), and ignored by readers that predate it.
+_COST_MODELS_TABLE = """CREATE TABLE IF NOT EXISTS cost_models (
+        name TEXT NOT NULL,
+        target TEXT NOT NULL,
+        state BLOB NOT NULL,
+        updated REAL,
+        PRIMARY KEY (name, target)
+    )"""
+
 _SCHEMA = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     """CREATE TABLE workloads (
@@ -85,6 +96,7 @@ _SCHEMA = (
     "CREATE INDEX records_by_target ON records (workload_id, target)",
     "CREATE INDEX records_by_latency ON records (workload_id, target, mean_latency)",
     "CREATE INDEX records_by_decision ON records (workload_id, target, decision_hash)",
+    _COST_MODELS_TABLE,
 )
 
 # NULLs and non-numbers sort last so that malformed "ok" rows never hide good ones.
@@ -361,6 +373,32 @@ class Database:
         where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
         return self._query(f"SELECT COUNT(*) FROM records{where}", params)[0][0]
 
+    # --------------------------------------------------------------- cost models
+
+    def save_cost_model(self, name: str, target: str, state: bytes) -> None:
+        """Store a cost model's state (``CostModel.save()``), replacing the previous one."""
+        if not isinstance(state, bytes):
+            raise TypeError(f"a cost model's state must be bytes, got {type(state).__name__}")
+        self._execute(
+            "INSERT OR REPLACE INTO cost_models (name, target, state, updated) VALUES (?, ?, ?, ?)",
+            (name, target, state, time.time()),
+        )
+
+    def load_cost_model(self, name: str, target: str) -> bytes | None:
+        """The state last saved for this cost model and target, or None."""
+        rows = self._query(
+            "SELECT state FROM cost_models WHERE name = ? AND target = ?", (name, target)
+        )
+        if not rows:
+            return None
+        state = rows[0][0]
+        if not isinstance(state, bytes):
+            raise DatabaseRowError(
+                f"{self._path}: cost_models row ({name!r}, {target!r}) holds "
+                f"{type(state).__name__}, not the bytes of a saved model"
+            )
+        return state
+
     # ------------------------------------------------------------------ internals
 
     def _open_schema(self) -> None:
@@ -377,6 +415,7 @@ class Database:
             self._create_schema()
         self._check_schema_version()
         self._enable_wal()
+        self._execute(_COST_MODELS_TABLE)
         self._execute("PRAGMA synchronous = NORMAL")
         self._execute("PRAGMA foreign_keys = ON")
 

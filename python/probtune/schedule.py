@@ -272,11 +272,16 @@ class Schedule:
 
     # ---- replay ----------------------------------------------------------------
     @classmethod
-    def replay(cls, mod: tvm.IRModule | tvm.tirx.PrimFunc, trace: Trace, *, rng: Rng | int = 0) -> Schedule:
-        """Apply ``trace`` to ``mod``; sampling instructions without a decision sample fresh ones from ``rng``."""
+    def replay(
+        cls, mod: tvm.IRModule | tvm.tirx.PrimFunc, trace: Trace, *, rng: Rng | int = 0, until: int | None = None
+    ) -> Schedule:
+        """Apply ``trace`` to ``mod``; sampling instructions without a decision sample fresh ones from ``rng``.
+
+        ``until`` stops before that instruction index (a mutator replays up to the decision it changes).
+        """
         sch = cls(mod, rng=rng)
         decisions = trace.decisions
-        for index, inst in enumerate(trace.instructions):
+        for index, inst in enumerate(trace.instructions[:until]):
             try:
                 sch.apply(inst.kind, inst.inputs, inst.attrs, decision=decisions.get(index), output_ids=inst.outputs)
             except InvalidDecisionError as exc:

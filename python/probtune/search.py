@@ -1,11 +1,38 @@
-"""Random search: replay the design space with fresh decisions, batch by batch, never twice the same program."""
+"""Search strategies: which candidates of a design space to measure next.
+
+``RandomSearch`` replays the space with fresh decisions. ``EvolutionarySearch``
+mutates the best programs found so far under a cost model, in the Rust loop of
+``probtune._core.evolve``, and learns from every measurement. Both never offer
+a program twice: not the same decisions, not the same program.
+"""
 
 from __future__ import annotations
 
-from probtune._core import Rng
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+import tvm_ffi
+
+from probtune._core import DecisionSet, InvalidDecisionError, Rng, Trace, evolve
+from probtune.errors import ReplayError
+from probtune.interfaces import CostModel, Mutator
 from probtune.space import Candidate, DesignSpace
 
-__all__ = ["RandomSearch"]
+__all__ = ["SearchStrategy", "RandomSearch", "EvolutionarySearch"]
+
+_HASH_MASK = 2**64 - 1
+
+
+class SearchStrategy(Protocol):
+    """What the tuning loop drives: ask for a batch, then report how it measured."""
+
+    def next_batch(self, size: int) -> list[Candidate]: ...
+
+    def observe(self, results: Sequence[tuple[Candidate, float | None]]) -> None:
+        """The measured latency of each candidate of a batch (None: it failed)."""
+        ...
 
 
 class RandomSearch:
@@ -49,3 +76,174 @@ class RandomSearch:
             self.seen_programs.add(candidate.program_hash)
             batch.append(candidate)
         return batch
+
+    def observe(self, results: Sequence[tuple[Candidate, float | None]]) -> None:
+        """Random search learns nothing."""
+
+
+@dataclass(frozen=True)
+class _Scored:
+    """What scoring learned about one decision set: its program and features."""
+
+    program_hash: int
+    features: np.ndarray
+
+
+class EvolutionarySearch:
+    """Cost-model-guided evolutionary search (MetaSchedule's strategy, with the loop in Rust).
+
+    Each batch: an initial population of the best measured traces of this
+    workload plus fresh samples is evolved by the registered mutators for
+    ``generations`` rounds, scored by ``model`` in one batched call per
+    round (replay, validators and features here, in Python; mutation, dedup
+    and selection in Rust). The batch is the model's best unmeasured
+    candidates plus an ``eps_greedy`` share of random ones. Until the model
+    has samples to learn from, batches are random samples of the space.
+
+    Features of every scored decision set are kept (not the programs), so a
+    trace met again is scored without replaying it, and a measured one is
+    learned from without featurizing it again.
+    """
+
+    def __init__(
+        self,
+        space: DesignSpace,
+        rng: Rng,
+        model: CostModel,
+        mutators: Sequence[Mutator],
+        *,
+        group: str,
+        seen_decisions: set[int] | None = None,
+        seen_programs: set[int] | None = None,
+        measured: Sequence[tuple[Trace, float]] = (),
+        population_size: int = 128,
+        init_samples: int = 64,
+        init_measured: int = 32,
+        generations: int = 3,
+        mutate_prob: float = 0.85,
+        eps_greedy: float = 0.05,
+        max_cached: int = 16384,
+    ) -> None:
+        self.space = space
+        self.rng = rng
+        self.model = model
+        self.group = group
+        self.population_size = population_size
+        self.init_samples = init_samples
+        self.init_measured = init_measured
+        self.generations = generations
+        self.mutate_prob = mutate_prob
+        self.eps_greedy = eps_greedy
+        self.max_cached = max_cached
+        self.seen = DecisionSet(seen_decisions or ())
+        self.seen_programs = set(seen_programs or ())
+        self._random = RandomSearch(space, rng, seen_decisions=seen_decisions, seen_programs=seen_programs)
+        self._measured = sorted(measured, key=lambda item: item[1])  # fastest first
+        self._mutator_weights = [(m.name, float(m.probability)) for m in mutators]
+        context = space.context
+        self._python_mutators = {
+            m.name: (lambda trace, r, m=m: m.mutate(trace, r, context))
+            for m in mutators
+            if getattr(m, "core_mutator", None) is None
+        }
+        self._scored: OrderedDict[int, _Scored | None] = OrderedDict()  # decision hash -> None: invalid
+        self._programs: dict[int, Candidate] = {}  # this batch's realized programs, by decision hash
+
+    def next_batch(self, size: int) -> list[Candidate]:
+        if self.model.num_samples == 0:
+            batch = self._random.next_batch(size)
+            for candidate in batch:
+                self.seen.add(candidate.decision_hash)
+            return batch
+        initial = [trace for trace, _ in self._measured[: self.init_measured]]
+        initial += [c.trace for c in self._fresh_samples(self.init_samples)]
+        chosen = evolve(
+            initial,
+            self._score,
+            self.rng,
+            seen=self.seen,
+            population_size=self.population_size,
+            generations=self.generations,
+            mutate_prob=self.mutate_prob,
+            mutators=self._mutator_weights,
+            python_mutators=self._python_mutators or None,
+            num_select=size,
+            eps_greedy=self.eps_greedy,
+        )
+        batch = []
+        for trace in chosen:
+            candidate = self._programs.get(trace.decision_hash()) or self._realize(trace)
+            if candidate is None or candidate.program_hash in self.seen_programs:
+                continue
+            self.seen_programs.add(candidate.program_hash)
+            self._random.seen_decisions.add(candidate.decision_hash)
+            self._random.seen_programs.add(candidate.program_hash)
+            batch.append(candidate)
+        self._programs.clear()
+        return batch
+
+    def observe(self, results: Sequence[tuple[Candidate, float | None]]) -> None:
+        """Train the model on the batch; the fast ones become parents of the next populations."""
+        if not results:
+            return
+        missing = [c for c, _ in results if self._scored.get(c.decision_hash) is None]
+        if missing:
+            for candidate, features in zip(missing, self.model.featurize([c.mod for c in missing])):
+                self._remember(candidate.decision_hash, _Scored(candidate.program_hash, features))
+        features = [self._scored[c.decision_hash].features for c, _ in results]  # type: ignore[union-attr]
+        latencies = [latency for _, latency in results]
+        self.model.update(features, latencies, [self.group] * len(results))
+        self._measured.extend((c.trace, latency) for c, latency in results if latency is not None)
+        self._measured.sort(key=lambda item: item[1])
+
+    # ---- scoring ---------------------------------------------------------------
+    def _fresh_samples(self, count: int) -> list[Candidate]:
+        samples = []
+        for _ in range(count):
+            candidate = self.space.sample(self.rng)
+            if candidate is not None and candidate.decision_hash not in self._scored:
+                self._programs[candidate.decision_hash] = candidate
+                samples.append(candidate)
+        return samples
+
+    def _realize(self, trace: Trace) -> Candidate | None:
+        try:
+            sch, rejected = self.space.realize(trace)
+        except (ReplayError, InvalidDecisionError):  # a mutation upstream made a later decision illegal
+            return None
+        if rejected:
+            return None
+        mod = sch.mod
+        return Candidate(trace, mod, trace.decision_hash(), tvm_ffi.structural_hash(mod) & _HASH_MASK)
+
+    def _score(self, traces: list[Trace]) -> list[float | None]:
+        """One batched call from the Rust loop: replay what is new, featurize it, predict everything."""
+        new: list[Candidate] = []
+        keys = [trace.decision_hash() for trace in traces]
+        programs_in_call: set[int] = set()
+        for trace, key in zip(traces, keys):
+            if key in self._scored:
+                continue
+            candidate = self._programs.get(key) or self._realize(trace)
+            measured_elsewhere = candidate is not None and key not in self.seen and candidate.program_hash in self.seen_programs
+            if candidate is None or measured_elsewhere or candidate.program_hash in programs_in_call:
+                self._remember(key, None)  # invalid, or a program already measured or scored under other decisions
+                continue
+            programs_in_call.add(candidate.program_hash)
+            self._programs[key] = candidate
+            new.append(candidate)
+        for candidate, features in zip(new, self.model.featurize([c.mod for c in new])):
+            self._remember(candidate.decision_hash, _Scored(candidate.program_hash, features))
+        valid = [i for i, key in enumerate(keys) if self._scored.get(key) is not None]
+        scores: list[float | None] = [None] * len(traces)
+        if valid:
+            predicted = self.model.predict([self._scored[keys[i]].features for i in valid])  # type: ignore[union-attr]
+            for i, value in zip(valid, np.asarray(predicted, dtype=np.float64)):
+                scores[i] = float(value) if np.isfinite(value) else None
+        return scores
+
+    def _remember(self, key: int, scored: _Scored | None) -> None:
+        self._scored[key] = scored
+        self._scored.move_to_end(key)
+        while len(self._scored) > self.max_cached:
+            self._scored.popitem(last=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,10 +15,10 @@ import tvm
 from probtune._core import Rng, Trace
 from probtune.database import Database, Record
 from probtune.errors import PluginError, TuningConfigError
-from probtune.interfaces import SpaceModule, TargetSpec
+from probtune.interfaces import CostModel, SpaceModule, TargetSpec
 from probtune.measure import prepare_reference
 from probtune.plugins import get_registry
-from probtune.search import RandomSearch
+from probtune.search import EvolutionarySearch, RandomSearch, SearchStrategy
 from probtune.space import Candidate, DesignSpace, generate_space
 from probtune.targets import check_runs_here, resolve_target
 from probtune.workload import Workload, resolve_workload
@@ -52,6 +53,7 @@ class TuneResult:
     measured: int
     statuses: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
+    search_seconds: float = 0.0  # choosing candidates and learning from them; the rest is mostly measuring
 
     @property
     def best_latency(self) -> float | None:
@@ -104,7 +106,10 @@ def tune(
     dtype: str = "float32",
     database: str | Path | None = None,
     seed: int = 0,
-    batch_size: int = 16,
+    batch_size: int = 32,
+    strategy: str = "evolutionary",
+    cost_model: str | CostModel = "xgb",
+    search_options: dict[str, Any] | None = None,
     modules: Sequence[str | SpaceModule] | None = None,
     build_timeout: float = 60.0,
     run_timeout: float = 10.0,
@@ -116,11 +121,18 @@ def tune(
     IRModule/PrimFunc. A database that already holds records for this workload
     and target is continued: nothing measured before is measured again, and
     the best record may come from an earlier run.
+
+    ``strategy`` is "evolutionary" (guided by ``cost_model``, a registered
+    name or a :class:`CostModel`; its state is kept in the database, so a
+    later run, on this workload or another, starts from what it learned;
+    ``search_options`` go to :class:`EvolutionarySearch`) or "random".
     """
     if not isinstance(trials, int) or trials <= 0:
         raise TuningConfigError(f"trials must be a positive integer, got {trials!r}")
     if batch_size <= 0:
         raise TuningConfigError(f"batch_size must be positive, got {batch_size!r}")
+    if strategy not in _STRATEGIES:
+        raise TuningConfigError(f"unknown search strategy {strategy!r}; choose one of {', '.join(_STRATEGIES)}")
     spec = resolve_target(target)
     registry = get_registry()
     work = resolve_workload(workload, shape, dtype, registry.workloads)
@@ -128,6 +140,7 @@ def tune(
     runner_factory = _factory("runner", registry.runners, spec.runner, spec.name)
     if spec.runner == "local":
         check_runs_here(spec)
+    model = _cost_model(cost_model, registry.cost_models, seed) if strategy == "evolutionary" else None
 
     started = time.perf_counter()
     rng = Rng(seed)
@@ -136,24 +149,23 @@ def tune(
         db_path = Path(database) if database is not None else Path(scratch) / "tuning.db"
         with Database(db_path) as db:
             workload_id = db.commit_workload(work.key, work.mod)
-            search = RandomSearch(
-                space,
-                rng.fork(),
-                seen_decisions=db.seen_decision_hashes(workload_id, spec.name),
-                seen_programs=db.seen_program_hashes(workload_id, spec.name),
-            )
+            search = _make_search(model, search_options or {}, db, workload_id, work, spec, space, rng.fork())
             reference = prepare_reference(work, scratch, seed=seed)
             statuses: Counter[str] = Counter()
             best = db.best(workload_id, spec.name)
             best_latency = best[0].mean_latency if best else None
             measured = 0
             with builder_factory(timeout=build_timeout) as builder, runner_factory(timeout=run_timeout) as runner:
+                search_seconds = 0.0
                 while measured < trials:
+                    search_started = time.perf_counter()
                     batch = search.next_batch(min(batch_size, trials - measured))
+                    search_seconds += time.perf_counter() - search_started
                     if not batch:
                         break  # the space has no new program left to offer
+                    observed = []
                     for candidate, status, latencies, error, build_s, run_s in _measure(
-                        batch, builder, runner, reference, spec, scratch
+                        batch, builder, runner, reference, spec, scratch, best_latency
                     ):
                         db.add_record(
                             workload_id,
@@ -170,10 +182,16 @@ def tune(
                         measured += 1
                         statuses[status] += 1
                         latency = sum(latencies) / len(latencies) if status == "ok" and latencies else None
+                        observed.append((candidate, latency))
                         if latency is not None and (best_latency is None or latency < best_latency):
                             best_latency = latency
                         if progress is not None:
                             progress(TrialOutcome(measured, trials, status, latency, best_latency, error, work.flops))
+                    search_started = time.perf_counter()
+                    search.observe(observed)
+                    if isinstance(search, EvolutionarySearch):
+                        db.save_cost_model(search.model.name, spec.name, search.model.save())
+                    search_seconds += time.perf_counter() - search_started
             best = db.best(workload_id, spec.name)
     return TuneResult(
         workload=work,
@@ -184,20 +202,81 @@ def tune(
         measured=measured,
         statuses=statuses,
         seconds=time.perf_counter() - started,
+        search_seconds=search_seconds,
     )
 
 
+_STRATEGIES = ("evolutionary", "random")
+_CLEARLY_SLOWER = 2.0  # a first timing this many times the best so far ends a candidate's timing
+
+
+def _cost_model(model: str | CostModel, factories: dict[str, Callable[..., Any]], seed: int) -> CostModel:
+    if not isinstance(model, str):
+        return model
+    if model not in factories:
+        raise PluginError(
+            f"unknown cost model {model!r}; registered: {', '.join(sorted(factories)) or 'none'} "
+            f"(the built-in ones come with the probtune-xgb plugin)"
+        )
+    return factories[model](seed=seed)
+
+
+def _make_search(
+    model: CostModel | None,
+    options: dict[str, Any],
+    db: Database,
+    workload_id: int,
+    work: Workload,
+    spec: TargetSpec,
+    space: DesignSpace,
+    rng: Rng,
+) -> SearchStrategy:
+    """The search, primed with what the database holds: what was measured, and the cost model's state."""
+    seen = {
+        "seen_decisions": db.seen_decision_hashes(workload_id, spec.name),
+        "seen_programs": db.seen_program_hashes(workload_id, spec.name),
+    }
+    if model is None:
+        return RandomSearch(space, rng, **seen)
+    state = db.load_cost_model(model.name, spec.name)
+    if state is not None:
+        try:
+            model.load(state)
+        except ValueError as exc:
+            warnings.warn(
+                f"{db.path}: the saved state of cost model {model.name!r} for {spec.name} does not load "
+                f"({exc}); starting from an untrained model, whose state will replace it",
+                stacklevel=3,
+            )
+    measured = [
+        (Trace.from_json(record.trace_json), record.mean_latency)
+        for record in db.best(workload_id, spec.name, k=options.get("init_measured", 32))
+    ]
+    mutators = list(get_registry().mutators.values())
+    return EvolutionarySearch(space, rng, model, mutators, group=work.key, measured=measured, **seen, **options)
+
+
 def _measure(
-    batch: list[Candidate], builder: Any, runner: Any, reference: Any, spec: TargetSpec, workdir: str
+    batch: list[Candidate],
+    builder: Any,
+    runner: Any,
+    reference: Any,
+    spec: TargetSpec,
+    workdir: str,
+    best_latency: float | None,
 ) -> Any:
-    """Build the batch, then time what built; yield each candidate's outcome as soon as it is known."""
+    """Build the batch, then time what built; yield each candidate's outcome as soon as it is known.
+
+    A candidate whose first timing is far slower than the best so far is not timed again.
+    """
     built = dict(builder.build([c.mod for c in batch], spec.tvm_target, workdir))
     runnable = [i for i in range(len(batch)) if built[i].artifact is not None]
     for index in range(len(batch)):
         if built[index].artifact is None:
             yield batch[index], "build_error", (), built[index].error, built[index].seconds, None
     artifacts = [built[i].artifact for i in runnable]
-    for position, result in runner.run(reference, artifacts, spec.tvm_target):
+    stop_above = best_latency * _CLEARLY_SLOWER if best_latency is not None else None
+    for position, result in runner.run(reference, artifacts, spec.tvm_target, stop_above=stop_above):
         index = runnable[position]
         yield batch[index], result.status, result.latencies, result.error, built[index].seconds, result.seconds
         Path(artifacts[position]).unlink(missing_ok=True)

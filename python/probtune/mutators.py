@@ -1,0 +1,78 @@
+"""Mutators over the kernel's own sampling instructions.
+
+Tile sizes and categorical choices are mutated in Rust (``probtune._core``),
+inside the evolutionary loop, without calling back into Python. A compute
+location needs TVM to know which loops are legal, so that mutator is Python.
+All three reach the search through the ``probtune_register_mutators`` hook,
+like any third party's mutator.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from probtune._core import InvalidDecisionError, Rng, Trace, mutate_categorical, mutate_tile_size
+from probtune.errors import ReplayError
+from probtune.interfaces import SpaceContext
+from probtune.schedule import BlockRV, Schedule
+
+__all__ = ["CoreMutator", "ComputeLocationMutator", "BUILTIN_MUTATORS"]
+
+_TVM_SEED_RANGE = (1, 2**31 - 1)
+
+
+class CoreMutator:
+    """A mutator implemented in ``probtune._core``; the search runs it in Rust by ``core_mutator``."""
+
+    def __init__(self, name: str, probability: float, function: Callable[[Trace, Rng], Trace | None]) -> None:
+        self.name = name
+        self.core_mutator = name
+        self.probability = probability
+        self._function = function
+
+    def mutate(self, trace: Trace, rng: Rng, ctx: SpaceContext) -> Trace | None:
+        return self._function(trace, rng)
+
+
+class ComputeLocationMutator:
+    """Moves a block sampled by ``sample_compute_location`` to another legal loop.
+
+    It replays the trace up to that instruction, so TVM sees the program as it
+    is there, and asks TVM for a location again (with seeds from ``rng``) until
+    it gets a different one. The rest of the trace is kept; if the move makes
+    a later instruction inapplicable, replay rejects the child.
+    """
+
+    name = "compute_location"
+
+    def __init__(self, probability: float = 0.05, attempts: int = 8) -> None:
+        self.probability = probability
+        self.attempts = attempts
+
+    def mutate(self, trace: Trace, rng: Rng, ctx: SpaceContext) -> Trace | None:
+        sites = [i for i in trace.sampling_indices() if trace.instruction(i).kind == "sample_compute_location"]
+        if not sites:
+            return None
+        index = sites[rng.randint(0, len(sites))]
+        decisions = trace.decisions
+        try:
+            sch = Schedule.replay(ctx.workload.mod, trace, until=index)
+        except (ReplayError, InvalidDecisionError):
+            return None
+        block = sch.resolve(BlockRV(trace.instruction(index).inputs[0]["rv"]))
+        tvm_sch = sch.tvm
+        for _ in range(self.attempts):
+            tvm_sch.seed(rng.randint(*_TVM_SEED_RANGE))
+            tvm_sch.sample_compute_location(block)
+            taken = int(tvm_sch.trace.decisions[tvm_sch.trace.insts[-1]])
+            if taken != decisions.get(index):
+                return trace.with_decisions({**decisions, index: taken})
+        return None
+
+
+BUILTIN_MUTATORS = (
+    CoreMutator("tile_size", 0.9, mutate_tile_size),
+    CoreMutator("categorical", 0.05, mutate_categorical),
+    ComputeLocationMutator(0.05),
+)
+"""The weights follow TVM MetaSchedule's CPU defaults (tile size 0.9; the rest share 0.1)."""
