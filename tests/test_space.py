@@ -36,6 +36,14 @@ def test_matmul_space_is_tiled_parallel_and_vectorized(host):
         assert lanes and all(n % host.vector_width == 0 for n in lanes)
 
 
+def test_strided_vector_loop_is_not_forced_to_whole_vectors(host):
+    # dense reads W[j, k]: whole vectors along j would be gathers, so j is tiled freely (no lanes split)
+    registry_spec = next(s for s in BUILTIN_WORKLOADS if s.name == "dense_bias_relu")
+    workload = registry_spec.instantiate(registry_spec.small_shape, "float32")
+    kinds = [inst.kind for inst in generate_space(workload, host, seed=0).trace.instructions]
+    assert kinds.count("sample_perfect_tile") == 3 and kinds.count("split") == 3 and "fuse" not in kinds
+
+
 def test_random_search_never_repeats_and_is_deterministic(host):
     workload = Workload.from_module(matmul_module(32, 32, 32))
     space = generate_space(workload, host, seed=0)

@@ -23,7 +23,7 @@ from tvm import ir, s_tir, tirx
 from probtune import SpaceContext
 from probtune.schedule import BlockRV, LoopRV, Schedule
 from probtune.errors import last_line
-from probtune.tir import REDUCTION, SPATIAL, at_root, block_names, loop_kinds
+from probtune.tir import REDUCTION, SPATIAL, at_root, block_names, find_realize, loop_kinds
 
 from probtune_cpu.parallel_vectorize import PARALLEL_KEY, UNROLL_KEY, VECTORIZE_KEY
 
@@ -62,6 +62,23 @@ def _has_elementwise_consumer(sch: s_tir.Schedule, block: s_tir.schedule.SBlockR
         and _is_point_access(producer.writes[0], spatial)
         and all(_is_point_access(r, list(consumer.iter_vars)) for r in reads)
     )
+
+
+def _contiguous_along(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loop: s_tir.schedule.LoopRV) -> bool:
+    """Whether every buffer the block accesses is indexed by ``loop`` in its last dimension only, if at all."""
+    sblock = sch.get(block)
+    loop_var = sch.get(loop).loop_var
+    realize = find_realize(sch.mod["main"], sblock.name_hint)
+    bound = {
+        iv.var
+        for iv, value in zip(sblock.iter_vars, realize.iter_values)
+        if any(v.same_as(loop_var) for v in tirx.analysis.undefined_vars(value))
+    }
+    for region in [*sblock.reads, *sblock.writes]:
+        for dim in region.region[:-1]:
+            if any(any(v.same_as(b) for b in bound) for v in tirx.analysis.undefined_vars(dim.min)):
+                return False
+    return True
 
 
 def _writes_output(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
@@ -107,7 +124,7 @@ class MultiLevelTiling:
             SPATIAL: [[] for _ in range(self.structure.count("S"))],
             REDUCTION: [[] for _ in range(self.structure.count("R"))],
         }
-        vector_loop = self._vector_loop(sch, loops, kinds, ctx.target.vector_width)
+        vector_loop = self._vector_loop(sch, block, loops, kinds, ctx.target.vector_width)
         lanes_loop: LoopRV | None = None
         for loop, kind in zip(loops, kinds):
             depth = len(levels[kind])
@@ -133,13 +150,22 @@ class MultiLevelTiling:
             sch.fuse(order[-2], lanes_loop)
         self._write_back_per_tile(sch, block, [level_ends[level - 1] for level in self.write_back_levels])
 
-    def _vector_loop(self, sch: Schedule, loops: list[LoopRV], kinds: list[str], lanes: int) -> LoopRV | None:
-        """The spatial loop that ends up innermost (and vectorized), if whole vectors can tile it."""
+    def _vector_loop(
+        self, sch: Schedule, block: BlockRV, loops: list[LoopRV], kinds: list[str], lanes: int
+    ) -> LoopRV | None:
+        """The spatial loop that ends up innermost (and vectorized), if whole vectors can tile it.
+
+        Only when every buffer it indexes is contiguous along it: vectors of a
+        strided access (dense's ``W[j, k]`` along ``j``) are gathers, slower
+        than the scalar code a narrower random tile leaves.
+        """
         if not self.align_innermost_to_vector or lanes <= 1:
             return None
         spatial = [loop for loop, kind in zip(loops, kinds) if kind == SPATIAL]
         extent = sch.loop_extent(spatial[-1])
-        return spatial[-1] if extent is not None and extent % lanes == 0 and extent > lanes else None
+        if extent is None or extent % lanes != 0 or extent <= lanes:
+            return None
+        return spatial[-1] if _contiguous_along(sch.tvm, sch.resolve(block), sch.resolve(spatial[-1])) else None
 
     @staticmethod
     def _write_back_per_tile(sch: Schedule, block: BlockRV, depths: list[int]) -> None:
