@@ -197,6 +197,38 @@ def test_wrong_result_is_caught(
     assert good.status == "ok", good.error
 
 
+@pytest.mark.parametrize(("stop_above", "repeats"), [(1e-9, 1), (1e9, 3), (None, 3)])
+def test_stop_above_ends_the_timing_of_a_slow_candidate_after_one_repeat(
+    built: dict[str, BuildResult],
+    runner: LocalRunner,
+    reference: MeasureReference,
+    stop_above: float | None,
+    repeats: int,
+) -> None:
+    [(_, result)] = runner.run(reference, [built["good"].artifact], TARGET, stop_above=stop_above)
+    assert result.status == "ok", result.error
+    assert len(result.latencies) == repeats and all(latency > 0 for latency in result.latencies)
+
+
+@pytest.mark.parametrize("stop_above", [1e-9, 1e9])
+def test_stop_above_never_skips_the_check(
+    built: dict[str, BuildResult],
+    runner: LocalRunner,
+    reference: MeasureReference,
+    stop_above: float,
+) -> None:
+    [(_, wrong)] = runner.run(reference, [built["wrong"].artifact], TARGET, stop_above=stop_above)
+    assert wrong.status == "wrong_result" and wrong.latencies == ()
+
+
+@pytest.mark.parametrize("stop_above", [-1.0, float("nan")])
+def test_stop_above_must_not_be_negative(
+    runner: LocalRunner, reference: MeasureReference, stop_above: float
+) -> None:
+    with pytest.raises(ValueError, match="stop_above must not be negative"):
+        runner.run(reference, [], TARGET, stop_above=stop_above)
+
+
 def test_segfault_is_a_crash_and_the_next_candidate_still_runs(
     built: dict[str, BuildResult], runner: LocalRunner, reference: MeasureReference
 ) -> None:

@@ -56,8 +56,10 @@ def test_second_run_continues_from_the_database(tmp_path):
 
 
 def test_same_seed_same_search(tmp_path):
+    # Random search: the candidates depend on the seed only. (The evolutionary search also depends on
+    # the measured latencies; tests/test_search.py checks it is deterministic given the same ones.)
     def hashes(name: str) -> list[int]:
-        probtune.tune("matmul", trials=5, database=tmp_path / name, seed=42, **SMALL)
+        probtune.tune("matmul", trials=5, database=tmp_path / name, seed=42, strategy="random", **SMALL)
         with Database(tmp_path / name) as database:
             return [r.decision_hash for r in database.records(database.workloads()[0].id)]
 
@@ -110,6 +112,8 @@ def test_killed_run_loses_nothing(tmp_path):
         (dict(workload="matmul", target="tpu-v9"), probtune.UnknownTargetError, "unknown target 'tpu-v9'.*host"),
         (dict(workload="matmul", trials=0), probtune.TuningConfigError, "trials must be a positive integer"),
         (dict(workload="matmul", trials=-3), probtune.TuningConfigError, "got -3"),
+        (dict(workload="matmul", strategy="annealing"), probtune.TuningConfigError, "unknown search strategy"),
+        (dict(workload="matmul", cost_model="oracle"), probtune.PluginError, "unknown cost model 'oracle'.*xgb"),
     ],
 )
 def test_bad_input_is_named(kwargs, error, message, tmp_path):
@@ -148,3 +152,38 @@ def test_compile_best_reads_the_database(tmp_path):
     a = np.random.default_rng(0).standard_normal((64, 64)).astype("float32")
     out = run_module(lib, [a, a, np.zeros((64, 64), "float32")])[2]
     np.testing.assert_allclose(out, a @ a, rtol=1e-4, atol=1e-4)
+
+
+def _saved_model_samples(db_path, name: str = "xgb") -> int:
+    from probtune_xgb.model import XGBCostModel
+
+    with Database(db_path) as database:
+        state = database.load_cost_model(name, "host")
+    assert state is not None
+    model = XGBCostModel(seed=0)
+    model.load(state)
+    return model.num_samples
+
+
+def test_cost_model_is_kept_in_the_database_and_shared_across_workloads(tmp_path):
+    db = tmp_path / "tuning.db"
+    first = probtune.tune("matmul", trials=6, database=db, **SMALL)
+    assert _saved_model_samples(db) == first.measured == 6
+    again = probtune.tune("matmul", trials=4, database=db, **SMALL)  # continues: learns on top of what it had
+    assert _saved_model_samples(db) == 10
+    other = probtune.tune("matmul", trials=4, database=db, **{**SMALL, "shape": (32, 64, 48)})
+    assert _saved_model_samples(db) == 14  # the new shape started from the model trained on the first
+    assert again.best is not None and other.best is not None
+    a, b = other.workload.random_inputs(0)
+    out = run_module(other.build(), [a, b, np.zeros((32, 64), "float32")])[2]  # (M, N, K) = (32, 64, 48)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_unreadable_cost_model_state_is_replaced_with_a_warning(tmp_path):
+    db = tmp_path / "tuning.db"
+    with Database(db) as database:
+        database.save_cost_model("xgb", "host", b"not a model")
+    with pytest.warns(UserWarning, match="cost model 'xgb'.*does not load"):
+        result = probtune.tune("matmul", trials=5, database=db, **SMALL)
+    assert result.measured == 5
+    assert _saved_model_samples(db) == 5

@@ -143,20 +143,28 @@ class LocalRunner:
         reference: MeasureReference,
         artifacts: Sequence[str | BuildResult | None],
         target: dict[str, Any],
+        *,
+        stop_above: float | None = None,
     ) -> Iterator[tuple[int, RunResult]]:
         """Yield ``(index into artifacts, result)`` for each candidate, in order.
 
         An item is an artifact path, or the builder's result (whose error is
         passed on as a "build_error"), or None for a candidate that did not build.
+        A candidate whose first timed repeat is slower than ``stop_above`` seconds
+        per call cannot be the best, so it gets that one latency and no more
+        repeats; it also skips the warmup when its check call alone took longer.
         """
         if not self._finalizer.alive:
             raise RuntimeError("this LocalRunner is closed")
+        if stop_above is not None and not stop_above >= 0:
+            raise ValueError(f"stop_above must not be negative, got {stop_above}")
         if not os.path.isfile(reference.path):
             raise FileNotFoundError(f"reference file {reference.path} does not exist")
         kind = target["kind"]
         device = _DEVICE_OF_TARGET_KIND.get(kind, kind)
         threads = self.num_threads if self.num_threads is not None else target.get("num-cores")
-        return self._run(reference, list(artifacts), device, None if threads is None else int(threads))
+        threads = None if threads is None else int(threads)
+        return self._run(reference, list(artifacts), device, threads, stop_above)
 
     def close(self) -> None:
         """Kill the child process; the runner cannot be used afterwards."""
@@ -174,6 +182,7 @@ class LocalRunner:
         artifacts: list[str | BuildResult | None],
         device: str,
         threads: int | None,
+        stop_above: float | None,
     ) -> Iterator[tuple[int, RunResult]]:
         for index, item in enumerate(artifacts):
             if isinstance(item, BuildResult):
@@ -194,6 +203,7 @@ class LocalRunner:
                 self.repeat,
                 self.min_repeat_ms,
                 self.warmup,
+                stop_above,
             )
             yield index, self._measure(task, threads)
 
