@@ -37,6 +37,16 @@ def say(message: str) -> None:
 # ---------------------------------------------------------------- TVM MetaSchedule
 
 
+def _pickle_by_value() -> None:
+    """MetaSchedule's worker processes unpickle our build function; they cannot import this module."""
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+_pickle_by_value()
+
+
 def ms_build_without_intrinsics(mod: tvm.IRModule, target: tvm.target.Target, _params: Any) -> Any:
     """TVM MetaSchedule's default build function, minus its ``import tvm.s_tir.tensor_intrin``.
 
