@@ -16,7 +16,7 @@ TARGET ?= host
 TRIALS ?= 48
 DATABASE ?= probtune.db
 
-.PHONY: setup tune test bench bench-space bench-tune clean
+.PHONY: setup tune test bench bench-space bench-tune bench-transfer clean
 
 setup: $(VENV)/.deps $(VENV)/.core $(VENV)/.plugins
 
@@ -55,6 +55,11 @@ bench-space: setup
 bench-tune: setup
 	$(BIN)/python -m pip install --quiet -r requirements-bench.txt
 	$(BIN)/python bench/tune_vs_tvm.py $(BENCH_ARGS)
+
+# A cost model trained on one shape, reused on a new one (transfer) against starting cold.
+bench-transfer: setup
+	$(BIN)/python -m pip install --quiet -r requirements-bench.txt
+	$(BIN)/python bench/transfer.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) target python/probtune/_core*.so

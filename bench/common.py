@@ -157,14 +157,26 @@ def calibrate(contender: Contender, round_ms: float) -> None:
     contender.calls_per_round = max(1, math.ceil(round_ms / 1e3 / max(one, 1e-9)))
 
 
+SETTLE_SECONDS = 0.3
+"""Idle time before each timed round. The thread pools of OpenBLAS, onnxruntime and TVM's runtime
+busy-wait for a while after their last task; a program timed while another runtime's threads
+still spin on these 2 cores measured up to 3.6x slower (a TVM batch matmul right after numpy)."""
+
+
 def time_interleaved(contenders: list[Contender], rounds: int, round_ms: float) -> dict[str, float]:
-    """Median seconds per call of each contender; every round times each once, in a rotating order."""
+    """Median seconds per call of each contender; every round times each once, in a rotating order.
+
+    Before each timed round the machine is left idle for ``SETTLE_SECONDS``, so the previous
+    contender's threads are asleep, then the contender makes one untimed call to wake its own.
+    """
     for contender in contenders:
         calibrate(contender, round_ms)
     samples: dict[str, list[float]] = {c.name: [] for c in contenders}
     for r in range(rounds):
         shift = r % len(contenders)
         for contender in contenders[shift:] + contenders[:shift]:
+            time.sleep(SETTLE_SECONDS)
+            contender.time_round(1)
             samples[contender.name].append(contender.time_round(contender.calls_per_round))
     return {name: float(np.median(values)) for name, values in samples.items()}
 

@@ -278,6 +278,18 @@ def test_builder_replaces_a_worker_that_dies(workdir: Path) -> None:
     assert rest[2].error is None and os.path.isfile(rest[2].artifact)
 
 
+def test_builder_replaces_a_worker_grown_past_its_memory_limit(workdir: Path) -> None:
+    before = spawned_children()
+    workers: set[int] = set()
+    with LocalBuilder(workers=1, timeout=60.0, max_worker_mb=1.0) as builder:  # every worker is over 1 MB
+        for _, result in builder.build([scheduled_matmul()] * 3, TARGET, workdir):
+            assert result.error is None and os.path.isfile(result.artifact)
+            workers |= spawned_children() - before
+    assert len(workers) == 3  # a fresh worker after each build
+    with pytest.raises(ValueError, match="max_worker_mb must be positive"):
+        LocalBuilder(max_worker_mb=0)
+
+
 def test_abandoned_build_kills_the_busy_worker(workdir: Path) -> None:
     before = spawned_children()
     with LocalBuilder(workers=1, timeout=60.0) as builder:

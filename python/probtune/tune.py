@@ -53,7 +53,8 @@ class TuneResult:
     measured: int
     statuses: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
-    search_seconds: float = 0.0  # choosing candidates and learning from them; the rest is mostly measuring
+    search_seconds: float = 0.0  # choosing candidates and learning from them
+    measure_seconds: float = 0.0  # building, timing and recording candidates; the rest of ``seconds`` is setup
 
     @property
     def best_latency(self) -> float | None:
@@ -156,7 +157,7 @@ def tune(
             best_latency = best[0].mean_latency if best else None
             measured = 0
             with builder_factory(timeout=build_timeout) as builder, runner_factory(timeout=run_timeout) as runner:
-                search_seconds = 0.0
+                search_seconds = measure_seconds = 0.0
                 while measured < trials:
                     search_started = time.perf_counter()
                     batch = search.next_batch(min(batch_size, trials - measured))
@@ -164,6 +165,7 @@ def tune(
                     if not batch:
                         break  # the space has no new program left to offer
                     observed = []
+                    measure_started = time.perf_counter()
                     for candidate, status, latencies, error, build_s, run_s in _measure(
                         batch, builder, runner, reference, spec, scratch, best_latency
                     ):
@@ -187,6 +189,7 @@ def tune(
                             best_latency = latency
                         if progress is not None:
                             progress(TrialOutcome(measured, trials, status, latency, best_latency, error, work.flops))
+                    measure_seconds += time.perf_counter() - measure_started
                     search_started = time.perf_counter()
                     search.observe(observed)
                     if isinstance(search, EvolutionarySearch):
@@ -203,6 +206,7 @@ def tune(
         statuses=statuses,
         seconds=time.perf_counter() - started,
         search_seconds=search_seconds,
+        measure_seconds=measure_seconds,
     )
 
 

@@ -49,6 +49,7 @@ class BuildTask:
 class BuildReply:
     error: str | None
     seconds: float  # measured here: the parent may read the reply late
+    resident_bytes: int  # the worker's memory afterwards: compiling grows it, and it is not given back
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,10 @@ class RunReply:
 def build_worker_main(connection: Connection) -> None:
     """Compile candidates and export each as a shared library."""
     os.setpgrp()
+    import psutil
     import tvm
+
+    me = psutil.Process()
 
     def build(task: BuildTask) -> BuildReply:
         started = time.perf_counter()
@@ -86,10 +90,10 @@ def build_worker_main(connection: Connection) -> None:
             executable.export_library(task.artifact_path, workspace_dir=task.scratch_dir)
         except Exception as error:  # a candidate TVM rejects is a result, not a worker failure
             Path(task.artifact_path).unlink(missing_ok=True)
-            return BuildReply(describe_error(error), time.perf_counter() - started)
+            return BuildReply(describe_error(error), time.perf_counter() - started, me.memory_info().rss)
         finally:
             shutil.rmtree(task.scratch_dir, ignore_errors=True)
-        return BuildReply(None, time.perf_counter() - started)
+        return BuildReply(None, time.perf_counter() - started, me.memory_info().rss)
 
     _serve(connection, build)
 

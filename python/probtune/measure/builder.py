@@ -54,7 +54,9 @@ class LocalBuilder:
     """Builds candidates for a target in ``workers`` long-lived processes on this machine.
 
     Workers start at the first :meth:`build` and stay for the next ones (they
-    wait idle, using no CPU, while the caller times the results).  Artifacts are
+    wait idle, using no CPU, while the caller times the results); a worker that
+    has grown past ``max_worker_mb`` of memory is replaced after its build, as
+    memory LLVM once took is not given back.  Artifacts are
     left in ``workdir`` for the caller to delete.  Workers are spawned, so a
     script that builds must keep its top-level code under
     ``if __name__ == "__main__":``.
@@ -62,13 +64,16 @@ class LocalBuilder:
 
     name = "local"
 
-    def __init__(self, workers: int | None = None, timeout: float = 60.0) -> None:
+    def __init__(self, workers: int | None = None, timeout: float = 60.0, max_worker_mb: float = 512.0) -> None:
         if workers is not None and workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
+        if max_worker_mb <= 0:
+            raise ValueError(f"max_worker_mb must be positive, got {max_worker_mb}")
         self.workers = workers or os.cpu_count() or 1
         self.timeout = timeout
+        self.max_worker_bytes = int(max_worker_mb * 2**20)
         self._slots: list[_Slot] = []
         self._building = False
         self._finalizer = weakref.finalize(self, _kill_all, self._slots)
@@ -163,7 +168,10 @@ class LocalBuilder:
             if not slot.ready:  # its first message says it is ready
                 slot.ready = True
                 return None
-            return self._finish(slot, _result_of(message, slot.task))
+            outcome = self._finish(slot, _result_of(message, slot.task))
+            if message.resident_bytes > self.max_worker_bytes:
+                self._replace(slot)  # what LLVM allocated stays with the process: start a fresh one
+            return outcome
         if elapsed < self._limit(slot):
             return None
         if not slot.ready:
