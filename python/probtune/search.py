@@ -154,6 +154,7 @@ class EvolutionarySearch:
             batch = self._random.next_batch(size)
             for candidate in batch:
                 self.seen.add(candidate.decision_hash)
+                self.seen_programs.add(candidate.program_hash)
             return batch
         initial = [trace for trace, _ in self._measured[: self.init_measured]]
         initial += [c.trace for c in self._fresh_samples(self.init_samples)]
