@@ -64,7 +64,7 @@ class LocalBuilder:
 
     name = "local"
 
-    def __init__(self, workers: int | None = None, timeout: float = 60.0, max_worker_mb: float = 512.0) -> None:
+    def __init__(self, workers: int | None = None, timeout: float = 60.0, max_worker_mb: float = 1024.0) -> None:
         if workers is not None and workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         if timeout <= 0:
