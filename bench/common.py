@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import traceback
 import platform
 import re
 import sys
@@ -32,6 +33,30 @@ _MS_TASK_LOG = "tvm.s_tir.meta_schedule.logging.task_0_main.log"
 
 def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def tune_guarded(entry: dict[str, Any], system: str, tune: Callable[[], tuple[dict, Any]]) -> tuple[dict, Any] | None:
+    """Run one system's tuning; a failure is recorded in ``entry`` (and the suite goes on) instead of raised."""
+    try:
+        return tune()
+    except Exception as error:  # noqa: BLE001 - one system failing must not stop the suite
+        traceback.print_exc()
+        entry[system] = {"error": f"{type(error).__name__}: {error}"}
+        entry["problems"].append(f"{system} failed: {type(error).__name__}: {error}")
+        return None
+
+
+def bench_each(works: list[Workload], bench_one: Callable[[Workload], dict], **failed: Any) -> list[dict]:
+    """``bench_one`` of every workload; one that raises gives an entry naming the problem (plus ``failed``)."""
+    entries = []
+    for work in works:
+        try:
+            entries.append(bench_one(work))
+        except Exception as error:  # noqa: BLE001
+            traceback.print_exc()
+            entries.append({"workload": work.key, "name": work.name, **failed,
+                            "problems": [f"benchmark failed: {type(error).__name__}: {error}"]})
+    return entries
 
 
 # ---------------------------------------------------------------- TVM MetaSchedule

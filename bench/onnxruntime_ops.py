@@ -19,14 +19,15 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from probtune.catalog import BUILTIN_WORKLOADS
+from probtune.catalog import BUILTIN_WORKLOADS, WorkloadSpec
 from probtune.workload import Workload, resolve_workload
 
 __all__ = ["SUPPORTED", "bind", "onnx_model", "self_check", "time_onnxruntime"]
@@ -260,16 +261,20 @@ def self_check(*, threads: int = 2) -> None:
 
     Runs at each catalog entry's small shape, which exercises stride 2 and padding.
     """
+    for spec, workload, _, error, ok in _timed_suite("small_shape", threads=threads, repeat=1, min_seconds=0.0):
+        assert ok, f"{spec.name}{workload.shape}: off the numpy reference by {error:.3g}"
+
+
+def _timed_suite(shape_field: str, **timing: Any) -> Iterator[tuple[WorkloadSpec, Workload, float, float, bool]]:
+    """(spec, workload, seconds per call, max abs error, within tolerance) of each supported catalog entry."""
     for spec in BUILTIN_WORKLOADS:
         if spec.name not in SUPPORTED:
             continue
-        workload = _workload(spec.name, spec.small_shape)
+        workload = _workload(spec.name, getattr(spec, shape_field))
         inputs = workload.random_inputs(0)
-        _, outputs = time_onnxruntime(
-            spec.name, workload.shape, inputs, threads=threads, repeat=1, min_seconds=0.0
-        )
+        seconds, outputs = time_onnxruntime(spec.name, workload.shape, inputs, **timing)
         error, ok = _check(workload, inputs, outputs)
-        assert ok, f"{spec.name}{workload.shape}: off the numpy reference by {error:.3g}"
+        yield spec, workload, seconds, error, ok
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -287,20 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{args.threads} threads")
     print(f"{'workload':<22} {'shape':<28} {'ms/call':>9} {'GFLOPS':>8} {'max abs err':>12}  ok")
     all_ok = True
-    for spec in BUILTIN_WORKLOADS:
-        if spec.name not in SUPPORTED:
-            continue
-        workload = _workload(spec.name, spec.default_shape)
-        inputs = workload.random_inputs(0)
-        seconds, outputs = time_onnxruntime(
-            spec.name,
-            workload.shape,
-            inputs,
-            threads=args.threads,
-            repeat=args.repeat,
-            min_seconds=args.min_seconds,
-        )
-        error, ok = _check(workload, inputs, outputs)
+    timing = dict(threads=args.threads, repeat=args.repeat, min_seconds=args.min_seconds)
+    for spec, workload, seconds, error, ok in _timed_suite("default_shape", **timing):
         all_ok &= ok
         gflops = workload.flops / seconds / 1e9 if workload.flops else float("nan")
         shape = ",".join(map(str, workload.shape))

@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from common import (  # first: it sets TVM_NUM_THREADS before TVM is imported
+    bench_each,
+    tune_guarded,
     MS_FAILED_SECONDS,
     check_outputs,
     cpu_model,
@@ -148,13 +150,10 @@ def bench_workload(work: Workload, tvm_target: tvm.target.Target, args: argparse
     for system, tune in (("probtune", lambda: tune_probtune(work, args)),
                          ("tvm", lambda: tune_tvm(work, tvm_target, args))):
         say(f"[{work.key}] tuning with {system} ({args.trials} trials)...")
-        try:
-            report, program = tune()
-        except Exception as error:  # noqa: BLE001 - one system failing must not stop the suite
-            traceback.print_exc()
-            entry[system] = {"error": f"{type(error).__name__}: {error}"}
-            entry["problems"].append(f"{system} failed: {type(error).__name__}: {error}")
+        outcome = tune_guarded(entry, system, tune)
+        if outcome is None:
             continue
+        report, program = outcome
         entry[system] = report
         if program is None:
             report["error"] = "no correct program was measured"
@@ -255,14 +254,7 @@ def main() -> int:
 
     say("importing TVM's tensor intrinsics (MetaSchedule needs them; one-time cost, not counted)...")
     intrinsics_seconds = tvm_import_intrinsics()
-    entries = []
-    for work in chosen:
-        try:
-            entries.append(bench_workload(work, tvm_target, args))
-        except Exception as error:  # noqa: BLE001
-            traceback.print_exc()
-            entries.append({"workload": work.key, "tvm_over_probtune": None,
-                            "problems": [f"benchmark failed: {type(error).__name__}: {error}"]})
+    entries = bench_each(chosen, lambda work: bench_workload(work, tvm_target, args), tvm_over_probtune=None)
 
     ratios = [e["tvm_over_probtune"] for e in entries if e["tvm_over_probtune"]]
     geomean = float(np.exp(np.mean(np.log(ratios)))) if ratios else None

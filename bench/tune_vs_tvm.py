@@ -28,11 +28,12 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 from common import (  # first: it sets TVM_NUM_THREADS before TVM is imported
+    bench_each,
+    tune_guarded,
     MS_FAILED_SECONDS,
     Contender,
     check_outputs,
@@ -291,13 +292,10 @@ def bench_workload(work: Workload, tvm_target: tvm.target.Target, args: argparse
     for system, tune in (("probtune", lambda: tune_probtune(work, args, checkpoints)),
                          ("tvm", lambda: tune_tvm(work, tvm_target, args, checkpoints))):
         say(f"[{work.key}] tuning with {system} ({args.trials} trials)...")
-        try:
-            report, best = tune()
-        except Exception as error:  # noqa: BLE001 - one system failing must not stop the suite
-            traceback.print_exc()
-            entry[system] = {"error": f"{type(error).__name__}: {error}"}
-            entry["problems"].append(f"{system} failed: {type(error).__name__}: {error}")
+        outcome = tune_guarded(entry, system, tune)
+        if outcome is None:
             continue
+        report, best = outcome
         entry[system] = report
         programs[system] = best
         say(f"[{work.key}] {system}: {report['tuning_wall_seconds']} s "
@@ -459,14 +457,7 @@ def main() -> int:
 
     say("importing TVM's tensor intrinsics (MetaSchedule needs them; one-time cost, not counted)...")
     intrinsics_seconds = tvm_import_intrinsics()
-    entries = []
-    for work in chosen:
-        try:
-            entries.append(bench_workload(work, tvm_target, args))
-        except Exception as error:  # noqa: BLE001
-            traceback.print_exc()
-            entries.append({"workload": work.key, "name": work.name,
-                            "problems": [f"benchmark failed: {type(error).__name__}: {error}"]})
+    entries = bench_each(chosen, lambda work: bench_workload(work, tvm_target, args))
     summary = summarize(entries, checkpoints)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -14,12 +14,9 @@ from typing import Callable
 from probtune._core import InvalidDecisionError, Rng, Trace, mutate_categorical, mutate_tile_size
 from probtune.errors import ReplayError
 from probtune.interfaces import SpaceContext
-from probtune.schedule import BlockRV, Schedule
+from probtune.schedule import BlockRV, Schedule, tvm_compute_location
 
 __all__ = ["CoreMutator", "ComputeLocationMutator", "BUILTIN_MUTATORS"]
-
-_TVM_SEED_RANGE = (1, 2**31 - 1)
-
 
 class CoreMutator:
     """A mutator implemented in ``probtune._core``; the search runs it in Rust by ``core_mutator``."""
@@ -60,11 +57,8 @@ class ComputeLocationMutator:
         except (ReplayError, InvalidDecisionError):
             return None
         block = sch.resolve(BlockRV(trace.instruction(index).inputs[0]["rv"]))
-        tvm_sch = sch.tvm
         for _ in range(self.attempts):
-            tvm_sch.seed(rng.randint(*_TVM_SEED_RANGE))
-            tvm_sch.sample_compute_location(block)
-            taken = int(tvm_sch.trace.decisions[tvm_sch.trace.insts[-1]])
+            _, taken = tvm_compute_location(sch.tvm, block, rng)
             if taken != decisions.get(index):
                 return trace.with_decisions({**decisions, index: taken})
         return None

@@ -28,7 +28,7 @@ from probtune._core import (
 )
 from probtune.errors import ReplayError, last_line
 
-__all__ = ["RV", "BlockRV", "LoopRV", "ExprRV", "Schedule", "SAMPLING_KINDS", "PRIMITIVE_KINDS"]
+__all__ = ["RV", "BlockRV", "LoopRV", "ExprRV", "Schedule", "SAMPLING_KINDS", "PRIMITIVE_KINDS", "tvm_compute_location"]
 
 
 class RV:
@@ -142,6 +142,20 @@ def _without_argument_checks(schedule_class: type[s_tir.Schedule]) -> type[s_tir
 
 
 _TVMSchedule = _without_argument_checks(s_tir.Schedule)
+
+
+def tvm_compute_location(
+    sch: s_tir.Schedule, block: Any, rng: Rng | None, decision: int | None = None
+) -> tuple[Any, int]:
+    """TVM's ``sample_compute_location`` on ``block``: the loop and the decision it took.
+
+    With ``rng`` TVM samples a legal location, seeded from our stream; with
+    ``decision`` it takes that one, or the nearest legal one before it.
+    """
+    if rng is not None:
+        sch.seed(rng.randint(*_TVM_SEED_RANGE))
+    loop = sch.sample_compute_location(block, decision=decision)
+    return loop, int(sch.trace.decisions[sch.trace.insts[-1]])
 
 
 class Schedule:
@@ -260,10 +274,7 @@ class Schedule:
             return [int(candidates[decision])], int(decision), ExprRV
         # sample_compute_location: TVM knows the legal locations; it samples
         # (seeded from our stream) or checks that our decision is among them.
-        if decision is None:
-            self._sch.seed(self._rng.randint(*_TVM_SEED_RANGE))
-        loop = self._sch.sample_compute_location(inputs[0], decision=decision)
-        taken = int(self._sch.trace.decisions[self._sch.trace.insts[-1]])
+        loop, taken = tvm_compute_location(self._sch, inputs[0], self._rng if decision is None else None, decision)
         if decision is not None and taken != int(decision):
             raise InvalidDecisionError(
                 f"compute location {decision} is not a legal location for this block (nearest legal: {taken})"

@@ -20,9 +20,11 @@ from probtune.errors import ReplayError
 from probtune.interfaces import CostModel, Mutator
 from probtune.space import Candidate, DesignSpace
 
-__all__ = ["SearchStrategy", "RandomSearch", "EvolutionarySearch"]
+__all__ = ["SearchStrategy", "RandomSearch", "EvolutionarySearch", "INIT_MEASURED"]
 
 _HASH_MASK = 2**64 - 1
+INIT_MEASURED = 32
+"""How many of the fastest measured traces seed each evolutionary round."""
 
 
 class SearchStrategy(Protocol):
@@ -53,7 +55,7 @@ class RandomSearch:
     ) -> None:
         self.space = space
         self.rng = rng
-        self.seen_decisions = set(seen_decisions or ())
+        self.seen_decisions = DecisionSet(seen_decisions or ())
         self.seen_programs = set(seen_programs or ())
         self.max_failed_draws = max_failed_draws
         self.duplicates = 0
@@ -118,7 +120,7 @@ class EvolutionarySearch:
         measured: Sequence[tuple[Trace, float]] = (),
         population_size: int = 128,
         init_samples: int = 64,
-        init_measured: int = 32,
+        init_measured: int = INIT_MEASURED,
         generations: int = 3,
         mutate_prob: float = 0.85,
         eps_greedy: float = 0.05,
@@ -135,10 +137,11 @@ class EvolutionarySearch:
         self.mutate_prob = mutate_prob
         self.eps_greedy = eps_greedy
         self.max_cached = max_cached
-        self.seen = DecisionSet(seen_decisions or ())
-        self.seen_programs = set(seen_programs or ())
+        # One record of what was offered, shared with the random rounds.
         self._random = RandomSearch(space, rng, seen_decisions=seen_decisions, seen_programs=seen_programs)
-        self._measured = sorted(measured, key=lambda item: item[1])  # fastest first
+        self.seen = self._random.seen_decisions
+        self.seen_programs = self._random.seen_programs
+        self._measured = sorted(measured, key=lambda item: item[1])[:init_measured]  # fastest first
         self._mutator_weights = [(m.name, float(m.probability)) for m in mutators]
         context = space.context
         self._python_mutators = {
@@ -151,12 +154,8 @@ class EvolutionarySearch:
 
     def next_batch(self, size: int) -> list[Candidate]:
         if self.model.num_samples == 0:
-            batch = self._random.next_batch(size)
-            for candidate in batch:
-                self.seen.add(candidate.decision_hash)
-                self.seen_programs.add(candidate.program_hash)
-            return batch
-        initial = [trace for trace, _ in self._measured[: self.init_measured]]
+            return self._random.next_batch(size)
+        initial = [trace for trace, _ in self._measured]
         initial += [c.trace for c in self._fresh_samples(self.init_samples)]
         chosen = evolve(
             initial,
@@ -177,8 +176,6 @@ class EvolutionarySearch:
             if candidate is None or candidate.program_hash in self.seen_programs:
                 continue
             self.seen_programs.add(candidate.program_hash)
-            self._random.seen_decisions.add(candidate.decision_hash)
-            self._random.seen_programs.add(candidate.program_hash)
             batch.append(candidate)
         self._programs.clear()
         return batch
@@ -196,6 +193,7 @@ class EvolutionarySearch:
         self.model.update(features, latencies, [self.group] * len(results))
         self._measured.extend((c.trace, latency) for c, latency in results if latency is not None)
         self._measured.sort(key=lambda item: item[1])
+        del self._measured[self.init_measured :]
 
     # ---- scoring ---------------------------------------------------------------
     def _fresh_samples(self, count: int) -> list[Candidate]:

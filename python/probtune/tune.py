@@ -18,7 +18,7 @@ from probtune.errors import PluginError, TuningConfigError
 from probtune.interfaces import CostModel, SpaceModule, TargetSpec
 from probtune.measure import prepare_reference
 from probtune.plugins import get_registry
-from probtune.search import EvolutionarySearch, RandomSearch, SearchStrategy
+from probtune.search import INIT_MEASURED, EvolutionarySearch, RandomSearch, SearchStrategy
 from probtune.space import Candidate, DesignSpace, generate_space
 from probtune.targets import check_runs_here, resolve_target
 from probtune.workload import Workload, resolve_workload
@@ -192,8 +192,8 @@ def tune(
                     measure_seconds += time.perf_counter() - measure_started
                     search_started = time.perf_counter()
                     search.observe(observed)
-                    if isinstance(search, EvolutionarySearch):
-                        db.save_cost_model(search.model.name, spec.name, search.model.save())
+                    if model is not None:
+                        db.save_cost_model(model.name, spec.name, model.save())
                     search_seconds += time.perf_counter() - search_started
             best = db.best(workload_id, spec.name)
     return TuneResult(
@@ -254,7 +254,7 @@ def _make_search(
             )
     measured = [
         (Trace.from_json(record.trace_json), record.mean_latency)
-        for record in db.best(workload_id, spec.name, k=options.get("init_measured", 32))
+        for record in db.best(workload_id, spec.name, k=options.get("init_measured", INIT_MEASURED))
     ]
     mutators = list(get_registry().mutators.values())
     return EvolutionarySearch(space, rng, model, mutators, group=work.key, measured=measured, **seen, **options)
