@@ -15,10 +15,11 @@ from probtune_cpu.parallel_vectorize import (
     RewriteParallelVectorizeUnroll,
     RewriteReductionBlock,
 )
+from probtune_cpu.polynomial_exp import RewriteExpPolynomial
 from probtune_cpu.random_compute_location import RandomComputeLocation
 from probtune_cpu.validators import VerifyParallel, VerifyStaticLoops, VerifyUnrollSize, VerifyVectorize
 
-__all__ = ["AutoInline", "AddRFactor", "RandomComputeLocation", "MultiLevelTiling", "ParallelVectorize", "AutoUnroll", "RewriteParallelVectorizeUnroll", "RewriteReductionBlock"]
+__all__ = ["AutoInline", "AddRFactor", "RandomComputeLocation", "MultiLevelTiling", "ParallelVectorize", "AutoUnroll", "RewriteParallelVectorizeUnroll", "RewriteReductionBlock", "RewriteExpPolynomial"]
 
 
 @hookimpl
@@ -35,6 +36,7 @@ def probtune_register_space_modules(register: Callable[[Any], None]) -> None:
 def probtune_register_validators(register: Callable[[Any], None]) -> None:
     register(RewriteParallelVectorizeUnroll())
     register(RewriteReductionBlock())
+    register(RewriteExpPolynomial())
     register(RewriteWriteBackLocation())
     register(VerifyStaticLoops())
     register(VerifyVectorize())

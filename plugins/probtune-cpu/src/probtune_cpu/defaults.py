@@ -19,6 +19,7 @@ DEFAULT_MODULES = (
     "random-compute-location",
 )
 DEFAULT_VALIDATORS = (
+    "rewrite-exp-polynomial",
     "rewrite-write-back-location",  # moves blocks into tiles: before the parallel/vectorize rewrite
     "rewrite-parallel-vectorize-unroll",
     "rewrite-reduction-block",

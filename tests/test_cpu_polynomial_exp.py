@@ -1,0 +1,69 @@
+"""The polynomial exp rewrite: accurate over float32's whole range, vectorized, and applied where it should be."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import s_tir, te
+
+from probtune import generate_space
+from probtune.catalog import BUILTIN_WORKLOADS
+from probtune_cpu.polynomial_exp import RewriteExpPolynomial
+
+from conftest import assert_samples_correct, run_module
+
+CATALOG = {spec.name: spec for spec in BUILTIN_WORKLOADS}
+_SPECIAL = [0.0, -0.0, 1e-30, -1e-30, 1.0, -1.0, 88.7, 88.72, 88.73, 89.0, -87.3, -87.4, -100.0, -103.9, -104.5,
+            -1000.0, 1000.0, np.inf, -np.inf, np.nan]
+
+
+def _exp_function(n: int, dtype: str = "float32") -> tvm.tirx.PrimFunc:
+    x = te.placeholder((n,), dtype, name="x")
+    y = te.compute((n,), lambda i: te.exp(x[i]), name="y")
+    return te.create_prim_func([x, y])
+
+
+def _compiled_rewritten_exp(host, n: int, lanes: int):
+    sch = s_tir.Schedule(_exp_function(n))
+    assert RewriteExpPolynomial().check(sch, None) is None
+    if lanes > 1:
+        _, inner = sch.split(sch.get_loops(sch.get_sblock("y"))[0], [None, lanes])
+        sch.vectorize(inner)
+    return sch.mod, tvm.compile(sch.mod, target=tvm.target.Target(host.tvm_target))
+
+
+@pytest.mark.parametrize("lanes", [1, 8])
+def test_polynomial_exp_is_within_two_ulp_and_keeps_the_special_values(host, lanes):
+    inputs = np.concatenate([np.linspace(-110, 95, 200_000), _SPECIAL]).astype(np.float32)
+    inputs = np.concatenate([inputs, np.zeros(-len(inputs) % 8, np.float32)])
+    mod, lib = _compiled_rewritten_exp(host, len(inputs), lanes)
+    assert "T.exp(" not in mod.script()
+    (got,) = run_module(lib, [inputs, np.zeros_like(inputs)])[1:]
+    with np.errstate(over="ignore"):
+        exact = np.exp(inputs.astype(np.float64))
+        rounded = exact.astype(np.float32)
+    normal = (exact >= np.finfo(np.float32).tiny) & np.isfinite(rounded)
+    ulps = np.abs(got[normal] - exact[normal]) / np.spacing(rounded[normal]).astype(np.float64)
+    assert ulps.max() <= 2.0
+    subnormal = (exact < np.finfo(np.float32).tiny) & (exact > 0)
+    np.testing.assert_allclose(got[subnormal], exact[subnormal], rtol=0, atol=4 * 2.0**-149)
+    np.testing.assert_array_equal(got[np.isinf(rounded)], np.inf)
+    assert np.isnan(got[np.isnan(inputs)]).all()
+    assert got[inputs == -1000.0][0] == 0.0 and got[inputs == -np.inf][0] == 0.0
+
+
+def test_rewrite_leaves_float64_exp_and_exp_free_blocks_alone():
+    for func in (_exp_function(16, "float64"), CATALOG["matmul"].instantiate((8, 8, 8)).prim_func):
+        sch = s_tir.Schedule(func)
+        before = sch.mod
+        assert RewriteExpPolynomial().check(sch, None) is None
+        assert sch.mod.same_as(before)
+
+
+def test_softmax_space_uses_the_polynomial_and_stays_correct(host):
+    workload = CATALOG["softmax"].instantiate(CATALOG["softmax"].small_shape)
+    space = generate_space(workload, host)
+    assert "rewrite-exp-polynomial" in [v.name for v in space.validators]
+    for candidate in assert_samples_correct(workload, space, host, samples=4):
+        assert "T.exp(" not in candidate.mod.script()
