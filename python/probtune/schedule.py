@@ -77,6 +77,51 @@ def _annotate(s: s_tir.Schedule, ins: list[Any], at: dict[str, Any]) -> None:
     s.annotate(ins[0], at["ann_key"], value)
 
 
+class _LocationMark:
+    """A compute location that is not a loop: "at the root" (-1) or "inlined" (-2), as TVM's marks."""
+
+    def __init__(self, decision: int) -> None:
+        self.decision = decision
+
+    def __repr__(self) -> str:
+        return f"_LocationMark({self.decision})"
+
+
+_AT_ROOT, _INLINED = _LocationMark(-1), _LocationMark(-2)
+
+
+def _compute_at(s: s_tir.Schedule, ins: list[Any], at: dict[str, Any]) -> None:
+    if ins[1] is _AT_ROOT:
+        return
+    if ins[1] is _INLINED:
+        s.compute_inline(ins[0])
+        return
+    s.compute_at(ins[0], ins[1], preserve_unit_loops=at.get("preserve_unit_loops", True))
+
+
+def _known_compute_location(s: s_tir.Schedule, block: Any, decision: int) -> Any:
+    """The location a recorded decision names, without TVM's search for every legal one.
+
+    TVM's ``sample_compute_location`` checks each loop of the consumer by a
+    trial ``compute_at`` (up to 7 ms for a conv2d padding block) even when the
+    decision is given. The decision is an index into the first consumer's
+    loops, or a mark; whether the block can really go there is checked by
+    the ``compute_at`` that follows, which raises if it cannot.
+    """
+    if decision == -1:
+        return _AT_ROOT
+    if decision == -2:
+        return _INLINED
+    consumers = s.get_consumers(block) if decision >= 0 else []
+    loops = s.get_loops(consumers[0]) if consumers else []
+    if not 0 <= decision < len(loops):
+        raise InvalidDecisionError(
+            f"compute location {decision} is not a location for this block "
+            f"(-2 inline, -1 root, or one of its consumer's {len(loops)} loops)"
+        )
+    return loops[decision]
+
+
 _PRIMITIVES: dict[str, _Primitive] = {
     "get_sblock": _Primitive(lambda s, ins, at: s.get_sblock(at["name"], at.get("func_name", "main")), BlockRV),
     "get_loops": _Primitive(lambda s, ins, at: s.get_loops(ins[0]), LoopRV, many=True),
@@ -93,9 +138,7 @@ _PRIMITIVES: dict[str, _Primitive] = {
     "parallel": _Primitive(lambda s, ins, at: s.parallel(ins[0])),
     "vectorize": _Primitive(lambda s, ins, at: s.vectorize(ins[0])),
     "unroll": _Primitive(lambda s, ins, at: s.unroll(ins[0])),
-    "compute_at": _Primitive(
-        lambda s, ins, at: s.compute_at(ins[0], ins[1], preserve_unit_loops=at.get("preserve_unit_loops", True))
-    ),
+    "compute_at": _Primitive(_compute_at),
     "reverse_compute_at": _Primitive(
         lambda s, ins, at: s.reverse_compute_at(ins[0], ins[1], preserve_unit_loops=at.get("preserve_unit_loops", True))
     ),
@@ -144,17 +187,10 @@ def _without_argument_checks(schedule_class: type[s_tir.Schedule]) -> type[s_tir
 _TVMSchedule = _without_argument_checks(s_tir.Schedule)
 
 
-def tvm_compute_location(
-    sch: s_tir.Schedule, block: Any, rng: Rng | None, decision: int | None = None
-) -> tuple[Any, int]:
-    """TVM's ``sample_compute_location`` on ``block``: the loop and the decision it took.
-
-    With ``rng`` TVM samples a legal location, seeded from our stream; with
-    ``decision`` it takes that one, or the nearest legal one before it.
-    """
-    if rng is not None:
-        sch.seed(rng.randint(*_TVM_SEED_RANGE))
-    loop = sch.sample_compute_location(block, decision=decision)
+def tvm_compute_location(sch: s_tir.Schedule, block: Any, rng: Rng) -> tuple[Any, int]:
+    """TVM's ``sample_compute_location`` on ``block``, seeded from ``rng``: a legal location and its decision."""
+    sch.seed(rng.randint(*_TVM_SEED_RANGE))
+    loop = sch.sample_compute_location(block)
     return loop, int(sch.trace.decisions[sch.trace.insts[-1]])
 
 
@@ -272,13 +308,10 @@ class Schedule:
             else:
                 check_categorical(int(decision), len(candidates))
             return [int(candidates[decision])], int(decision), ExprRV
-        # sample_compute_location: TVM knows the legal locations; it samples
-        # (seeded from our stream) or checks that our decision is among them.
-        loop, taken = tvm_compute_location(self._sch, inputs[0], self._rng if decision is None else None, decision)
-        if decision is not None and taken != int(decision):
-            raise InvalidDecisionError(
-                f"compute location {decision} is not a legal location for this block (nearest legal: {taken})"
-            )
+        # sample_compute_location: TVM knows the legal locations and samples one (seeded from our stream)
+        if decision is not None:
+            return [_known_compute_location(self._sch, inputs[0], int(decision))], int(decision), LoopRV
+        loop, taken = tvm_compute_location(self._sch, inputs[0], self._rng)
         return [loop], taken, LoopRV
 
     # ---- replay ----------------------------------------------------------------

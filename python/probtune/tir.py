@@ -6,13 +6,24 @@ from typing import Iterator
 
 from tvm import s_tir, tirx
 
-__all__ = ["iter_stmts", "block_names", "find_realize", "loop_kinds", "at_root", "SPATIAL", "REDUCTION", "OTHER"]
+__all__ = [
+    "iter_stmts", "block_names", "sblock_names", "find_realize", "realize_of", "loop_kinds", "at_root",
+    "SPATIAL", "REDUCTION", "OTHER",
+]
 
 SPATIAL = "spatial"
 REDUCTION = "reduction"
 OTHER = "other"  # unused by the block's bindings, or bound to opaque/ordered iterators
 
 _CHILD_FIELDS = ("seq", "block", "init", "body", "then_case", "else_case")
+_FIELDS_BY_TYPE: dict[type, tuple[str, ...]] = {}  # which of _CHILD_FIELDS a statement type has
+
+
+def _child_fields(node: tirx.Stmt) -> tuple[str, ...]:
+    fields = _FIELDS_BY_TYPE.get(type(node))
+    if fields is None:
+        fields = _FIELDS_BY_TYPE[type(node)] = tuple(name for name in _CHILD_FIELDS if hasattr(node, name))
+    return fields
 
 
 def iter_stmts(stmt: tirx.Stmt) -> Iterator[tirx.Stmt]:
@@ -22,8 +33,8 @@ def iter_stmts(stmt: tirx.Stmt) -> Iterator[tirx.Stmt]:
         node = stack.pop()
         yield node
         children: list[tirx.Stmt] = []
-        for name in _CHILD_FIELDS:
-            child = getattr(node, name, None)
+        for name in _child_fields(node):
+            child = getattr(node, name)
             if child is None:
                 continue
             if isinstance(child, tirx.Stmt):
@@ -39,6 +50,22 @@ def block_names(func: tirx.PrimFunc) -> list[str]:
             and s.block.name_hint != "root"]
 
 
+def sblock_names(sch: s_tir.Schedule) -> list[str]:
+    """``block_names`` of the schedule's program, asked of TVM rather than by walking it (validators run it often)."""
+    return [sch.get(block).name_hint for block in sch.get_child_blocks(sch.get_sblock("root"))]
+
+
+def realize_of(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> s_tir.SBlockRealize:
+    """The statement that binds ``block``'s iterators, found from its parent loop where possible."""
+    sblock = sch.get(block)
+    parent = sch.get_sref(block).parent
+    body = getattr(parent.stmt, "body", None) if parent is not None else None
+    for stmt in ([body] if isinstance(body, s_tir.SBlockRealize) else getattr(body, "seq", None) or ()):
+        if isinstance(stmt, s_tir.SBlockRealize) and stmt.block.same_as(sblock):
+            return stmt
+    return find_realize(sch.mod["main"], sblock.name_hint)
+
+
 def find_realize(func: tirx.PrimFunc, name: str) -> s_tir.SBlockRealize:
     for stmt in iter_stmts(func.body):
         if isinstance(stmt, s_tir.SBlockRealize) and stmt.block.name_hint == name:
@@ -49,7 +76,7 @@ def find_realize(func: tirx.PrimFunc, name: str) -> s_tir.SBlockRealize:
 def loop_kinds(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list[s_tir.schedule.LoopRV]) -> list[str]:
     """For each loop, whether it feeds only spatial iterators of ``block``, any reduction one, or neither."""
     sblock = sch.get(block)
-    realize = find_realize(sch.mod["main"], sblock.name_hint)
+    realize = realize_of(sch, block)
     uses: list[tuple[set[tirx.Var], int]] = [
         (set(tirx.analysis.undefined_vars(value)), int(iv.iter_type))
         for iv, value in zip(sblock.iter_vars, realize.iter_values)

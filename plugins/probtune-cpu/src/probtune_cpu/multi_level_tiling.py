@@ -23,7 +23,7 @@ from tvm import ir, s_tir, tirx
 from probtune import SpaceContext
 from probtune.schedule import BlockRV, LoopRV, Schedule
 from probtune.errors import last_line
-from probtune.tir import REDUCTION, SPATIAL, at_root, block_names, find_realize, loop_kinds
+from probtune.tir import REDUCTION, SPATIAL, at_root, loop_kinds, realize_of, sblock_names
 
 from probtune_cpu.parallel_vectorize import PARALLEL_KEY, UNROLL_KEY, VECTORIZE_KEY
 
@@ -68,7 +68,7 @@ def _contiguous_along(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loop:
     """Whether every buffer the block accesses is indexed by ``loop`` in its last dimension only, if at all."""
     sblock = sch.get(block)
     loop_var = sch.get(loop).loop_var
-    realize = find_realize(sch.mod["main"], sblock.name_hint)
+    realize = realize_of(sch, block)
     bound = {
         iv.var
         for iv, value in zip(sblock.iter_vars, realize.iter_values)
@@ -192,7 +192,7 @@ class RewriteWriteBackLocation:
     name: str = "rewrite-write-back-location"
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
-        for name in block_names(sch.mod["main"]):
+        for name in sblock_names(sch):
             block = sch.get_sblock(name)
             annotations = sch.get(block).annotations
             if WRITE_BACK_DEPTH_KEY not in annotations:

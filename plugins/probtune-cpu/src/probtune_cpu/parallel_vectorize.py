@@ -18,7 +18,7 @@ from tvm import s_tir
 from probtune import SpaceContext
 from probtune.schedule import BlockRV, Schedule
 from probtune.errors import last_line
-from probtune.tir import REDUCTION, SPATIAL, at_root, block_names, iter_stmts, loop_kinds
+from probtune.tir import REDUCTION, SPATIAL, at_root, iter_stmts, loop_kinds, sblock_names
 
 __all__ = [
     "ParallelVectorize",
@@ -87,7 +87,7 @@ class RewriteParallelVectorizeUnroll:
     name: str = "rewrite-parallel-vectorize-unroll"
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
-        for name in block_names(sch.mod["main"]):
+        for name in sblock_names(sch):
             block = sch.get_sblock(name)
             annotations = sch.get(block).annotations
             wanted = {key: int(annotations[key]) for key in (PARALLEL_KEY, VECTORIZE_KEY, UNROLL_KEY) if key in annotations}
@@ -149,7 +149,7 @@ class RewriteReductionBlock:
     name: str = "rewrite-reduction-block"
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
-        for name in block_names(sch.mod["main"]):
+        for name in sblock_names(sch):
             block = sch.get_sblock(name)
             if sch.get(block).init is None:
                 continue

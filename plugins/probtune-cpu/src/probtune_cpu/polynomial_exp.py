@@ -24,7 +24,7 @@ import tvm
 from tvm import s_tir, tirx
 
 from probtune import SpaceContext
-from probtune.tir import block_names
+from probtune.tir import sblock_names
 
 __all__ = ["RewriteExpPolynomial", "polynomial_exp"]
 
@@ -92,7 +92,7 @@ class RewriteExpPolynomial:
     name: str = "rewrite-exp-polynomial"
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
-        for name in block_names(sch.mod["main"]):
+        for name in sblock_names(sch):
             block = sch.get(sch.get_sblock(name))
             store = block.body
             if not isinstance(store, tirx.BufferStore):

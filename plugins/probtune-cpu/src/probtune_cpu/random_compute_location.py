@@ -23,7 +23,7 @@ from tvm import s_tir
 
 from probtune import SpaceContext
 from probtune.schedule import BlockRV, Schedule
-from probtune.tir import find_realize, iter_stmts
+from probtune.tir import iter_stmts, realize_of
 
 __all__ = ["RandomComputeLocation", "PLACE_PRODUCERS_KEY", "owns_untiled_nest"]
 
@@ -45,7 +45,7 @@ def owns_untiled_nest(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bo
     if sum(isinstance(stmt, s_tir.SBlockRealize) for stmt in iter_stmts(outer.stmt)) != 1:
         return False
     loop_vars = [sch.get(loop).loop_var for loop in loops]
-    bindings = find_realize(sch.mod["main"], sch.get(block).name_hint).iter_values
+    bindings = realize_of(sch, block).iter_values
     return len(bindings) == len(loop_vars) and all(any(value.same_as(var) for var in loop_vars) for value in bindings)
 
 
