@@ -75,25 +75,42 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 class PeakMemory:
-    """Samples the resident memory of this process plus all its descendants; keeps the peak."""
+    """Samples the resident memory of this process plus all its descendants; keeps the peak.
+
+    Also kept: where that peak came from (this process, which is the tuning
+    process, and its workers), and this process's size when sampling began,
+    since this process also ran earlier workloads and both systems.
+    """
 
     def __init__(self, interval: float = 0.05) -> None:
         self.interval = interval
         self.peak_bytes = 0
+        self.peak_split_bytes = (0, 0)  # (this process, its workers) at the peak
+        self.start_bytes = psutil.Process().memory_info().rss
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self) -> None:
         me = psutil.Process()
         while not self._stop.is_set():
-            total = 0
-            for process in [me, *me.children(recursive=True)]:
+            own, workers = me.memory_info().rss, 0
+            for process in me.children(recursive=True):
                 try:
-                    total += process.memory_info().rss
+                    workers += process.memory_info().rss
                 except psutil.Error:  # it ended between listing and reading
                     pass
-            self.peak_bytes = max(self.peak_bytes, total)
+            if own + workers > self.peak_bytes:
+                self.peak_bytes, self.peak_split_bytes = own + workers, (own, workers)
             self._stop.wait(self.interval)
+
+    def report(self) -> dict[str, float]:
+        own, workers = self.peak_split_bytes
+        return {
+            "peak_memory_mb": round(self.peak_bytes / 2**20, 1),
+            "peak_memory_tuning_process_mb": round(own / 2**20, 1),
+            "peak_memory_workers_mb": round(workers / 2**20, 1),
+            "tuning_process_at_start_mb": round(self.start_bytes / 2**20, 1),
+        }
 
     def __enter__(self) -> PeakMemory:
         self._thread.start()
@@ -144,7 +161,7 @@ def tune_probtune(work: Workload, args: argparse.Namespace, checkpoints: list[in
         "measure_seconds": round(result.measure_seconds, 2),
         "build_seconds_sum": round(sum(r.build_seconds or 0 for r in records), 2),
         "run_seconds_sum": round(sum(r.run_seconds or 0 for r in records), 2),
-        "peak_memory_mb": round(memory.peak_bytes / 2**20, 1),
+        **memory.report(),
         "measured": result.measured,
         "statuses": dict(result.statuses),
         "best_curve_ms": [None if b is None else round(b * 1e3, 5) for b in best_so_far(latencies)],
@@ -246,7 +263,7 @@ def tune_tvm(
         "measure_seconds": round(measure, 2),
         "build_seconds": round(builder.seconds, 2),
         "run_seconds": round(runner.seconds, 2),
-        "peak_memory_mb": round(memory.peak_bytes / 2**20, 1),
+        **memory.report(),
         "measured": len(records),
         "statuses": {"ok": sum(1 for x in latencies if x is not None), "failed": sum(1 for x in latencies if x is None)},
         "best_curve_ms": [None if b is None else round(b * 1e3, 5) for b in best_so_far(latencies)],

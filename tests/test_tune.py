@@ -187,3 +187,28 @@ def test_unreadable_cost_model_state_is_replaced_with_a_warning(tmp_path):
         result = probtune.tune("matmul", trials=5, database=db, **SMALL)
     assert result.measured == 5
     assert _saved_model_samples(db) == 5
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--workload", "nope"], "unknown workload 'nope'"),
+        (["--target", "tpu-v9"], "unknown target 'tpu-v9'"),
+        (["--shape", "64,x,64"], "64,x,64"),
+    ],
+)
+def test_cli_refuses_bad_input_before_announcing_a_run(argv, message, capsys, tmp_path):
+    from probtune.cli import main
+
+    assert main(["tune", "--database", str(tmp_path / "t.db"), *argv]) == 2
+    out, err = capsys.readouterr()
+    assert message in err and "tuning" not in out
+    assert not (tmp_path / "t.db").exists()
+
+
+def test_cli_refuses_a_non_positive_trial_count(capsys):
+    from probtune.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["tune", "--trials", "0"])
+    assert "must be a positive integer, got 0" in capsys.readouterr().err

@@ -51,16 +51,20 @@ def _numpy_seconds(workload, repeat: int = 10) -> float | None:  # type: ignore[
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     from probtune import tune
+    from probtune.plugins import get_registry
+    from probtune.targets import resolve_target
+    from probtune.workload import resolve_workload
 
+    # resolved before the header, so that a refused run shows only its error
+    target = resolve_target(args.target)
+    work = resolve_workload(args.workload, args.shape, args.dtype, get_registry().workloads)
     search = "random search" if args.strategy == "random" else f"evolutionary search, cost model {args.cost_model}"
-    print(f"tuning {args.workload} on target {args.target}: {args.trials} trials ({search}), "
+    print(f"tuning {work.key} on target {target.name}: {args.trials} trials ({search}), "
           f"database {args.database}", flush=True)
     result = tune(
-        args.workload,
-        target=args.target,
+        work,
+        target=target,
         trials=args.trials,
-        shape=args.shape,
-        dtype=args.dtype,
         database=args.database,
         seed=args.seed,
         batch_size=args.batch_size,
@@ -69,7 +73,6 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         modules=args.modules.split(",") if args.modules else None,
         progress=_print_progress,
     )
-    work = result.workload
     failed = {k: v for k, v in result.statuses.items() if k != "ok"}
     print(f"\n{work.key} on {result.target.name}: measured {result.measured} candidates in {result.seconds:.1f} s, "
           f"{result.search_seconds:.1f} s of it searching"
@@ -138,6 +141,13 @@ def _cmd_targets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="probtune", description="Automatic tensor-program optimization.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -147,8 +157,8 @@ def _parser() -> argparse.ArgumentParser:
     tune_p.add_argument("--shape", default=None, help="shape parameters, e.g. 512,512,512 (default: the workload's)")
     tune_p.add_argument("--dtype", default="float32")
     tune_p.add_argument("--target", default="host", help="target name (see 'probtune targets')")
-    tune_p.add_argument("--trials", type=int, default=64)
-    tune_p.add_argument("--batch-size", type=int, default=32, help="candidates measured per search round")
+    tune_p.add_argument("--trials", type=_positive_int, default=64)
+    tune_p.add_argument("--batch-size", type=_positive_int, default=32, help="candidates measured per search round")
     tune_p.add_argument("--strategy", default="evolutionary", choices=["evolutionary", "random"])
     tune_p.add_argument("--cost-model", default="xgb", help="cost model of the evolutionary search (xgb, random)")
     tune_p.add_argument("--seed", type=int, default=0)
