@@ -16,14 +16,6 @@ REDUCTION = "reduction"
 OTHER = "other"  # unused by the block's bindings, or bound to opaque/ordered iterators
 
 _CHILD_FIELDS = ("seq", "block", "init", "body", "then_case", "else_case")
-_FIELDS_BY_TYPE: dict[type, tuple[str, ...]] = {}  # which of _CHILD_FIELDS a statement type has
-
-
-def _child_fields(node: tirx.Stmt) -> tuple[str, ...]:
-    fields = _FIELDS_BY_TYPE.get(type(node))
-    if fields is None:
-        fields = _FIELDS_BY_TYPE[type(node)] = tuple(name for name in _CHILD_FIELDS if hasattr(node, name))
-    return fields
 
 
 def iter_stmts(stmt: tirx.Stmt) -> Iterator[tirx.Stmt]:
@@ -33,8 +25,8 @@ def iter_stmts(stmt: tirx.Stmt) -> Iterator[tirx.Stmt]:
         node = stack.pop()
         yield node
         children: list[tirx.Stmt] = []
-        for name in _child_fields(node):
-            child = getattr(node, name)
+        for name in _CHILD_FIELDS:
+            child = getattr(node, name, None)
             if child is None:
                 continue
             if isinstance(child, tirx.Stmt):
