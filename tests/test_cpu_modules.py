@@ -220,6 +220,26 @@ def test_random_compute_location_places_the_partial_sums(host):
     assert_samples_correct(workload, space, host, samples=4)
 
 
+@pytest.mark.parametrize(("name", "shape"), [("softmax", (4, 256)), ("layer_norm", (6, 192))])
+def test_partial_sums_are_vectorized_wherever_they_are_placed(name, shape, host):
+    """At the root (own parallel loop) or inside the loop that sums them (loops rebuilt reduction-innermost)."""
+    workload = catalog_workload(name, shape)
+    space = generate_space(workload, host)
+    placements = set()
+    for candidate in RandomSearch(space, Rng(3)).next_batch(12):
+        func = candidate.mod["main"]
+        for block in [n for n in block_names(func) if n.endswith("_rf_update")]:
+            if allocated_shape(func, block.replace("_rf_update", ".rf"))[-1] == 1:
+                continue  # an inner factor of 1: nothing to vectorize
+            (innermost,) = [s for s in iter_stmts(func.body) if isinstance(s, tirx.For)
+                            and isinstance(s.body, s_tir.SBlockRealize) and s.body.block.name_hint == block]
+            if int(innermost.extent) == 1:
+                continue  # placed inside the loop over the partials: one partial per iteration
+            assert innermost.kind == tirx.ForKind.VECTORIZED, f"{block} of {candidate.trace.decisions}"
+            placements.add(bool(loop_mates(func, block) - {block.replace("_update", "_init")}))
+    assert placements == {True, False}, "the samples did not place partial sums both at the root and inside"
+
+
 # ---------------------------------------------------------------- the modules together
 
 

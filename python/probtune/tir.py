@@ -7,7 +7,7 @@ from typing import Iterator
 from tvm import s_tir, tirx
 
 __all__ = [
-    "iter_stmts", "block_names", "sblock_names", "find_realize", "realize_of", "loop_kinds", "at_root",
+    "iter_stmts", "block_names", "sblock_names", "find_realize", "realize_of", "loop_kinds", "at_root", "contiguous_along",
     "SPATIAL", "REDUCTION", "OTHER",
 ]
 
@@ -93,3 +93,20 @@ def at_root(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
         return False
     parent = sch.get_sref(loops[0]).parent
     return parent is not None and isinstance(parent.stmt, s_tir.SBlock)
+
+
+def contiguous_along(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loop: s_tir.schedule.LoopRV) -> bool:
+    """Whether every buffer the block accesses is indexed by ``loop`` in its last dimension only, if at all."""
+    sblock = sch.get(block)
+    loop_var = sch.get(loop).loop_var
+    realize = realize_of(sch, block)
+    bound = {
+        iv.var
+        for iv, value in zip(sblock.iter_vars, realize.iter_values)
+        if any(v.same_as(loop_var) for v in tirx.analysis.undefined_vars(value))
+    }
+    for region in [*sblock.reads, *sblock.writes]:
+        for dim in region.region[:-1]:
+            if any(any(v.same_as(b) for b in bound) for v in tirx.analysis.undefined_vars(dim.min)):
+                return False
+    return True

@@ -14,12 +14,13 @@ from probtune_cpu.parallel_vectorize import (
     ParallelVectorize,
     RewriteParallelVectorizeUnroll,
     RewriteReductionBlock,
+    RewriteSpatialInnermost,
 )
 from probtune_cpu.polynomial_exp import RewriteExpPolynomial
 from probtune_cpu.random_compute_location import RandomComputeLocation
 from probtune_cpu.validators import VerifyParallel, VerifyStaticLoops, VerifyUnrollSize, VerifyVectorize
 
-__all__ = ["AutoInline", "AddRFactor", "RandomComputeLocation", "MultiLevelTiling", "ParallelVectorize", "AutoUnroll", "RewriteParallelVectorizeUnroll", "RewriteReductionBlock", "RewriteExpPolynomial"]
+__all__ = ["AutoInline", "AddRFactor", "RandomComputeLocation", "MultiLevelTiling", "ParallelVectorize", "AutoUnroll", "RewriteParallelVectorizeUnroll", "RewriteReductionBlock", "RewriteSpatialInnermost", "RewriteExpPolynomial"]
 
 
 @hookimpl
@@ -36,6 +37,7 @@ def probtune_register_space_modules(register: Callable[[Any], None]) -> None:
 def probtune_register_validators(register: Callable[[Any], None]) -> None:
     register(RewriteParallelVectorizeUnroll())
     register(RewriteReductionBlock())
+    register(RewriteSpatialInnermost())
     register(RewriteExpPolynomial())
     register(RewriteWriteBackLocation())
     register(VerifyStaticLoops())

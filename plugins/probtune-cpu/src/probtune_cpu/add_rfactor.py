@@ -45,6 +45,7 @@ from probtune import SpaceContext
 from probtune.schedule import BlockRV, ExprRV, Schedule
 from probtune.tir import REDUCTION, SPATIAL, loop_kinds
 
+from probtune_cpu.parallel_vectorize import PARALLEL_KEY, VECTORIZE_KEY
 from probtune_cpu.random_compute_location import PLACE_PRODUCERS_KEY, owns_untiled_nest
 
 __all__ = ["AddRFactor"]
@@ -88,8 +89,14 @@ class AddRFactor:
             _rfactor_inner(raw.copy(), block_rv, kinds, lambda _: [None, 1])
         except RuntimeError:  # TVM does not recognise the reducer
             return
-        _rfactor_inner(sch, block, kinds, lambda loop: sch.sample_perfect_tile(loop, 2, self.max_innermost_factor))
+        partials = _rfactor_inner(
+            sch, block, kinds, lambda loop: sch.sample_perfect_tile(loop, 2, self.max_innermost_factor)
+        )
         sch.annotate(block, PLACE_PRODUCERS_KEY, 1)
+        # the modules never visit the new block: ask for its parallel loop and vectors here (dropped
+        # by the rewrite if it is placed inside its consumer's parallel loop nest)
+        sch.annotate(partials, PARALLEL_KEY, self.max_jobs_per_core * ctx.target.num_cores)
+        sch.annotate(partials, VECTORIZE_KEY, ctx.target.vector_width)
 
     def _kinds_if_wanted(
         self, raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV, ctx: SpaceContext

@@ -23,7 +23,7 @@ from tvm import ir, s_tir, tirx
 from probtune import SpaceContext
 from probtune.schedule import BlockRV, LoopRV, Schedule
 from probtune.errors import last_line
-from probtune.tir import REDUCTION, SPATIAL, at_root, loop_kinds, realize_of, sblock_names
+from probtune.tir import REDUCTION, SPATIAL, at_root, contiguous_along, loop_kinds, sblock_names
 
 from probtune_cpu.parallel_vectorize import PARALLEL_KEY, UNROLL_KEY, VECTORIZE_KEY
 
@@ -62,23 +62,6 @@ def _has_elementwise_consumer(sch: s_tir.Schedule, block: s_tir.schedule.SBlockR
         and _is_point_access(producer.writes[0], spatial)
         and all(_is_point_access(r, list(consumer.iter_vars)) for r in reads)
     )
-
-
-def _contiguous_along(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loop: s_tir.schedule.LoopRV) -> bool:
-    """Whether every buffer the block accesses is indexed by ``loop`` in its last dimension only, if at all."""
-    sblock = sch.get(block)
-    loop_var = sch.get(loop).loop_var
-    realize = realize_of(sch, block)
-    bound = {
-        iv.var
-        for iv, value in zip(sblock.iter_vars, realize.iter_values)
-        if any(v.same_as(loop_var) for v in tirx.analysis.undefined_vars(value))
-    }
-    for region in [*sblock.reads, *sblock.writes]:
-        for dim in region.region[:-1]:
-            if any(any(v.same_as(b) for b in bound) for v in tirx.analysis.undefined_vars(dim.min)):
-                return False
-    return True
 
 
 def _writes_output(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
@@ -165,7 +148,7 @@ class MultiLevelTiling:
         extent = sch.loop_extent(spatial[-1])
         if extent is None or extent % lanes != 0 or extent <= lanes:
             return None
-        return spatial[-1] if _contiguous_along(sch.tvm, sch.resolve(block), sch.resolve(spatial[-1])) else None
+        return spatial[-1] if contiguous_along(sch.tvm, sch.resolve(block), sch.resolve(spatial[-1])) else None
 
     @staticmethod
     def _write_back_per_tile(sch: Schedule, block: BlockRV, depths: list[int]) -> None:

@@ -18,13 +18,14 @@ from tvm import s_tir
 from probtune import SpaceContext
 from probtune.schedule import BlockRV, Schedule
 from probtune.errors import last_line
-from probtune.tir import REDUCTION, SPATIAL, at_root, iter_stmts, loop_kinds, sblock_names
+from probtune.tir import REDUCTION, SPATIAL, at_root, contiguous_along, iter_stmts, loop_kinds, sblock_names
 
 __all__ = [
     "ParallelVectorize",
     "AutoUnroll",
     "RewriteParallelVectorizeUnroll",
     "RewriteReductionBlock",
+    "RewriteSpatialInnermost",
     "PARALLEL_KEY",
     "VECTORIZE_KEY",
     "UNROLL_KEY",
@@ -136,6 +137,42 @@ class RewriteParallelVectorizeUnroll:
         if wanted.get(UNROLL_KEY):
             sch.annotate(outer, "pragma_auto_unroll_max_step", wanted[UNROLL_KEY])
             sch.annotate(outer, "pragma_unroll_explicit", 1)
+
+
+@dataclass(frozen=True)
+class RewriteSpatialInnermost:
+    """Move a contiguous spatial loop innermost in a loop nest that ends in a reduction loop.
+
+    A reduction loop cannot be vectorized. ``compute_at`` rebuilds a block's
+    loops in the order of its iterators, which for an rfactor block (whose
+    partial-result axis comes first) puts the reduction innermost and walks
+    the input with a stride; with the partial-result axis innermost instead,
+    every access is contiguous and the loop is vectorized. Only the loops
+    that hold this block alone are reordered. Must run before
+    ``rewrite-parallel-vectorize-unroll``.
+    """
+
+    name: str = "rewrite-spatial-innermost"
+
+    def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
+        for name in sblock_names(sch):
+            block = sch.get_sblock(name)
+            own = [loop for loop in sch.get_loops(block) if len(sch.get_child_blocks(loop)) == 1]
+            if len(own) < 2:
+                continue
+            kinds = loop_kinds(sch, block, own)
+            if kinds[-1] != REDUCTION or set(kinds) - {SPATIAL, REDUCTION}:
+                continue
+            contiguous = [
+                loop for loop, kind in zip(own, kinds) if kind == SPATIAL and contiguous_along(sch, block, loop)
+            ]
+            if contiguous:
+                innermost = contiguous[-1]
+                try:
+                    sch.reorder(*[loop for loop in own if loop is not innermost], innermost)
+                except RuntimeError as exc:  # TVM schedule errors
+                    return f"block {name}: {last_line(exc)}"
+        return None
 
 
 @dataclass(frozen=True)
