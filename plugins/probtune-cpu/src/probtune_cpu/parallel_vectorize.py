@@ -157,7 +157,10 @@ class RewriteSpatialInnermost:
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
         for name in sblock_names(sch):
             block = sch.get_sblock(name)
-            own = [loop for loop in sch.get_loops(block) if len(sch.get_child_blocks(loop)) == 1]
+            loops = sch.get_loops(block)
+            if not loops or loop_kinds(sch, block, loops[-1:]) != [REDUCTION]:
+                continue
+            own = [loop for loop in loops if len(sch.get_child_blocks(loop)) == 1]
             if len(own) < 2:
                 continue
             kinds = loop_kinds(sch, block, own)
