@@ -53,6 +53,21 @@ def test_polynomial_exp_is_within_two_ulp_and_keeps_the_special_values(host, lan
     assert got[inputs == -1000.0][0] == 0.0 and got[inputs == -np.inf][0] == 0.0
 
 
+def test_rewrite_reaches_exp_under_casts_and_selects(host):
+    x = te.placeholder((64,), "float32", name="x")
+    y = te.compute(
+        (64,), lambda i: tvm.tirx.Select(x[i] > 0, te.exp(x[i]).astype("float64"), tvm.tirx.const(-1.0, "float64")),
+        name="y",
+    )
+    sch = s_tir.Schedule(te.create_prim_func([x, y]))
+    assert RewriteExpPolynomial().check(sch, None) is None
+    assert "T.exp(" not in sch.mod.script()
+    inputs = np.linspace(-3, 3, 64).astype(np.float32)
+    (got,) = run_module(tvm.compile(sch.mod, target=tvm.target.Target(host.tvm_target)),
+                        [inputs, np.zeros(64, np.float64)])[1:]
+    np.testing.assert_allclose(got, np.where(inputs > 0, np.exp(inputs.astype(np.float64)), -1.0), rtol=3e-7)
+
+
 def test_rewrite_leaves_float64_exp_and_exp_free_blocks_alone():
     for func in (_exp_function(16, "float64"), CATALOG["matmul"].instantiate((8, 8, 8)).prim_func):
         sch = s_tir.Schedule(func)
