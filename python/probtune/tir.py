@@ -7,7 +7,7 @@ from typing import Iterator
 from tvm import s_tir, tirx
 
 __all__ = [
-    "iter_stmts", "block_names", "sblock_names", "find_realize", "realize_of", "loop_kinds", "at_root", "contiguous_along",
+    "iter_stmts", "child_stmts", "block_names", "sblock_names", "find_realize", "realize_of", "loop_kinds", "at_root", "contiguous_along",
     "SPATIAL", "REDUCTION", "OTHER",
 ]
 
@@ -18,22 +18,27 @@ OTHER = "other"  # unused by the block's bindings, or bound to opaque/ordered it
 _CHILD_FIELDS = ("seq", "block", "init", "body", "then_case", "else_case")
 
 
+def child_stmts(stmt: tirx.Stmt) -> list[tirx.Stmt]:
+    """The statements directly under ``stmt``, in program order."""
+    children: list[tirx.Stmt] = []
+    for name in _CHILD_FIELDS:
+        child = getattr(stmt, name, None)
+        if child is None:
+            continue
+        if isinstance(child, tirx.Stmt):
+            children.append(child)
+        elif not isinstance(child, tirx.Expr):  # an Array of statements
+            children.extend(c for c in child if isinstance(c, tirx.Stmt))
+    return children
+
+
 def iter_stmts(stmt: tirx.Stmt) -> Iterator[tirx.Stmt]:
     """All statements under ``stmt``, parents before children, in program order."""
     stack = [stmt]
     while stack:
         node = stack.pop()
         yield node
-        children: list[tirx.Stmt] = []
-        for name in _CHILD_FIELDS:
-            child = getattr(node, name, None)
-            if child is None:
-                continue
-            if isinstance(child, tirx.Stmt):
-                children.append(child)
-            elif not isinstance(child, tirx.Expr):  # an Array of statements
-                children.extend(c for c in child if isinstance(c, tirx.Stmt))
-        stack.extend(reversed(children))
+        stack.extend(reversed(child_stmts(node)))
 
 
 def block_names(func: tirx.PrimFunc) -> list[str]:

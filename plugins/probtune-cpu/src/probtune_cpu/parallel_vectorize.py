@@ -158,13 +158,12 @@ class RewriteSpatialInnermost:
         for name in sblock_names(sch):
             block = sch.get_sblock(name)
             loops = sch.get_loops(block)
-            if not loops or loop_kinds(sch, block, loops[-1:]) != [REDUCTION]:
+            kinds = loop_kinds(sch, block, loops)
+            if not loops or kinds[-1] != REDUCTION:
                 continue
-            own = [loop for loop in loops if len(sch.get_child_blocks(loop)) == 1]
-            if len(own) < 2:
-                continue
-            kinds = loop_kinds(sch, block, own)
-            if kinds[-1] != REDUCTION or set(kinds) - {SPATIAL, REDUCTION}:
+            own = [loop for loop in loops if len(sch.get_child_blocks(loop)) == 1]  # a suffix of ``loops``
+            kinds = kinds[len(loops) - len(own) :]
+            if len(own) < 2 or set(kinds) - {SPATIAL, REDUCTION}:
                 continue
             contiguous = [
                 loop for loop, kind in zip(own, kinds) if kind == SPATIAL and contiguous_along(sch, block, loop)

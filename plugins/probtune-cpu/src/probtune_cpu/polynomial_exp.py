@@ -91,7 +91,8 @@ class RewriteExpPolynomial:
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
         for name in sblock_names(sch):
-            block = sch.get(sch.get_sblock(name))
+            block_rv = sch.get_sblock(name)
+            block = sch.get(block_rv)
             store = block.body
             if not isinstance(store, tirx.BufferStore):
                 continue
@@ -103,6 +104,5 @@ class RewriteExpPolynomial:
                 tirx.BufferStore(store.buffer, value, store.indices),
                 block.init, block.alloc_buffers, block.match_buffers, block.annotations,
             )
-            sref = sch.get_sref(sch.get_sblock(name))
-            sch.state.replace(sref, new_block, {block: new_block})
+            sch.state.replace(sch.get_sref(block_rv), new_block, {block: new_block})
         return None

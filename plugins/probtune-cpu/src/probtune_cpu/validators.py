@@ -13,7 +13,7 @@ from typing import Iterator
 from tvm import s_tir, tirx
 
 from probtune import SpaceContext
-from probtune.tir import iter_stmts
+from probtune.tir import child_stmts, iter_stmts
 
 from probtune_cpu.parallel_vectorize import MAX_VECTORS_PER_LOOP
 
@@ -152,21 +152,10 @@ def _unroll(stmt: tirx.Stmt, max_step: int, lanes: int, vector_width: int) -> tu
         )
         return (steps * extent, False, ops * extent) if unrolled else (steps, True, ops)
     steps, rolled_inside, ops = 0, False, 0
-    for child in _children(stmt):
+    for child in child_stmts(stmt):
         child_steps, child_rolled, child_ops = _unroll(child, max_step, lanes, vector_width)
         steps, rolled_inside, ops = steps + child_steps, rolled_inside or child_rolled, ops + child_ops
     return steps, rolled_inside, ops
-
-
-def _children(stmt: tirx.Stmt) -> list[tirx.Stmt]:
-    children: list[tirx.Stmt] = []
-    for field in ("seq", "block", "init", "body", "then_case", "else_case"):
-        child = getattr(stmt, field, None)
-        if isinstance(child, tirx.Stmt):
-            children.append(child)
-        elif child is not None and not isinstance(child, tirx.Expr):
-            children.extend(c for c in child if isinstance(c, tirx.Stmt))
-    return children
 
 
 @dataclass(frozen=True)
