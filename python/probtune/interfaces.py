@@ -117,6 +117,10 @@ class CostModel(Protocol):
     (this is what lets records of other workloads help on a new one).
     ``save``/``load`` carry the whole state, training samples included, so a
     model stored in the database continues where it stopped.
+
+    Optional: a ``program_features`` attribute, a picklable function of one
+    program giving what ``featurize`` gives for it, lets the evolutionary
+    search featurize in its helper processes (see :mod:`probtune.realize`).
     """
 
     name: str

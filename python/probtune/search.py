@@ -18,6 +18,7 @@ import tvm_ffi
 from probtune._core import DecisionSet, InvalidDecisionError, Rng, Trace, evolve
 from probtune.errors import ReplayError
 from probtune.interfaces import CostModel, Mutator
+from probtune.realize import Realized, Realizer
 from probtune.space import Candidate, DesignSpace
 
 __all__ = ["SearchStrategy", "RandomSearch", "EvolutionarySearch", "INIT_MEASURED"]
@@ -34,6 +35,10 @@ class SearchStrategy(Protocol):
 
     def observe(self, results: Sequence[tuple[Candidate, float | None]]) -> None:
         """The measured latency of each candidate of a batch (None: it failed)."""
+        ...
+
+    def close(self) -> None:
+        """Stop whatever the search started (helper processes); it is not used afterwards."""
         ...
 
 
@@ -82,6 +87,9 @@ class RandomSearch:
     def observe(self, results: Sequence[tuple[Candidate, float | None]]) -> None:
         """Random search learns nothing."""
 
+    def close(self) -> None:
+        """Nothing to stop."""
+
 
 @dataclass(frozen=True)
 class _Scored:
@@ -104,7 +112,9 @@ class EvolutionarySearch:
 
     Features of every scored decision set are kept (not the programs), so a
     trace met again is scored without replaying it, and a measured one is
-    learned from without featurizing it again.
+    learned from without featurizing it again. Candidates are realized by a
+    :class:`~probtune.realize.Realizer` that shares the work with
+    ``realize_workers`` helper processes; :meth:`close` stops them.
     """
 
     def __init__(
@@ -125,6 +135,7 @@ class EvolutionarySearch:
         mutate_prob: float = 0.85,
         eps_greedy: float = 0.05,
         max_cached: int = 16384,
+        realize_workers: int = 0,
     ) -> None:
         self.space = space
         self.rng = rng
@@ -150,13 +161,14 @@ class EvolutionarySearch:
             if getattr(m, "core_mutator", None) is None
         }
         self._scored: OrderedDict[int, _Scored | None] = OrderedDict()  # decision hash -> None: invalid
-        self._programs: dict[int, Candidate] = {}  # this batch's realized programs, by decision hash
+        self._realized: dict[int, Realized] = {}  # this batch's valid candidates not yet scored or chosen
+        self._realizer = Realizer(space, model, realize_workers)
 
     def next_batch(self, size: int) -> list[Candidate]:
         if self.model.num_samples == 0:
             return self._random.next_batch(size)
         initial = [trace for trace, _ in self._measured]
-        initial += [c.trace for c in self._fresh_samples(self.init_samples)]
+        initial += self._fresh_samples(self.init_samples)
         chosen = evolve(
             initial,
             self._score,
@@ -172,12 +184,12 @@ class EvolutionarySearch:
         )
         batch = []
         for trace in chosen:
-            candidate = self._programs.get(trace.decision_hash()) or self._realize(trace)
+            candidate = self._candidate(trace)
             if candidate is None or candidate.program_hash in self.seen_programs:
                 continue
             self.seen_programs.add(candidate.program_hash)
             batch.append(candidate)
-        self._programs.clear()
+        self._realized.clear()
         return batch
 
     def observe(self, results: Sequence[tuple[Candidate, float | None]]) -> None:
@@ -195,44 +207,60 @@ class EvolutionarySearch:
         self._measured.sort(key=lambda item: item[1])
         del self._measured[self.init_measured :]
 
+    def close(self) -> None:
+        self._realizer.close()
+
     # ---- scoring ---------------------------------------------------------------
-    def _fresh_samples(self, count: int) -> list[Candidate]:
+    def _fresh_samples(self, count: int) -> list[Trace]:
+        """Traces of ``count`` random points of the space (fewer: some are rejected), each from its own generator."""
+        undecided = self.space.trace.with_decisions({})
         samples = []
-        for _ in range(count):
-            candidate = self.space.sample(self.rng)
-            if candidate is not None and candidate.decision_hash not in self._scored:
-                self._programs[candidate.decision_hash] = candidate
-                samples.append(candidate)
+        for outcome in self._realizer.realize([(undecided, self.rng.fork()) for _ in range(count)]):
+            if isinstance(outcome, Realized):
+                key = outcome.trace.decision_hash()
+                if key not in self._scored:
+                    self._realized[key] = outcome
+                    samples.append(outcome.trace)
         return samples
 
-    def _realize(self, trace: Trace) -> Candidate | None:
-        try:
-            sch, rejected = self.space.realize(trace)
-        except (ReplayError, InvalidDecisionError):  # a mutation upstream made a later decision illegal
-            return None
-        if rejected:
-            return None
-        mod = sch.mod
-        return Candidate(trace, mod, trace.decision_hash(), tvm_ffi.structural_hash(mod) & _HASH_MASK)
+    def _candidate(self, trace: Trace) -> Candidate | None:
+        """A chosen trace's program: kept from scoring if it was realized here, else realized again."""
+        key = trace.decision_hash()
+        realized = self._realized.get(key)
+        mod = realized.mod if realized is not None else None
+        if mod is None:  # realized by a helper, or scored in an earlier batch
+            try:
+                sch, rejected = self.space.realize(trace)
+            except (ReplayError, InvalidDecisionError):  # a mutation upstream made a later decision illegal
+                return None
+            if rejected:
+                return None
+            mod = sch.mod
+        return Candidate(trace, mod, key, tvm_ffi.structural_hash(mod) & _HASH_MASK)
 
     def _score(self, traces: list[Trace]) -> list[float | None]:
-        """One batched call from the Rust loop: replay what is new, featurize it, predict everything."""
-        new: list[Candidate] = []
+        """One batched call from the Rust loop: realize what is new (replay, validators, features), predict everything."""
         keys = [trace.decision_hash() for trace in traces]
-        programs_in_call: set[int] = set()
+        new: dict[int, Trace] = {}
         for trace, key in zip(traces, keys):
+            if key not in self._scored and key not in self._realized:
+                new.setdefault(key, trace)
+        for key, outcome in zip(new, self._realizer.realize([(trace, None) for trace in new.values()])):
+            if isinstance(outcome, Realized):
+                self._realized[key] = outcome
+            else:
+                self._remember(key, None)
+        programs_in_call: set[int] = set()
+        for key in keys:
             if key in self._scored:
                 continue
-            candidate = self._programs.get(key) or self._realize(trace)
-            measured_elsewhere = candidate is not None and key not in self.seen and candidate.program_hash in self.seen_programs
-            if candidate is None or measured_elsewhere or candidate.program_hash in programs_in_call:
-                self._remember(key, None)  # invalid, or a program already measured or scored under other decisions
+            program_hash = self._realized[key].program_hash
+            measured_elsewhere = key not in self.seen and program_hash in self.seen_programs
+            if measured_elsewhere or program_hash in programs_in_call:
+                self._remember(key, None)  # a program already measured or scored under other decisions
                 continue
-            programs_in_call.add(candidate.program_hash)
-            self._programs[key] = candidate
-            new.append(candidate)
-        for candidate, features in zip(new, self.model.featurize([c.mod for c in new])):
-            self._remember(candidate.decision_hash, _Scored(candidate.program_hash, features))
+            programs_in_call.add(program_hash)
+            self._remember(key, _Scored(program_hash, self._realized[key].features))
         valid = [i for i, key in enumerate(keys) if self._scored.get(key) is not None]
         scores: list[float | None] = [None] * len(traces)
         if valid:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import tempfile
 import time
 import warnings
@@ -146,11 +148,13 @@ def tune(
     started = time.perf_counter()
     rng = Rng(seed)
     space = generate_space(work, spec, modules=modules, seed=seed)
-    with tempfile.TemporaryDirectory(prefix="probtune-") as scratch:
+    with contextlib.ExitStack() as stack:
+        scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="probtune-"))
         db_path = Path(database) if database is not None else Path(scratch) / "tuning.db"
         with Database(db_path) as db:
             workload_id = db.commit_workload(work.key, work.mod)
             search = _make_search(model, search_options or {}, db, workload_id, work, spec, space, rng.fork())
+            stack.callback(search.close)
             reference = prepare_reference(work, scratch, seed=seed)
             statuses: Counter[str] = Counter()
             best = db.best(workload_id, spec.name)
@@ -257,7 +261,13 @@ def _make_search(
         for record in db.best(workload_id, spec.name, k=options.get("init_measured", INIT_MEASURED))
     ]
     mutators = list(get_registry().mutators.values())
+    options = {"realize_workers": _spare_cores(), **options}
     return EvolutionarySearch(space, rng, model, mutators, group=work.key, measured=measured, **seen, **options)
+
+
+def _spare_cores() -> int:
+    """Helpers that realize candidates beside the tuning process: one per other core, at most three (each holds TVM)."""
+    return max(0, min(len(os.sched_getaffinity(0)) - 1, 3))
 
 
 def _measure(

@@ -11,10 +11,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
 from typing import Any
 
-__all__ = ["READY", "WorkerProcess", "WorkerStartError", "describe_exit"]
+__all__ = ["READY", "WorkerProcess", "WorkerStartError", "describe_exit", "serve"]
 
 READY = "ready"
 """First message of every child: its imports are done and it takes tasks."""
@@ -74,3 +75,21 @@ def describe_exit(exitcode: int | None) -> str:
         except ValueError:
             return f"signal {-exitcode}"
     return f"exit code {exitcode}"
+
+
+def serve(connection: Connection, handle: Callable[[Any], Any]) -> None:
+    """A child's loop: say it is ready, then answer each task with ``handle(task)`` until the parent goes away."""
+    connection.send(READY)
+    for task in _tasks(connection):
+        try:
+            connection.send(handle(task))
+        except (BrokenPipeError, ConnectionResetError):  # the parent is gone
+            return
+
+
+def _tasks(connection: Connection) -> Iterator[Any]:
+    while True:
+        try:
+            yield connection.recv()
+        except EOFError:  # the parent is gone
+            return

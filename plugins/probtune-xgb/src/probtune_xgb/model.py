@@ -76,6 +76,7 @@ class XGBCostModel:
     """
 
     name = "xgb"
+    program_features = staticmethod(program_features)  # lets the search featurize in its helper processes
 
     def __init__(
         self,
@@ -113,7 +114,7 @@ class XGBCostModel:
         return len(self._latencies)
 
     def featurize(self, programs: Sequence[tvm.IRModule]) -> list[np.ndarray]:
-        return [program_features(program) for program in programs]
+        return [self.program_features(program) for program in programs]
 
     def update(
         self, features: Sequence[np.ndarray], latencies: Sequence[float | None], groups: Sequence[str]
@@ -267,8 +268,12 @@ class RandomCostModel:
     def num_samples(self) -> int:
         return self._num_samples
 
+    @staticmethod
+    def program_features(program: tvm.IRModule) -> np.ndarray:
+        return np.zeros(0, dtype=np.float32)  # scores ignore programs
+
     def featurize(self, programs: Sequence[tvm.IRModule]) -> list[np.ndarray]:
-        return [np.zeros(0, dtype=np.float32) for _ in programs]
+        return [self.program_features(program) for program in programs]
 
     def update(
         self, features: Sequence[np.ndarray], latencies: Sequence[float | None], groups: Sequence[str]

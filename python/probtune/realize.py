@@ -1,0 +1,228 @@
+"""Realize candidates on every core: replay, validators, program hash and features.
+
+Realizing is most of a search's own time and runs in Python under the GIL, so
+the tuning process hands a share of each batch to helper processes and does
+its own share meanwhile. A candidate's outcome depends only on its trace and
+the generator its missing decisions are drawn from, so the search is the same
+whatever the number of helpers, none included.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import warnings
+import weakref
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import tvm
+import tvm_ffi
+
+from probtune._core import InvalidDecisionError, Rng, Trace
+from probtune.errors import ReplayError
+from probtune.interfaces import CostModel, SpaceContext, TargetSpec, Validator
+from probtune.measure._process import WorkerProcess, WorkerStartError, serve
+from probtune.space import DesignSpace
+from probtune.workload import Workload
+
+__all__ = ["Realized", "Rejected", "Realizer", "REPLAY_FAILED"]
+
+_HASH_MASK = 2**64 - 1
+_STARTUP_TIMEOUT = 120.0  # importing TVM takes about a second; minutes mean something is broken
+REPLAY_FAILED = "replay"
+"""What ``Rejected.by`` says when the trace itself cannot be replayed (a mutation made a later decision illegal)."""
+
+ProgramFeatures = Callable[[tvm.IRModule], np.ndarray]
+Job = tuple[Trace, "Rng | None"]  # a trace, and the generator for its missing decisions (None: all decided)
+
+
+@dataclass(frozen=True)
+class Realized:
+    """A valid candidate: its fully decided trace, program hash and features (and program, if realized here)."""
+
+    trace: Trace
+    program_hash: int
+    features: np.ndarray
+    mod: tvm.IRModule | None = None
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A candidate dropped before measurement: ``by`` names the validator, or is ``REPLAY_FAILED``."""
+
+    by: str
+
+
+Outcome = Realized | Rejected
+
+
+def realize_in_process(
+    space: DesignSpace, jobs: Sequence[Job], featurize: Callable[[list[tvm.IRModule]], list[np.ndarray]]
+) -> list[Outcome]:
+    """Realize ``jobs`` here, featurizing the valid programs in one ``featurize`` call."""
+    outcomes: list[Outcome | tvm.IRModule] = []
+    for trace, rng in jobs:
+        try:
+            sch, rejected = space.realize(trace, 0 if rng is None else rng)
+        except (ReplayError, InvalidDecisionError):
+            space.rejections[REPLAY_FAILED] += 1
+            outcomes.append(Rejected(REPLAY_FAILED))
+            continue
+        outcomes.append(Rejected(rejected.split(":", 1)[0]) if rejected else sch)
+    valid = [i for i, outcome in enumerate(outcomes) if not isinstance(outcome, Rejected)]
+    mods = [outcomes[i].mod for i in valid]  # type: ignore[union-attr]
+    for i, mod, features in zip(valid, mods, featurize(mods)):
+        sch = outcomes[i]
+        outcomes[i] = Realized(sch.trace, tvm_ffi.structural_hash(mod) & _HASH_MASK, features, mod)  # type: ignore[union-attr]
+    return outcomes  # type: ignore[return-value]
+
+
+class Realizer:
+    """Realizes batches of jobs, sharing them between this process and ``workers`` helpers.
+
+    Helpers need the cost model's ``program_features`` (a picklable function of
+    one program) and validators that pickle; without them, or with
+    ``workers=0``, everything is realized here. Helpers start at once (they
+    import TVM while the first batch is measured) and are killed by
+    :meth:`close`. A helper that dies is reported once and its share is
+    realized here from then on.
+    """
+
+    def __init__(self, space: DesignSpace, model: CostModel, workers: int = 0) -> None:
+        if workers < 0:
+            raise ValueError(f"workers must not be negative, got {workers}")
+        self.space = space
+        self.model = model
+        self._helpers: list[WorkerProcess] = []
+        self._ready = False
+        program_features: ProgramFeatures | None = getattr(model, "program_features", None)
+        if workers and program_features is not None:
+            setup = _HelperSetup.of(space, program_features)
+            if setup is not None:
+                self._helpers = [
+                    WorkerProcess(_helper_main, (setup,), name=f"probtune realize helper {i}") for i in range(workers)
+                ]
+        self._finalizer = weakref.finalize(self, _kill_all, self._helpers)
+
+    @property
+    def workers(self) -> int:
+        return len(self._helpers)
+
+    def realize(self, jobs: Sequence[Job]) -> list[Outcome]:
+        """One outcome per job, in order."""
+        if not self._helpers or len(jobs) < 2:
+            return self._realize_here(list(jobs))
+        if not self._ready:
+            self._wait_ready()
+        helpers = list(self._helpers)
+        per_share = -(-len(jobs) // (len(helpers) + 1))
+        chunks = [list(jobs[i * per_share : (i + 1) * per_share]) for i in range(len(helpers) + 1)]
+        sent = [bool(chunk) and self._send(helper, chunk) for helper, chunk in zip(helpers, chunks[1:])]
+        outcomes = self._realize_here(chunks[0])  # while the helpers realize theirs
+        for helper, chunk, was_sent in zip(helpers, chunks[1:], sent):
+            outcomes += self._receive(helper, chunk) if was_sent else self._realize_here(chunk)
+        return outcomes
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def _wait_ready(self) -> None:
+        for helper in list(self._helpers):
+            try:
+                helper.wait_ready(_STARTUP_TIMEOUT)
+            except WorkerStartError as exc:
+                self._drop(helper, f"did not start ({exc})")
+        self._ready = True
+
+    def _send(self, helper: WorkerProcess, chunk: list[Job]) -> bool:
+        try:
+            helper.connection.send(chunk)
+        except OSError:  # a broken pipe: the helper is gone
+            self._drop(helper, f"died ({helper.kill()})")
+            return False
+        return True
+
+    def _receive(self, helper: WorkerProcess, chunk: list[Job]) -> list[Outcome]:
+        try:
+            reply = helper.connection.recv()
+        except (EOFError, OSError):
+            self._drop(helper, f"died ({helper.kill()})")
+            return self._realize_here(chunk)
+        if isinstance(reply, _HelperError):
+            self._drop(helper, f"failed: {reply.message}")
+            return self._realize_here(chunk)
+        for outcome in reply:
+            if isinstance(outcome, Rejected):
+                self.space.rejections[outcome.by] += 1
+        return reply
+
+    def _realize_here(self, chunk: list[Job]) -> list[Outcome]:
+        return realize_in_process(self.space, chunk, self.model.featurize)
+
+    def _drop(self, helper: WorkerProcess, why: str) -> None:
+        warnings.warn(f"{helper.name} {why}; its share of candidates is realized in the tuning process", stacklevel=4)
+        helper.kill()
+        self._helpers.remove(helper)
+
+
+@dataclass(frozen=True)
+class _HelperSetup:
+    """What a helper needs to realize candidates as the tuning process would (TVM objects as JSON)."""
+
+    workload: dict[str, Any]
+    mod_json: str
+    context_options: dict[str, Any]
+    target: TargetSpec
+    trace: Trace
+    validators: list[Validator]
+    program_features: ProgramFeatures
+
+    @classmethod
+    def of(cls, space: DesignSpace, program_features: ProgramFeatures) -> _HelperSetup | None:
+        """The setup, or None if a piece of it does not pickle (a validator defined inside a function, say)."""
+        context, work = space.context, space.workload
+        setup = cls(
+            {"name": work.name, "shape": work.shape, "dtype": work.dtype, "num_inputs": work.num_inputs, "flops": work.flops},
+            tvm.ir.save_json(work.mod),
+            dict(context.options),
+            context.target,
+            space.trace,
+            list(space.validators),
+            program_features,
+        )
+        try:
+            pickle.dumps(setup)
+        except Exception:  # noqa: BLE001 - any pickling failure means: realize in this process
+            return None
+        return setup
+
+
+@dataclass(frozen=True)
+class _HelperError:
+    message: str
+
+
+def _helper_main(connection: Connection, setup: _HelperSetup) -> None:
+    """Realize job lists until the parent goes away; a Python error is reported, not fatal to the search."""
+    os.setpgrp()
+    work = Workload(mod=tvm.ir.load_json(setup.mod_json), reference=None, **setup.workload)
+    context = SpaceContext(workload=work, target=setup.target, options=setup.context_options)
+    space = DesignSpace(context, setup.trace, [], setup.validators)
+
+    def handle(jobs: list[Job]) -> list[Outcome] | _HelperError:
+        try:
+            outcomes = realize_in_process(space, jobs, lambda mods: [setup.program_features(m) for m in mods])
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which realizes the share itself
+            return _HelperError(f"{type(exc).__name__}: {exc}")
+        return [o if isinstance(o, Rejected) else Realized(o.trace, o.program_hash, o.features) for o in outcomes]
+
+    serve(connection, handle)
+
+
+def _kill_all(helpers: list[WorkerProcess]) -> None:
+    for helper in helpers:
+        helper.kill()
+    helpers.clear()

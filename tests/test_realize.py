@@ -1,0 +1,140 @@
+"""Realizing candidates in helper processes gives what realizing them here gives."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pytest
+import tvm_ffi
+
+from probtune import Rng
+from probtune.plugins import get_registry
+from probtune.realize import REPLAY_FAILED, Realized, Realizer, Rejected
+from probtune.search import EvolutionarySearch
+from probtune.space import generate_space
+from probtune.workload import resolve_workload
+from probtune_xgb.model import XGBCostModel
+
+_PARENT_PID = "PROBTUNE_TEST_PARENT_PID"
+
+
+@dataclass(frozen=True)
+class RejectByHash:
+    """Rejects about a third of the programs, by their structural hash: some pass, some do not."""
+
+    name: str = "reject-by-hash"
+
+    def check(self, sch, ctx):
+        return "hash" if tvm_ffi.structural_hash(sch.mod) % 3 == 0 else None
+
+
+@dataclass(frozen=True)
+class CrashInHelper:
+    """Kills the process it runs in unless that is the test's own: a candidate that crashes a helper."""
+
+    name: str = "crash-in-helper"
+
+    def check(self, sch, ctx):
+        if str(os.getpid()) != os.environ[_PARENT_PID]:
+            os._exit(3)
+        return None
+
+
+def _space(host, validators=None):
+    workload = resolve_workload("matmul", (64, 64, 64), "float32", get_registry().workloads)
+    return generate_space(workload, host, validators=validators)
+
+
+def _jobs(space, count=12, seed=0):
+    rng = Rng(seed)
+    undecided = space.trace.with_decisions({})
+    return [(undecided, rng.fork()) for _ in range(count)]
+
+
+def _summary(outcomes):
+    return [
+        (o.trace.decision_hash(), o.program_hash, o.features.tobytes()) if isinstance(o, Realized) else o.by
+        for o in outcomes
+    ]
+
+
+def test_helpers_realize_what_this_process_would(host):
+    validators = [*host.validators, RejectByHash()]
+    serial_space, helped_space = _space(host, validators), _space(host, validators)
+    serial = Realizer(serial_space, XGBCostModel(), workers=0).realize(_jobs(serial_space))
+    with_helpers = Realizer(helped_space, XGBCostModel(), workers=1)
+    try:
+        assert with_helpers.workers == 1
+        helped = with_helpers.realize(_jobs(helped_space))
+    finally:
+        with_helpers.close()
+    assert _summary(helped) == _summary(serial)
+    assert {type(o) for o in serial} == {Realized, Rejected}  # both kinds crossed the pipe
+    assert helped_space.rejections == serial_space.rejections
+    assert helped_space.rejections["reject-by-hash"] == sum(isinstance(o, Rejected) for o in serial)
+    # Programs realized here are kept for building; the helper's are not sent back.
+    assert all(o.mod is not None for o in serial if isinstance(o, Realized))
+
+
+def test_a_trace_that_does_not_replay_is_rejected_as_such(host):
+    space = _space(host)
+    sampled = space.sample(Rng(0)).trace
+    tile = next(i for i, inst in enumerate(sampled.instructions) if inst.kind == "sample_perfect_tile")
+    broken = sampled.with_decisions({**sampled.decisions, tile: [3, 3, 3, 3]})
+    outcomes = Realizer(space, XGBCostModel()).realize([(broken, None), (sampled, None)])
+    assert outcomes[0] == Rejected(REPLAY_FAILED)
+    assert isinstance(outcomes[1], Realized) and outcomes[1].trace.decision_hash() == sampled.decision_hash()
+    assert space.rejections[REPLAY_FAILED] == 1
+
+
+def test_a_helper_that_dies_is_reported_and_its_share_realized_here(host, monkeypatch):
+    monkeypatch.setenv(_PARENT_PID, str(os.getpid()))
+    space = _space(host, [*host.validators, CrashInHelper()])
+    realizer = Realizer(space, XGBCostModel(), workers=1)
+    try:
+        with pytest.warns(UserWarning, match="realize helper 0 died"):
+            outcomes = realizer.realize(_jobs(space, count=6))
+        assert realizer.workers == 0
+        assert _summary(outcomes) == _summary(Realizer(space, XGBCostModel()).realize(_jobs(space, count=6)))
+    finally:
+        realizer.close()
+
+
+def test_no_helpers_without_picklable_features_or_validators(host):
+    @dataclass(frozen=True)
+    class LocalValidator:  # defined in a function: does not pickle
+        name: str = "local"
+
+        def check(self, sch, ctx):
+            return None
+
+    class NoProgramFeatures:
+        featurize = XGBCostModel().featurize
+
+    assert Realizer(_space(host, [LocalValidator()]), XGBCostModel(), workers=1).workers == 0
+    assert Realizer(_space(host), NoProgramFeatures(), workers=1).workers == 0
+    with pytest.raises(ValueError, match="workers must not be negative"):
+        Realizer(_space(host), XGBCostModel(), workers=-1)
+
+
+def test_search_is_the_same_with_and_without_helpers(host):
+    runs = []
+    for workers in (0, 1):
+        space = _space(host)
+        search = EvolutionarySearch(
+            space, Rng(5), XGBCostModel(seed=0), list(get_registry().mutators.values()), group="matmul",
+            population_size=24, init_samples=12, generations=2, realize_workers=workers,
+        )
+        try:
+            batches = [search.next_batch(6)]
+            for _ in range(2):
+                search.observe([(c, 1e-3 * (1 + c.program_hash % 7)) for c in batches[-1]])
+                batches.append(search.next_batch(6))
+        finally:
+            search.close()
+        assert all(batches)
+        runs.append(([[c.decision_hash for c in b] for b in batches], dict(space.rejections)))
+        for candidate in batches[-1]:  # chosen programs are finished, whoever realized them
+            assert tvm_ffi.structural_equal(candidate.mod, space.program(candidate.trace))
+    assert runs[0] == runs[1]
