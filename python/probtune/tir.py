@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Iterator
 
+import tvm_ffi
 from tvm import s_tir, tirx
 
 __all__ = [
-    "iter_stmts", "child_stmts", "block_names", "sblock_names", "find_realize", "realize_of", "loop_kinds", "at_root", "contiguous_along",
+    "iter_stmts", "child_stmts", "as_list", "identity", "block_names", "sblock_names", "find_realize", "realize_of", "loop_kinds", "at_root", "contiguous_along",
     "SPATIAL", "REDUCTION", "OTHER",
 ]
 
@@ -16,20 +17,55 @@ REDUCTION = "reduction"
 OTHER = "other"  # unused by the block's bindings, or bound to opaque/ordered iterators
 
 _CHILD_FIELDS = ("seq", "block", "init", "body", "then_case", "else_case")
+_child_fields_by_type: dict[type, tuple[str, ...]] = {}
+
+_get_sblock_realize = tvm_ffi.get_global_func("s_tir.schedule.GetSBlockRealize")  # no Python wrapper in TVM 0.27
+
+
+def _child_fields(stmt: tirx.Stmt) -> tuple[str, ...]:
+    """The ``_CHILD_FIELDS`` that statements of this type have, looked up once per type.
+
+    Asking a TVM object for a field it lacks raises and catches an AttributeError, the
+    slowest step of a walk.
+    """
+    fields = _child_fields_by_type.get(type(stmt))
+    if fields is None:
+        fields = tuple(name for name in _CHILD_FIELDS if hasattr(type(stmt), name))
+        _child_fields_by_type[type(stmt)] = fields
+    return fields
 
 
 def child_stmts(stmt: tirx.Stmt) -> list[tirx.Stmt]:
     """The statements directly under ``stmt``, in program order."""
     children: list[tirx.Stmt] = []
-    for name in _CHILD_FIELDS:
+    for name in _child_fields(stmt):
         child = getattr(stmt, name, None)
         if child is None:
             continue
         if isinstance(child, tirx.Stmt):
             children.append(child)
         elif not isinstance(child, tirx.Expr):  # an Array of statements
-            children.extend(c for c in child if isinstance(c, tirx.Stmt))
+            children.extend(c for c in as_list(child) if isinstance(c, tirx.Stmt))
     return children
+
+
+def as_list(array: tvm_ffi.Array) -> list:
+    """The elements of a TVM Array as a Python list.
+
+    Slicing fetches every element in one comprehension; iterating an Array checks and
+    normalizes each index in Python first, which doubles the cost of short loops.
+    """
+    return array[:]
+
+
+def identity(obj: tvm_ffi.Object) -> int:
+    """A key that is equal for two Python handles of the same TVM object, and only for them (``same_as``).
+
+    The hash of a TVM object is the address of the object it refers to; a key is only
+    meaningful while that object is alive. (TVM expressions cannot go into sets
+    themselves: ``==`` on them builds a comparison expression.)
+    """
+    return hash(obj)
 
 
 def iter_stmts(stmt: tirx.Stmt) -> Iterator[tirx.Stmt]:
@@ -53,14 +89,8 @@ def sblock_names(sch: s_tir.Schedule) -> list[str]:
 
 
 def realize_of(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> s_tir.SBlockRealize:
-    """The statement that binds ``block``'s iterators, found from its parent loop where possible."""
-    sblock = sch.get(block)
-    parent = sch.get_sref(block).parent
-    body = getattr(parent.stmt, "body", None) if parent is not None else None
-    for stmt in ([body] if isinstance(body, s_tir.SBlockRealize) else getattr(body, "seq", None) or ()):
-        if isinstance(stmt, s_tir.SBlockRealize) and stmt.block.same_as(sblock):
-            return stmt
-    return find_realize(sch.mod["main"], sblock.name_hint)
+    """The statement that binds ``block``'s iterators (TVM finds it from the block's parent)."""
+    return _get_sblock_realize(sch, block)
 
 
 def find_realize(func: tirx.PrimFunc, name: str) -> s_tir.SBlockRealize:
@@ -72,16 +102,14 @@ def find_realize(func: tirx.PrimFunc, name: str) -> s_tir.SBlockRealize:
 
 def loop_kinds(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list[s_tir.schedule.LoopRV]) -> list[str]:
     """For each loop, whether it feeds only spatial iterators of ``block``, any reduction one, or neither."""
-    sblock = sch.get(block)
     realize = realize_of(sch, block)
-    uses: list[tuple[set[tirx.Var], int]] = [
-        (set(tirx.analysis.undefined_vars(value)), int(iv.iter_type))
-        for iv, value in zip(sblock.iter_vars, realize.iter_values)
-    ]
+    iter_types_using: dict[int, set[int]] = {}  # identity of a variable -> types of the iterators it feeds
+    for iv, value in zip(as_list(realize.block.iter_vars), as_list(realize.iter_values)):
+        for var in as_list(tirx.analysis.undefined_vars(value)):
+            iter_types_using.setdefault(identity(var), set()).add(int(iv.iter_type))
     kinds = []
     for loop in loops:
-        var = sch.get(loop).loop_var
-        types = {iter_type for used, iter_type in uses if any(v.same_as(var) for v in used)}
+        types = iter_types_using.get(identity(sch.get(loop).loop_var), set())
         if types == {tirx.IterVar.DataPar}:
             kinds.append(SPATIAL)
         elif types and types <= {tirx.IterVar.DataPar, tirx.IterVar.CommReduce}:
@@ -102,16 +130,16 @@ def at_root(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
 
 def contiguous_along(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loop: s_tir.schedule.LoopRV) -> bool:
     """Whether every buffer the block accesses is indexed by ``loop`` in its last dimension only, if at all."""
-    sblock = sch.get(block)
-    loop_var = sch.get(loop).loop_var
+    loop_var_id = identity(sch.get(loop).loop_var)
     realize = realize_of(sch, block)
-    bound = {
-        iv.var
-        for iv, value in zip(sblock.iter_vars, realize.iter_values)
-        if any(v.same_as(loop_var) for v in tirx.analysis.undefined_vars(value))
+    sblock = realize.block
+    bound = {  # identities of the block iterators that ``loop`` feeds
+        identity(iv.var)
+        for iv, value in zip(as_list(sblock.iter_vars), as_list(realize.iter_values))
+        if any(identity(v) == loop_var_id for v in as_list(tirx.analysis.undefined_vars(value)))
     }
-    for region in [*sblock.reads, *sblock.writes]:
+    for region in [*as_list(sblock.reads), *as_list(sblock.writes)]:
         for dim in region.region[:-1]:
-            if any(any(v.same_as(b) for b in bound) for v in tirx.analysis.undefined_vars(dim.min)):
+            if any(identity(v) in bound for v in as_list(tirx.analysis.undefined_vars(dim.min))):
                 return False
     return True

@@ -18,7 +18,7 @@ from tvm import s_tir
 from probtune import SpaceContext
 from probtune.schedule import BlockRV, Schedule
 from probtune.errors import last_line
-from probtune.tir import REDUCTION, SPATIAL, at_root, contiguous_along, iter_stmts, loop_kinds, sblock_names
+from probtune.tir import REDUCTION, SPATIAL, at_root, contiguous_along, loop_kinds, sblock_names
 
 __all__ = [
     "ParallelVectorize",
@@ -74,11 +74,21 @@ def _is_guest(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
     loops = sch.get_loops(block)
     if not loops:
         return False
-    inside = {s.block.name_hint for s in iter_stmts(sch.get(loops[0])) if isinstance(s, s_tir.SBlockRealize)}
+    outermost = sch.get_sref(loops[0])
     return any(
-        sch.get(consumer).name_hint in inside and PARALLEL_KEY in sch.get(consumer).annotations
+        PARALLEL_KEY in sch.get(consumer).annotations and _is_under(sch.get_sref(consumer), outermost)
         for consumer in sch.get_consumers(block)
     )
+
+
+def _is_under(sref: s_tir.StmtSRef, ancestor: s_tir.StmtSRef) -> bool:
+    """Whether ``ancestor`` encloses ``sref``: read from the schedule's tree of srefs, without walking the program."""
+    node = sref.parent
+    while node is not None:
+        if node.same_as(ancestor):
+            return True
+        node = node.parent
+    return False
 
 
 @dataclass(frozen=True)
@@ -109,12 +119,13 @@ class RewriteParallelVectorizeUnroll:
     def _rewrite(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, wanted: dict[str, int]) -> None:
         loops = sch.get_loops(block)
         kinds = loop_kinds(sch, block, loops)
-        extents = [sch.get(loop).extent for loop in loops]
+        fors = [sch.get(loop) for loop in loops]  # as before any rewrite: vectorize changes no loop's body type
+        extents = [f.extent for f in fors]
         if any(not isinstance(e, tvm.tirx.IntImm) for e in extents):
             return
         sizes = [int(e) for e in extents]
         lanes = wanted.get(VECTORIZE_KEY, 0)
-        innermost_holds_only_block = isinstance(sch.get(loops[-1]).body, s_tir.SBlockRealize)
+        innermost_holds_only_block = isinstance(fors[-1].body, s_tir.SBlockRealize)
         if (
             lanes
             and len(loops) > 1
@@ -128,7 +139,7 @@ class RewriteParallelVectorizeUnroll:
         while leading < len(loops) - 1 and kinds[leading] == SPATIAL and jobs < max_jobs:
             jobs *= sizes[leading]
             leading += 1
-            if not isinstance(sch.get(loops[leading - 1]).body, tvm.tirx.For):
+            if not isinstance(fors[leading - 1].body, tvm.tirx.For):
                 break  # fuse needs a perfect nest: a loop holding more than one statement ends the fused prefix
         outer = loops[0]
         if jobs > 1:

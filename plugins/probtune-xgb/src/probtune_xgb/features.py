@@ -71,6 +71,8 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.ir import expr as ir_expr
 
+from probtune.tir import as_list, child_stmts, identity
+
 __all__ = [
     "AUTO_UNROLL_KEY",
     "LEVELS",
@@ -129,7 +131,6 @@ _BINARY_KIND = {
 }
 _INT_KIND = 5
 _SELECT_KIND = 6
-_STMT_CHILDREN = ("seq", "body", "then_case", "else_case", "block")
 
 Form = dict[int, float]  # linear form over loop depths (key _CONST: the constant term)
 
@@ -144,6 +145,7 @@ class _Buffer(NamedTuple):
     strides: np.ndarray  # row-major strides in elements
     itemsize: int
     is_param: bool
+    nbytes: float  # computed once per buffer rather than once per access
 
 
 def _int(expr: tvm.ir.expr.Expr, default: int = 1) -> int:
@@ -166,7 +168,7 @@ def _linear(expr: tvm.ir.expr.Expr, env: dict[int, Form]) -> Form:
     """``expr`` as a linear form over loop depths; non-linear parts keep only which loops they vary with."""
     kind = type(expr)
     if kind is tirx.Var:
-        return env.get(hash(expr), {})
+        return env.get(identity(expr), {})
     if kind is tirx.IntImm or kind is tirx.FloatImm:
         return {_CONST: float(expr.value)}
     if kind is tirx.Add or kind is tirx.Sub:
@@ -190,8 +192,8 @@ def _linear(expr: tvm.ir.expr.Expr, env: dict[int, Form]) -> Form:
     if kind is tirx.Cast:
         return _linear(expr.value, env)
     varying: set[int] = set()  # Min, Max, Select, calls...: depends on its variables, coefficient unknown
-    for var in tirx.analysis.undefined_vars(expr):
-        varying |= env.get(hash(var), {}).keys()
+    for var in as_list(tirx.analysis.undefined_vars(expr)):
+        varying |= env.get(identity(var), {}).keys()
     return {k: 1.0 for k in varying - {_CONST}}
 
 
@@ -216,7 +218,7 @@ def _scan_value(value: tvm.ir.expr.Expr) -> tuple[list[float], list[ir_expr.Tens
                 counts[_SELECT_KIND] += 1
             else:
                 counts[4 if expr.ty.dtype.is_float else _INT_KIND] += 1
-            stack.extend(reversed(list(expr.args)))
+            stack.extend(reversed(as_list(expr.args)))
         elif kind is tirx.Select:
             counts[_SELECT_KIND] += 1
             stack += (expr.false_value, expr.true_value, expr.condition)
@@ -245,9 +247,9 @@ class _Walker:
 
     def __init__(self, func: tirx.PrimFunc) -> None:
         self.func = func
-        self.env: dict[int, Form] = {}  # hash of a loop or block variable -> its linear form
+        self.env: dict[int, Form] = {}  # identity of a loop or block variable -> its linear form
         self.buffers: dict[int, _Buffer] = {}
-        self.params = {hash(p) for p in func.params}
+        self.params = {identity(p) for p in as_list(func.params)}
         self.stores: list[_Store] = []
 
     def run(self) -> list[_Store]:
@@ -256,14 +258,14 @@ class _Walker:
             node, loops, unroll, reduction = stack.pop()
             kind = type(node)
             if kind is tirx.For:
-                self.env[hash(node.loop_var)] = {len(loops): 1.0}
+                self.env[identity(node.loop_var)] = {len(loops): 1.0}
                 step = int(node.annotations.get(AUTO_UNROLL_KEY, unroll))
                 stack.append((node.body, loops + (_Loop(_int(node.extent), int(node.kind)),), step, reduction))
             elif kind is s_tir.SBlockRealize:
                 block = node.block
                 is_reduction = False
-                for iter_var, value in zip(block.iter_vars, node.iter_values):
-                    self.env[hash(iter_var.var)] = _linear(value, self.env)
+                for iter_var, value in zip(as_list(block.iter_vars), as_list(node.iter_values)):
+                    self.env[identity(iter_var.var)] = _linear(value, self.env)
                     is_reduction |= int(iter_var.iter_type) == _COMM_REDUCE
                 step = int(block.annotations.get(AUTO_UNROLL_KEY, unroll))
                 stack.append((block.body, loops, step, is_reduction))
@@ -272,24 +274,18 @@ class _Walker:
             elif kind is tirx.BufferStore:
                 self.stores.append(self._store(node, loops, unroll, reduction))
             else:
-                children: list[tirx.Stmt] = []
-                for name in _STMT_CHILDREN:
-                    child = getattr(node, name, None)
-                    if isinstance(child, tirx.Stmt):
-                        children.append(child)
-                    elif child is not None and not isinstance(child, tvm.ir.expr.Expr):
-                        children.extend(c for c in child if isinstance(c, tirx.Stmt))
-                stack.extend((c, loops, unroll, reduction) for c in reversed(children))
+                stack.extend((c, loops, unroll, reduction) for c in reversed(child_stmts(node)))
         return self.stores
 
     def _buffer(self, var: tirx.Var) -> tuple[int, _Buffer]:
-        key = hash(var)
+        key = identity(var)
         info = self.buffers.get(key)
         if info is None:
-            shape = np.array([max(_int(d), 1) for d in var.shape] or [1], dtype=np.float64)  # a 0-d buffer: one dim
+            shape = np.array([max(_int(d), 1) for d in as_list(var.shape)] or [1], dtype=np.float64)  # a 0-d buffer: one dim
             strides = np.ones_like(shape)
             strides[:-1] = np.cumprod(shape[::-1])[::-1][1:]
-            info = _Buffer(shape, strides, max(var.dtype.itemsize, 1), key in self.params)
+            itemsize = max(var.dtype.itemsize, 1)
+            info = _Buffer(shape, strides, itemsize, key in self.params, np.prod(shape) * itemsize)
             self.buffers[key] = info
         return key, info
 
@@ -298,7 +294,7 @@ class _Walker:
         accesses = []
         for buffer, indices in [(store.buffer, store.indices)] + [(load.source, load.indices) for load in loads]:
             key, info = self._buffer(buffer)
-            forms = [_linear(index, self.env) for index in indices]
+            forms = [_linear(index, self.env) for index in as_list(indices)]
             accesses.append((key, info, forms + [{}] * (len(info.shape) - len(forms))))
         write_key, write_info = accesses[0][:2]
         flags = (
@@ -351,15 +347,20 @@ def _rows(stores: list[_Store]) -> tuple[np.ndarray, np.ndarray]:
     num = len(stores)
     depth = max([len(s.loops) for s in stores] + [1])
     extents = np.ones((num, depth))
-    masks = np.zeros((num, len(LEVELS), depth))
+    kinds = np.full((num, depth), -1)
     for s, store in enumerate(stores):
         extents[s, : len(store.loops)] = [loop.extent for loop in store.loops]
-        nontrivial = [i for i, loop in enumerate(store.loops) if loop.extent > 1]
-        for level, inner in enumerate((1, 2, 3, 4)):
-            masks[s, level, nontrivial[-inner:]] = 1.0
-        parallel = [i for i, loop in enumerate(store.loops) if loop.kind == _PARALLEL]
-        masks[s, 4, parallel[0] + 1 if parallel else 0 :] = 1.0
-        masks[s, 5, :] = 1.0
+        kinds[s, : len(store.loops)] = [loop.kind for loop in store.loops]
+    # Levels' loops, for all stores at once: the innermost 1-4 non-trivial loops, those inside the outermost parallel one, all.
+    nontrivial_loops = extents > 1
+    nontrivial_within = np.cumsum(nontrivial_loops[:, ::-1], axis=1)[:, ::-1]  # non-trivial loops at or inside each loop
+    is_parallel = kinds == _PARALLEL
+    outermost_parallel = np.where(is_parallel.any(axis=1), is_parallel.argmax(axis=1), -1)
+    masks = np.zeros((num, len(LEVELS), depth))
+    for level, inner in enumerate((1, 2, 3, 4)):
+        masks[:, level] = nontrivial_loops & (nontrivial_within <= inner)
+    masks[:, 4] = np.arange(depth) > outermost_parallel[:, None]
+    masks[:, 5] = 1.0
     log_extents = np.log(extents)
     level_iterations = np.exp(masks @ log_extents[:, :, None])[:, :, 0]  # stores x levels
 
@@ -400,7 +401,7 @@ def _rows(stores: list[_Store]) -> tuple[np.ndarray, np.ndarray]:
     stride = np.where(innermost >= 0, flat[index, innermost], 0.0)
     nonzero_stride = np.where(first_moving >= 0, flat[index, first_moving], 0.0)
     reuse_iterations = np.exp((log_extents[access_store] * (positions > first_moving[:, None])).sum(axis=1))
-    buffer_bytes = np.array([np.prod(info.shape) * info.itemsize for _, _, info in accesses])
+    buffer_bytes = np.array([info.nbytes for _, _, info in accesses])
 
     # Working set: each distinct buffer of a store counts once, with its largest footprint.
     groups = {(s, key): g for g, (s, key) in enumerate(dict.fromkeys((s, key) for s, key, _ in accesses))}
