@@ -164,6 +164,7 @@ def tune_probtune(work: Workload, args: argparse.Namespace, checkpoints: list[in
         **memory.report(),
         "measured": result.measured,
         "statuses": dict(result.statuses),
+        "rejections": result.rejections,  # candidates dropped before measurement, by validator
         "best_curve_ms": [None if b is None else round(b * 1e3, 5) for b in best_so_far(latencies)],
     }
     return report, programs
