@@ -19,18 +19,17 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import tvm
-import tvm_ffi
 
 from probtune._core import InvalidDecisionError, Rng, Trace
 from probtune.errors import ReplayError
 from probtune.interfaces import CostModel, SpaceContext, TargetSpec, Validator
 from probtune.measure._process import WorkerProcess, WorkerStartError, serve
-from probtune.space import DesignSpace
+from probtune.schedule import Schedule
+from probtune.space import DesignSpace, program_hash
 from probtune.workload import Workload
 
 __all__ = ["Realized", "Rejected", "Realizer", "REPLAY_FAILED"]
 
-_HASH_MASK = 2**64 - 1
 _STARTUP_TIMEOUT = 120.0  # importing TVM takes about a second; minutes mean something is broken
 REPLAY_FAILED = "replay"
 """What ``Rejected.by`` says when the trace itself cannot be replayed (a mutation made a later decision illegal)."""
@@ -63,7 +62,8 @@ def realize_in_process(
     space: DesignSpace, jobs: Sequence[Job], featurize: Callable[[list[tvm.IRModule]], list[np.ndarray]]
 ) -> list[Outcome]:
     """Realize ``jobs`` here, featurizing the valid programs in one ``featurize`` call."""
-    outcomes: list[Outcome | tvm.IRModule] = []
+    outcomes: list[Outcome | None] = []  # None: valid, its schedule is next in ``valid``
+    valid: list[Schedule] = []
     for trace, rng in jobs:
         try:
             sch, rejected = space.realize(trace, 0 if rng is None else rng)
@@ -71,13 +71,16 @@ def realize_in_process(
             space.rejections[REPLAY_FAILED] += 1
             outcomes.append(Rejected(REPLAY_FAILED))
             continue
-        outcomes.append(Rejected(rejected.split(":", 1)[0]) if rejected else sch)
-    valid = [i for i, outcome in enumerate(outcomes) if not isinstance(outcome, Rejected)]
-    mods = [outcomes[i].mod for i in valid]  # type: ignore[union-attr]
-    for i, mod, features in zip(valid, mods, featurize(mods)):
-        sch = outcomes[i]
-        outcomes[i] = Realized(sch.trace, tvm_ffi.structural_hash(mod) & _HASH_MASK, features, mod)  # type: ignore[union-attr]
-    return outcomes  # type: ignore[return-value]
+        if rejected:
+            outcomes.append(Rejected(rejected.split(":", 1)[0]))  # the message starts with the validator's name
+        else:
+            outcomes.append(None)
+            valid.append(sch)
+    mods = [sch.mod for sch in valid]
+    realized = iter(
+        Realized(sch.trace, program_hash(mod), features, mod) for sch, mod, features in zip(valid, mods, featurize(mods))
+    )
+    return [outcome if outcome is not None else next(realized) for outcome in outcomes]
 
 
 class Realizer:

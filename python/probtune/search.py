@@ -13,17 +13,15 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import numpy as np
-import tvm_ffi
 
 from probtune._core import DecisionSet, InvalidDecisionError, Rng, Trace, evolve
 from probtune.errors import ReplayError
 from probtune.interfaces import CostModel, Mutator
 from probtune.realize import Realized, Realizer
-from probtune.space import Candidate, DesignSpace
+from probtune.space import Candidate, DesignSpace, program_hash
 
 __all__ = ["SearchStrategy", "RandomSearch", "EvolutionarySearch", "INIT_MEASURED"]
 
-_HASH_MASK = 2**64 - 1
 INIT_MEASURED = 32
 """How many of the fastest measured traces seed each evolutionary round."""
 
@@ -236,7 +234,7 @@ class EvolutionarySearch:
             if rejected:
                 return None
             mod = sch.mod
-        return Candidate(trace, mod, key, tvm_ffi.structural_hash(mod) & _HASH_MASK)
+        return Candidate(trace, mod, key, program_hash(mod))
 
     def _score(self, traces: list[Trace]) -> list[float | None]:
         """One batched call from the Rust loop: realize what is new (replay, validators, features), predict everything."""

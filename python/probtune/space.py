@@ -18,7 +18,12 @@ from probtune.schedule import Schedule
 from probtune.tir import block_names
 from probtune.workload import Workload
 
-__all__ = ["Candidate", "DesignSpace", "generate_space", "resolve_modules", "resolve_validators"]
+__all__ = ["Candidate", "DesignSpace", "generate_space", "program_hash", "resolve_modules", "resolve_validators"]
+
+
+def program_hash(mod: tvm.IRModule) -> int:
+    """The program's structural hash as an unsigned 64-bit integer: equal programs, equal hashes (dedup)."""
+    return tvm_ffi.structural_hash(mod) & (2**64 - 1)
 
 
 @dataclass(frozen=True)
@@ -91,7 +96,7 @@ class DesignSpace:
         if rejected:
             return None
         trace = sch.trace
-        return Candidate(trace, sch.mod, trace.decision_hash(), tvm_ffi.structural_hash(sch.mod) & (2**64 - 1))
+        return Candidate(trace, sch.mod, trace.decision_hash(), program_hash(sch.mod))
 
     def program(self, trace: Trace) -> tvm.IRModule:
         """The finished program of a recorded trace (its decisions kept); raises if a validator rejects it."""
