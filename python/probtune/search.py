@@ -225,16 +225,15 @@ class EvolutionarySearch:
         """A chosen trace's program: kept from scoring if it was realized here, else realized again."""
         key = trace.decision_hash()
         realized = self._realized.get(key)
-        mod = realized.mod if realized is not None else None
-        if mod is None:  # realized by a helper, or scored in an earlier batch
-            try:
-                sch, rejected = self.space.realize(trace)
-            except (ReplayError, InvalidDecisionError):  # a mutation upstream made a later decision illegal
-                return None
-            if rejected:
-                return None
-            mod = sch.mod
-        return Candidate(trace, mod, key, program_hash(mod))
+        if realized is not None and realized.mod is not None:
+            return Candidate(trace, realized.mod, key, realized.program_hash)
+        try:  # realized by a helper, or scored in an earlier batch
+            sch, rejected = self.space.realize(trace)
+        except (ReplayError, InvalidDecisionError):  # a mutation upstream made a later decision illegal
+            return None
+        if rejected:
+            return None
+        return Candidate(trace, sch.mod, key, program_hash(sch.mod))
 
     def _score(self, traces: list[Trace]) -> list[float | None]:
         """One batched call from the Rust loop: realize what is new (replay, validators, features), predict everything."""

@@ -267,7 +267,8 @@ def _make_search(
 
 def _spare_cores() -> int:
     """Helpers that realize candidates beside the tuning process: one per other core, at most three (each holds TVM)."""
-    return max(0, min(len(os.sched_getaffinity(0)) - 1, 3))
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(0, min(usable - 1, 3))
 
 
 def _measure(
