@@ -45,6 +45,18 @@ def test_replay_gives_structurally_equal_program(matmul_mod):
     assert again.trace == sch.trace
 
 
+def test_schedules_of_one_program_start_from_it_and_stay_apart(matmul_mod):
+    """Schedules of one program are copies of one kept schedule: changing one must not reach the others."""
+    first = Schedule(matmul_mod, rng=Rng(1))
+    tile_matmul(first)
+    second = Schedule(matmul_mod, rng=Rng(2))
+    assert tvm_ffi.structural_equal(second.mod, s_tir.Schedule(matmul_mod).mod)
+    tile_matmul(second)
+    assert not tvm_ffi.structural_equal(first.mod, second.mod)
+    assert tvm_ffi.structural_equal(Schedule(matmul_mod).mod, s_tir.Schedule(matmul_mod).mod)
+    assert type(second.tvm) is type(first.tvm)  # the copy keeps the class without TVM's per-call argument checks
+
+
 def test_replay_with_other_decisions_gives_that_program(matmul_mod):
     sch = Schedule(matmul_mod, rng=Rng(7))
     tile_matmul(sch)

@@ -77,6 +77,26 @@ def test_untrained_model_gives_random_samples_then_evolution_follows_the_model(h
     assert np.mean([_loops(c) for c in exploit]) >= np.mean([_loops(c) for c in random_batch])
 
 
+def test_random_samples_are_a_pool_that_rotates(host):
+    """The first evolutionary batch draws ``init_samples`` random samples, later ones ``fresh_per_batch``."""
+    search, _ = _search(host, init_samples=12, fresh_per_batch=3)
+    drawn: list[int] = []
+    realize = search._realizer.realize
+
+    def counting(jobs):
+        drawn.append(sum(rng is not None for _, rng in jobs))  # a random sample comes with its generator
+        return realize(jobs)
+
+    search._realizer.realize = counting
+    batch = search.next_batch(4)  # untrained: a random batch, drawn by the random search
+    assert drawn == []
+    for _ in range(3):
+        search.observe([(c, 1e-3 * (i + 1)) for i, c in enumerate(batch)])
+        batch = search.next_batch(4)
+        assert batch
+    assert [count for count in drawn if count] == [12, 3, 3]
+
+
 def test_failed_candidates_are_learned_from_as_failures(host):
     search, model = _search(host)
     batch = search.next_batch(3)

@@ -224,6 +224,17 @@ def test_model_learns_a_synthetic_relationship():
     assert _pairwise_accuracy(held_out, latency[160:]) > 0.75
 
 
+def test_training_threads_do_not_change_the_trees():
+    """The search's determinism rests on this: two threads train the same model as one."""
+    features, latency = _synthetic(np.random.default_rng(5), 200, width=40)
+    predictions = []
+    for threads in (1, 2):
+        model = XGBCostModel(seed=0, nthread=threads)
+        model.update(list(features[:160]), list(latency[:160]), ["w"] * 160)
+        predictions.append(model.predict(list(features[160:])))
+    assert np.array_equal(predictions[0], predictions[1])
+
+
 def test_groups_with_different_latency_scales_rank_within_each():
     rng = np.random.default_rng(1)
     fast, fast_latency = _synthetic(rng, 200, scale=1e-5)

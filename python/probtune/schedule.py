@@ -10,6 +10,7 @@ changed ones, or with none (fresh samples) — and give the same program.
 from __future__ import annotations
 
 import inspect
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -185,6 +186,28 @@ def _without_argument_checks(schedule_class: type[s_tir.Schedule]) -> type[s_tir
 
 
 _TVMSchedule = _without_argument_checks(s_tir.Schedule)
+_PRISTINE: OrderedDict[int, tuple[Any, s_tir.Schedule]] = OrderedDict()  # hash of a program -> (it, its schedule)
+_MAX_PRISTINE = 8
+
+
+def _new_tvm_schedule(mod: tvm.IRModule | tvm.tirx.PrimFunc) -> s_tir.Schedule:
+    """A TVM schedule of ``mod``: a copy of an untouched one kept per program.
+
+    Building a schedule analyses the whole program (about 0.5 ms for a conv2d);
+    copying one costs 1% of that, and the search replays thousands of traces
+    of one program. The hash of a TVM object is its address, which the kept
+    entry holds on to, so it cannot be reused by another program meanwhile.
+    """
+    key = hash(mod)
+    entry = _PRISTINE.get(key)
+    if entry is None:
+        entry = _PRISTINE[key] = (mod, _TVMSchedule(mod))
+        while len(_PRISTINE) > _MAX_PRISTINE:
+            _PRISTINE.popitem(last=False)
+    _PRISTINE.move_to_end(key)
+    copy = _TVMSchedule.__new__(_TVMSchedule)
+    copy.__move_handle_from__(entry[1].copy())  # ``copy`` returns TVM's checked class; keep the unchecked one
+    return copy
 
 
 def tvm_compute_location(sch: s_tir.Schedule, block: Any, rng: Rng) -> tuple[Any, int]:
@@ -198,7 +221,7 @@ class Schedule:
     """A TVM schedule of one workload whose every step is recorded in a trace."""
 
     def __init__(self, mod: tvm.IRModule | tvm.tirx.PrimFunc, *, rng: Rng | int = 0) -> None:
-        self._sch = _TVMSchedule(mod)
+        self._sch = _new_tvm_schedule(mod)
         self._rng = rng if isinstance(rng, Rng) else Rng(rng)
         self._trace = Trace()
         self._values: dict[int, Any] = {}

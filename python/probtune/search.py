@@ -8,7 +8,7 @@ a program twice: not the same decisions, not the same program.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -101,7 +101,7 @@ class EvolutionarySearch:
     """Cost-model-guided evolutionary search (MetaSchedule's strategy, with the loop in Rust).
 
     Each batch: an initial population of the best measured traces of this
-    workload plus fresh samples is evolved by the registered mutators for
+    workload plus ``init_samples`` unmeasured random samples is evolved by the registered mutators for
     ``generations`` rounds, scored by ``model`` in one batched call per
     round (replay, validators and features here, in Python; mutation, dedup
     and selection in Rust). The batch is the model's best unmeasured
@@ -110,7 +110,11 @@ class EvolutionarySearch:
 
     Features of every scored decision set are kept (not the programs), so a
     trace met again is scored without replaying it, and a measured one is
-    learned from without featurizing it again. Candidates are realized by a
+    learned from without featurizing it again. The random samples are a
+    pool that rotates: each batch draws ``fresh_per_batch`` new ones and drops
+    the oldest (a fresh sample costs more to realize than a mutant and is
+    itself almost never chosen; it is there to give the mutations new
+    material). Candidates are realized by a
     :class:`~probtune.realize.Realizer` that shares the work with
     ``realize_workers`` helper processes; :meth:`close` stops them.
     """
@@ -128,6 +132,7 @@ class EvolutionarySearch:
         measured: Sequence[tuple[Trace, float]] = (),
         population_size: int = 128,
         init_samples: int = 64,
+        fresh_per_batch: int = 16,
         init_measured: int = INIT_MEASURED,
         generations: int = 3,
         mutate_prob: float = 0.85,
@@ -141,6 +146,7 @@ class EvolutionarySearch:
         self.group = group
         self.population_size = population_size
         self.init_samples = init_samples
+        self.fresh_per_batch = fresh_per_batch
         self.init_measured = init_measured
         self.generations = generations
         self.mutate_prob = mutate_prob
@@ -160,13 +166,16 @@ class EvolutionarySearch:
         }
         self._scored: OrderedDict[int, _Scored | None] = OrderedDict()  # decision hash -> None: invalid
         self._realized: dict[int, Realized] = {}  # this batch's valid candidates not yet scored or chosen
+        self._samples: deque[Trace] = deque(maxlen=init_samples)  # the pool of random samples, newest last
         self._realizer = Realizer(space, model, realize_workers)
 
     def next_batch(self, size: int) -> list[Candidate]:
         if self.model.num_samples == 0:
             return self._random.next_batch(size)
-        initial = [trace for trace, _ in self._measured]
-        initial += self._fresh_samples(self.init_samples)
+        kept = [trace for trace in self._samples if self._unmeasured_and_valid(trace.decision_hash())]
+        self._samples = deque(kept, maxlen=self.init_samples)
+        self._samples.extend(self._fresh_samples(max(self.fresh_per_batch, self.init_samples - len(kept))))
+        initial = [trace for trace, _ in self._measured] + list(self._samples)
         chosen = evolve(
             initial,
             self._score,
@@ -209,6 +218,10 @@ class EvolutionarySearch:
         self._realizer.close()
 
     # ---- scoring ---------------------------------------------------------------
+    def _unmeasured_and_valid(self, key: int) -> bool:
+        """Whether a pooled sample is still worth evolving: not measured, and its program not a duplicate."""
+        return key not in self.seen and self._scored.get(key) is not None
+
     def _fresh_samples(self, count: int) -> list[Trace]:
         """Traces of ``count`` random points of the space (fewer: some are rejected), each from its own generator."""
         undecided = self.space.trace.with_decisions({})

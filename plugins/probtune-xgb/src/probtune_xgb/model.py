@@ -70,9 +70,11 @@ def _check_lengths(features: Sequence[np.ndarray], latencies: Sequence[float | N
 class XGBCostModel:
     """Ranks programs with gradient-boosted trees trained on every measured sample.
 
-    Retrained from scratch on each update (about 0.3-0.5 s for 1000 samples
-    on one thread). Until some workload has two samples with different labels
-    there is nothing to rank by, and predictions are seeded random scores.
+    Retrained from scratch on each update (a few tenths of a second for a few
+    hundred samples). The search trains between rounds, when nothing else
+    runs, so training uses two threads; the trees are the same as with one.
+    Until some workload has two samples with different labels there is
+    nothing to rank by, and predictions are seeded random scores.
     """
 
     name = "xgb"
@@ -85,7 +87,7 @@ class XGBCostModel:
         num_rounds: int = 50,
         max_depth: int = 6,
         learning_rate: float = 0.2,
-        nthread: int = 1,
+        nthread: int = 2,
     ) -> None:
         self.seed = seed
         self.num_rounds = num_rounds
