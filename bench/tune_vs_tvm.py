@@ -147,12 +147,13 @@ def tune_probtune(work: Workload, args: argparse.Namespace, checkpoints: list[in
             wall = time.perf_counter() - started
         with Database(db_path) as db:
             records = db.records(db.find_workload(work.mod).id)
-        programs = {}
+        programs, best_traces = {}, {}
         for checkpoint in checkpoints:
             ok = [r for r in records[:checkpoint] if r.status == "ok"]
             if ok:
                 best = min(ok, key=lambda r: r.mean_latency)
                 programs[checkpoint] = result.space.program(Trace.from_json(best.trace_json))
+                best_traces[checkpoint] = best.trace_json
     latencies = [r.mean_latency if r.status == "ok" else None for r in records]
     report = {
         "tuning_wall_seconds": round(wall, 2),
@@ -166,6 +167,7 @@ def tune_probtune(work: Workload, args: argparse.Namespace, checkpoints: list[in
         "statuses": dict(result.statuses),
         "rejections": result.rejections,  # candidates dropped before measurement, by validator
         "best_curve_ms": [None if b is None else round(b * 1e3, 5) for b in best_so_far(latencies)],
+        "best_traces": best_traces,  # per checkpoint: the best record's trace, to time its program again later
     }
     return report, programs
 
@@ -248,7 +250,7 @@ def tune_tvm(
             )
             wall = time.perf_counter() - started
         records = tvm_records_in_order(work_dir, work)
-    programs = {}
+    programs, best_traces = {}, {}
     for checkpoint in checkpoints:
         ok = [(trace, latency) for trace, latency in records[:checkpoint] if latency is not None]
         if ok:
@@ -256,6 +258,7 @@ def tune_tvm(
             sch = tvm.s_tir.Schedule(work.mod)
             trace.apply_to_schedule(sch, remove_postproc=False)
             programs[checkpoint] = sch.mod
+            best_traces[checkpoint] = str(trace)
     measure = builder.seconds + runner.seconds
     latencies = [latency for _, latency in records]
     report = {
@@ -268,6 +271,7 @@ def tune_tvm(
         "measured": len(records),
         "statuses": {"ok": sum(1 for x in latencies if x is not None), "failed": sum(1 for x in latencies if x is None)},
         "best_curve_ms": [None if b is None else round(b * 1e3, 5) for b in best_so_far(latencies)],
+        "best_traces": best_traces,  # per checkpoint: MetaSchedule's trace of the best record, as Python it prints
     }
     return report, programs
 

@@ -25,14 +25,12 @@ from probtune.errors import ReplayError
 from probtune.interfaces import CostModel, SpaceContext, TargetSpec, Validator
 from probtune.measure._process import WorkerProcess, WorkerStartError, serve
 from probtune.schedule import Schedule
-from probtune.space import DesignSpace, program_hash
+from probtune.space import REPLAY_FAILED, DesignSpace, program_hash
 from probtune.workload import Workload
 
 __all__ = ["Realized", "Rejected", "Realizer", "REPLAY_FAILED"]
 
 _STARTUP_TIMEOUT = 120.0  # importing TVM takes about a second; minutes mean something is broken
-REPLAY_FAILED = "replay"
-"""What ``Rejected.by`` says when the trace itself cannot be replayed (a mutation made a later decision illegal)."""
 
 ProgramFeatures = Callable[[tvm.IRModule], np.ndarray]
 Job = tuple[Trace, "Rng | None"]  # a trace, and the generator for its missing decisions (None: all decided)
@@ -72,7 +70,7 @@ def realize_in_process(
             outcomes.append(Rejected(REPLAY_FAILED))
             continue
         if rejected:
-            outcomes.append(Rejected(rejected.split(":", 1)[0]))  # the message starts with the validator's name
+            outcomes.append(Rejected(rejected.validator))
         else:
             outcomes.append(None)
             valid.append(sch)

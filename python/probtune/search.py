@@ -101,22 +101,23 @@ class EvolutionarySearch:
     """Cost-model-guided evolutionary search (MetaSchedule's strategy, with the loop in Rust).
 
     Each batch: an initial population of the best measured traces of this
-    workload plus ``init_samples`` unmeasured random samples is evolved by the registered mutators for
-    ``generations`` rounds, scored by ``model`` in one batched call per
-    round (replay, validators and features here, in Python; mutation, dedup
-    and selection in Rust). The batch is the model's best unmeasured
-    candidates plus an ``eps_greedy`` share of random ones. Until the model
-    has samples to learn from, batches are random samples of the space.
+    workload plus ``init_samples`` unmeasured random samples is evolved by
+    the registered mutators for ``generations`` rounds, scored by ``model``
+    in one batched call per round (replay, validators and features here, in
+    Python; mutation, dedup and selection in Rust). The batch is the model's
+    best unmeasured candidates plus an ``eps_greedy`` share of random ones.
+    Until the model has samples to learn from, batches are random samples of
+    the space.
 
     Features of every scored decision set are kept (not the programs), so a
     trace met again is scored without replaying it, and a measured one is
     learned from without featurizing it again. The random samples are a
-    pool that rotates: each batch draws ``fresh_per_batch`` new ones and drops
-    the oldest (a fresh sample costs more to realize than a mutant and is
-    itself almost never chosen; it is there to give the mutations new
-    material). Candidates are realized by a
-    :class:`~probtune.realize.Realizer` that shares the work with
-    ``realize_workers`` helper processes; :meth:`close` stops them.
+    pool that rotates: each batch draws ``fresh_per_batch`` new ones and
+    drops the oldest (a fresh sample costs more to realize than a mutant and
+    is itself almost never chosen; it gives the mutations new material).
+    Candidates are realized by a :class:`~probtune.realize.Realizer` that
+    shares the work with ``realize_workers`` helper processes; :meth:`close`
+    stops them.
     """
 
     def __init__(

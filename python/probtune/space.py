@@ -18,7 +18,13 @@ from probtune.schedule import Schedule
 from probtune.tir import block_names
 from probtune.workload import Workload
 
-__all__ = ["Candidate", "DesignSpace", "generate_space", "program_hash", "resolve_modules", "resolve_validators"]
+__all__ = [
+    "Candidate", "DesignSpace", "Rejection", "REPLAY_FAILED", "generate_space", "program_hash", "resolve_modules",
+    "resolve_validators",
+]
+
+REPLAY_FAILED = "replay"
+"""The rejection count of traces that cannot be replayed at all (a mutation made a later decision illegal)."""
 
 
 def program_hash(mod: tvm.IRModule) -> int:
@@ -58,6 +64,17 @@ def resolve_validators(target: TargetSpec, validators: Sequence[str | Validator]
     return _pick("validator", get_registry().validators, target.validators if validators is None else validators)
 
 
+@dataclass(frozen=True)
+class Rejection:
+    """Why a program was dropped before measurement: the validator that refused it, and its reason."""
+
+    validator: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.validator}: {self.reason}"
+
+
 @dataclass
 class DesignSpace:
     """A workload's space of programs: a trace whose sampling instructions are the free choices."""
@@ -72,16 +89,16 @@ class DesignSpace:
     def workload(self) -> Workload:
         return self.context.workload
 
-    def finish(self, sch: s_tir.Schedule) -> str | None:
+    def finish(self, sch: s_tir.Schedule) -> Rejection | None:
         """Run the validators in order; the first rejection wins and is counted against its validator."""
         for validator in self.validators:
             reason = validator.check(sch, self.context)
             if reason is not None:
                 self.rejections[validator.name] += 1
-                return f"{validator.name}: {reason}"
+                return Rejection(validator.name, reason)
         return None
 
-    def realize(self, trace: Trace, rng: Rng | int = 0) -> tuple[Schedule, str | None]:
+    def realize(self, trace: Trace, rng: Rng | int = 0) -> tuple[Schedule, Rejection | None]:
         """Replay ``trace`` (missing decisions are sampled from ``rng``) and finish it with the validators."""
         sch = Schedule.replay(self.workload.mod, trace, rng=rng)
         return sch, self.finish(sch.tvm)
@@ -91,7 +108,7 @@ class DesignSpace:
         try:
             sch, rejected = self.realize(self.trace.with_decisions({}), rng)
         except ReplayError:
-            self.rejections["replay"] += 1
+            self.rejections[REPLAY_FAILED] += 1
             return None
         if rejected:
             return None
