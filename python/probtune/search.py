@@ -220,7 +220,7 @@ class EvolutionarySearch:
 
     # ---- scoring ---------------------------------------------------------------
     def _unmeasured_and_valid(self, key: int) -> bool:
-        """Whether a pooled sample is still worth evolving: not measured, and its program not a duplicate."""
+        """Whether a pooled sample is still worth evolving: not measured, its program no duplicate (nor forgotten)."""
         return key not in self.seen and self._scored.get(key) is not None
 
     def _fresh_samples(self, count: int) -> list[Trace]:
