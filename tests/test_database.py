@@ -439,6 +439,26 @@ def test_best_orders_by_mean_latency(db: Database, workload_id: int) -> None:
     assert db.count(target=OTHER_TARGET) == 1
 
 
+def test_later_timings_join_a_record_and_its_mean(db: Database, workload_id: int) -> None:
+    lucky = db.add_record(workload_id, TARGET, "[]", 1, "ok", [0.05, 0.05])
+    steady = add_ok(db, workload_id, 0.08, decision_hash=2)
+    assert [r.id for r in db.best(workload_id, TARGET)] == [lucky]
+    record = db.add_latencies(lucky, [0.11, 0.11, 0.11, 0.11])
+    assert record.latencies == (0.05, 0.05, 0.11, 0.11, 0.11, 0.11) and record.mean_latency == pytest.approx(0.09)
+    assert [r.id for r in db.best(workload_id, TARGET, k=2)] == [steady, lucky]
+    failed = db.add_record(workload_id, TARGET, "[]", 3, "run_error")
+    with pytest.raises(ValueError, match="status 'run_error'"):
+        db.add_latencies(failed, [0.1])
+    with pytest.raises(ValueError, match="latency"):
+        db.add_latencies(steady, [-1.0])
+    with pytest.raises(ValueError, match="at least one latency"):
+        db.add_latencies(steady, [])
+    with pytest.raises(DatabaseError, match="no record with id 999"):
+        db.add_latencies(999, [0.1])
+    assert db.record(steady).latencies == (0.08,)  # the refused updates changed nothing
+    assert not db._connection.in_transaction  # a refused update leaves no transaction open
+
+
 def test_best_per_workload(db: Database, workload_id: int) -> None:
     other_id = db.commit_workload("matmul_32", matmul_module(32, 16, 16))
     add_ok(db, workload_id, 0.3)

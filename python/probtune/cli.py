@@ -71,6 +71,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         strategy=args.strategy,
         cost_model=args.cost_model,
         modules=args.modules.split(",") if args.modules else None,
+        confirm=args.confirm,
         progress=_print_progress,
     )
     failed = {k: v for k, v in result.statuses.items() if k != "ok"}
@@ -148,6 +149,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="probtune", description="Automatic tensor-program optimization.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -164,6 +172,8 @@ def _parser() -> argparse.ArgumentParser:
     tune_p.add_argument("--seed", type=int, default=0)
     tune_p.add_argument("--modules", default=None, help="comma-separated design-space modules (default: the target's)")
     tune_p.add_argument("--database", default=DEFAULT_DATABASE)
+    tune_p.add_argument("--confirm", type=_non_negative_int, default=4,
+                        help="best records timed again at the end, to rank them on more than one pass (0: none)")
     tune_p.set_defaults(run=_cmd_tune)
 
     best_p = sub.add_parser("best", help="show the best record per workload and target")

@@ -299,6 +299,27 @@ class Database:
             raise self._wrapped(exc) from exc
         return cursor.lastrowid
 
+    def add_latencies(self, record_id: int, latencies: Sequence[float]) -> Record:
+        """Append later timings to an "ok" record (a confirmation pass); its mean then covers them all."""
+        values = [_check_latency(value) for value in latencies]
+        if not values:
+            raise ValueError("add_latencies needs at least one latency")
+        self._execute("BEGIN IMMEDIATE")  # read and write under one lock: another process may add too
+        try:
+            record = self.record(record_id)
+            if record.status != "ok":
+                raise ValueError(f"record {record_id} has status {record.status!r}; only an ok record is timed again")
+            merged = [*record.latencies, *values]
+            self._execute(
+                "UPDATE records SET latencies_json = ?, mean_latency = ? WHERE id = ?",
+                (json.dumps(merged), statistics.fmean(merged), record_id),
+            )
+            self._execute("COMMIT")
+        except BaseException:
+            self._rollback()
+            raise
+        return self.record(record_id)
+
     def record(self, record_id: int) -> Record:
         """The record with this id; DatabaseRowError if its row does not parse."""
         rows = self._query("SELECT * FROM records WHERE id = ?", (record_id,))
