@@ -207,7 +207,7 @@ def tune(
                     if model is not None:
                         db.save_cost_model(model.name, spec.name, model.save())
                     search_seconds += time.perf_counter() - search_started
-                if measured and confirm > 1:
+                if measured and confirm:
                     measure_started = time.perf_counter()
                     _confirm_best(db, workload_id, spec, space, builder, runner, reference, scratch, confirm)
                     measure_seconds += time.perf_counter() - measure_started
@@ -332,8 +332,8 @@ def _confirm_best(
         except (ReplayError, InvalidDecisionError, TraceFormatError):
             continue
         records.append(record)
-    if len(records) < 2:
-        return  # nothing to rank against
+    if not records:
+        return
     built = dict(builder.build(programs, spec.tvm_target, workdir))
     runnable = [i for i in range(len(programs)) if built[i].artifact is not None]
     artifacts = [built[i].artifact for i in runnable]
@@ -346,7 +346,7 @@ def _confirm_best(
             else:
                 warnings.warn(
                     f"record {records[index].id} measured ok before, but {result.status} when timed again: "
-                    f"{result.error}; its record is left as it was",
+                    f"{result.error}; this timing of it is left out",
                     stacklevel=3,
                 )
     for path in artifacts:
