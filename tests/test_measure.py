@@ -98,12 +98,22 @@ CANDIDATES = {
 
 
 def spawned_children() -> set[int]:
-    """Pids of this process's multiprocessing children (not its resource tracker)."""
-    return {
-        child.pid
-        for child in psutil.Process().children()
-        if any("spawn_main" in part for part in child.cmdline())
-    }
+    """Pids of this process's multiprocessing children (not its resource tracker).
+
+    A child caught between fork and exec still shows this process's command line; on a
+    busy machine a worker started just before the call is often still there.
+    """
+    me = psutil.Process()
+    own = me.cmdline()
+    children = set()
+    for child in me.children():
+        try:
+            cmdline = child.cmdline()
+        except psutil.NoSuchProcess:  # ended since it was listed
+            continue
+        if cmdline == own or any("spawn_main" in part for part in cmdline):
+            children.add(child.pid)
+    return children
 
 
 def alive(pid: int) -> bool:
