@@ -54,7 +54,7 @@ def test_second_run_continues_from_the_database(tmp_path):
     assert len({r.decision_hash for r in records}) == 8  # nothing measured twice
     # The best of both runs, timed again at the end of each (so not necessarily at or below first's).
     assert second.best.id == min((r for r in records if r.status == "ok"), key=lambda r: (r.mean_latency, r.id)).id
-    assert first.best is not None
+    assert len(next(r for r in records if r.id == first.best.id).latencies) > 3  # timed again, not lost
 
 
 def test_the_best_records_are_timed_again_at_the_end(tmp_path):
@@ -76,6 +76,51 @@ def test_the_best_records_are_timed_again_at_the_end(tmp_path):
     with Database(tmp_path / "u.db") as database:
         assert all(len(r.latencies) <= 3 for r in database.records(database.workloads()[0].id))
     assert unconfirmed.measured == 3
+
+
+def test_a_best_record_that_no_longer_builds_or_runs_is_named_and_the_others_still_confirmed(tmp_path):
+    from probtune.measure import prepare_reference
+    from probtune.measure.builder import BuildResult, LocalBuilder
+    from probtune.measure.runner import LocalRunner, RunResult
+    from probtune.tune import _confirm_best
+
+    result = probtune.tune("matmul", trials=4, database=tmp_path / "t.db", seed=0, confirm=0, **SMALL)
+
+    class FirstFailsToBuild:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def build(self, mods, target, workdir):
+            rest = dict(self.inner.build(mods[1:], target, workdir))
+            yield 0, BuildResult(None, "the compiler is gone", 0.0)
+            yield from ((i + 1, built) for i, built in rest.items())
+
+    class FirstPassFailsFirst:
+        def __init__(self, inner):
+            self.inner, self.passes = inner, 0
+
+        def run(self, reference, artifacts, target, **options):
+            self.passes += 1
+            for position, outcome in self.inner.run(reference, artifacts, target, **options):
+                if self.passes == 1 and position == 0:
+                    outcome = RunResult("run_error", (), "the device is gone", outcome.seconds)
+                yield position, outcome
+
+    with Database(tmp_path / "t.db") as db, LocalBuilder() as builder, LocalRunner() as runner:
+        workload_id = db.workloads()[0].id
+        best = db.best(workload_id, "host", k=3)
+        reference = prepare_reference(result.workload, str(tmp_path), seed=0)
+        with pytest.warns(UserWarning) as warned:
+            _confirm_best(db, workload_id, result.target, result.space, FirstFailsToBuild(builder),
+                          FirstPassFailsFirst(runner), reference, str(tmp_path), top=3)
+        messages = [str(w.message) for w in warned]
+        assert any(f"record {best[0].id}" in m and "does not build now: the compiler is gone" in m for m in messages)
+        assert any(f"record {best[1].id}" in m and "run_error when timed again: the device is gone" in m
+                   for m in messages)
+        after = {r.id: r for r in db.records(workload_id)}
+    assert after[best[0].id].latencies == best[0].latencies  # not timed again
+    assert len(after[best[1].id].latencies) == len(best[1].latencies) + 3  # the second pass only
+    assert len(after[best[2].id].latencies) == len(best[2].latencies) + 6  # both passes
 
 
 def test_same_seed_same_search(tmp_path):

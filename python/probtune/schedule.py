@@ -28,6 +28,7 @@ from probtune._core import (
     sample_perfect_tile,
 )
 from probtune.errors import ReplayError, last_line
+from probtune.tir import identity
 
 __all__ = ["RV", "BlockRV", "LoopRV", "ExprRV", "Schedule", "SAMPLING_KINDS", "PRIMITIVE_KINDS", "tvm_compute_location"]
 
@@ -186,7 +187,7 @@ def _without_argument_checks(schedule_class: type[s_tir.Schedule]) -> type[s_tir
 
 
 _TVMSchedule = _without_argument_checks(s_tir.Schedule)
-_PRISTINE: OrderedDict[int, tuple[Any, s_tir.Schedule]] = OrderedDict()  # hash of a program -> (it, its schedule)
+_PRISTINE: OrderedDict[int, tuple[Any, s_tir.Schedule]] = OrderedDict()  # identity of a program -> (it, its schedule)
 _MAX_PRISTINE = 8
 
 
@@ -195,10 +196,10 @@ def _new_tvm_schedule(mod: tvm.IRModule | tvm.tirx.PrimFunc) -> s_tir.Schedule:
 
     Building a schedule analyses the whole program (about 0.5 ms for a conv2d);
     copying one costs 1% of that, and the search replays thousands of traces
-    of one program. The hash of a TVM object is its address, which the kept
-    entry holds on to, so it cannot be reused by another program meanwhile.
+    of one program. The kept entry holds on to the program, so its identity
+    cannot pass to another program meanwhile.
     """
-    key = hash(mod)
+    key = identity(mod)
     entry = _PRISTINE.get(key)
     if entry is None:
         entry = _PRISTINE[key] = (mod, _TVMSchedule(mod))

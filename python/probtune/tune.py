@@ -297,8 +297,7 @@ def _measure(
 
     A candidate whose first timing is far slower than the best so far is not timed again.
     """
-    built = dict(builder.build([c.mod for c in batch], spec.tvm_target, workdir))
-    runnable = [i for i in range(len(batch)) if built[i].artifact is not None]
+    built, runnable = _build([c.mod for c in batch], builder, spec, workdir)
     for index in range(len(batch)):
         if built[index].artifact is None:
             yield batch[index], "build_error", (), built[index].error, built[index].seconds, None
@@ -308,6 +307,12 @@ def _measure(
         index = runnable[position]
         yield batch[index], result.status, result.latencies, result.error, built[index].seconds, result.seconds
         Path(artifacts[position]).unlink(missing_ok=True)
+
+
+def _build(mods: list[tvm.IRModule], builder: Any, spec: TargetSpec, workdir: str) -> tuple[dict[int, Any], list[int]]:
+    """Build ``mods``: each one's build result by index, and the indices of those that gave an artifact."""
+    built = dict(builder.build(mods, spec.tvm_target, workdir))
+    return built, [i for i in range(len(mods)) if built[i].artifact is not None]
 
 
 def _confirm_best(
@@ -334,8 +339,13 @@ def _confirm_best(
         records.append(record)
     if not records:
         return
-    built = dict(builder.build(programs, spec.tvm_target, workdir))
-    runnable = [i for i in range(len(programs)) if built[i].artifact is not None]
+    built, runnable = _build(programs, builder, spec, workdir)
+    for index in sorted(set(range(len(programs))) - set(runnable)):
+        warnings.warn(
+            f"record {records[index].id} measured ok before, but does not build now: {built[index].error}; "
+            "it is not timed again",
+            stacklevel=3,
+        )
     artifacts = [built[i].artifact for i in runnable]
     timings: dict[int, list[float]] = {i: [] for i in runnable}
     for _ in range(_CONFIRM_PASSES):
