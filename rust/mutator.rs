@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use crate::decision::Decision;
 use crate::instruction::{Arg, Instruction};
 use crate::rng::Rng;
-use crate::sampling::{innermost_allowed, prime_factors, sample_categorical};
+use crate::sampling::{divisors, innermost_allowed, sample_categorical};
 use crate::trace::Trace;
 
 /// Random moves tried before a tile-size mutation gives up: a move can be refused by the
@@ -45,9 +45,10 @@ fn int_attr(inst: &Instruction, name: &str) -> Option<i64> {
     }
 }
 
-/// Moves a prime factor of one level of a `sample_perfect_tile` decision to another level
-/// (as MetaSchedule's MutateTileSize does): the product, the number of levels and the
-/// `max_innermost_factor` limit are kept.
+/// Moves a divisor of one level of a `sample_perfect_tile` decision to another level (as
+/// MetaSchedule's MutateTileSize does): the product, the number of levels and the
+/// `max_innermost_factor` limit are kept. A whole level can move at once, so a tiling a
+/// few levels away is a few moves away, not one move per prime factor.
 pub struct MutateTileSize;
 
 /// A `sample_perfect_tile` decision with a factor that can move.
@@ -82,20 +83,32 @@ impl MutateTileSize {
             .collect()
     }
 
-    /// One random move of `site`: a prime factor of a random level goes to another random
-    /// level. `None` when the move would overflow the innermost limit.
+    /// One random move of `site`: a random divisor (above 1) of a random level goes to another
+    /// random level. `None` when no divisor of that level fits under the innermost limit.
     fn random_move(site: &TileSite<'_>, rng: &mut Rng) -> Option<Vec<i64>> {
         let levels = site.factors.len();
         let splittable: Vec<usize> = (0..levels).filter(|&l| site.factors[l] > 1).collect();
         let from = splittable[rng.below(splittable.len() as u64) as usize];
-        let primes = prime_factors(site.factors[from]);
-        let prime = primes[rng.below(primes.len() as u64) as usize];
         let other = rng.below(levels as u64 - 1) as usize;
         let to = if other >= from { other + 1 } else { other };
+        let moves: Vec<i64> = divisors(site.factors[from])
+            .into_iter()
+            .filter(|&divisor| divisor > 1)
+            .filter(|&divisor| {
+                to != levels - 1
+                    || site.factors[to]
+                        .checked_mul(divisor)
+                        .is_some_and(|factor| innermost_allowed(factor, site.max_innermost_factor))
+            })
+            .collect();
+        if moves.is_empty() {
+            return None;
+        }
+        let divisor = moves[rng.below(moves.len() as u64) as usize];
         let mut factors = site.factors.to_vec();
-        factors[from] /= prime;
-        factors[to] = factors[to].checked_mul(prime)?;
-        innermost_allowed(factors[levels - 1], site.max_innermost_factor).then_some(factors)
+        factors[from] /= divisor;
+        factors[to] = factors[to].checked_mul(divisor)?;
+        Some(factors)
     }
 }
 
@@ -388,6 +401,28 @@ pub(crate) mod tests {
             reached.len(),
             10,
             "the 10 ways to place three 2s on three levels"
+        );
+    }
+
+    #[test]
+    fn tile_mutation_moves_a_whole_level_at_once() {
+        let mut b = TraceBuilder::default();
+        let loops = b.loops(1);
+        b.tile(&loops[0], vec![1, 16, 2, 4], 4);
+        let trace = b.trace;
+        let reached: std::collections::BTreeSet<Vec<i64>> = (0..2000)
+            .filter_map(|seed| MutateTileSize.mutate(&trace, &mut Rng::new(seed)))
+            .filter_map(|mutated| match mutated.decision(2) {
+                Some(Decision::Tile(factors)) => Some(factors.clone()),
+                _ => None,
+            })
+            .collect();
+        assert!(reached.contains(&vec![1, 1, 32, 4]), "16 moves in one step");
+        assert!(reached.contains(&vec![4, 16, 2, 1]), "so does the innermost 4");
+        assert!(reached.contains(&vec![1, 8, 4, 4]), "and a prime alone");
+        assert!(
+            reached.iter().all(|factors| factors[3] <= 4),
+            "within the innermost limit of 4 only: {reached:?}"
         );
     }
 

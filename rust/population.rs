@@ -845,7 +845,12 @@ mod tests {
         let mean = |scores: &[f64]| scores.iter().sum::<f64>() / scores.len() as f64;
         let means: Vec<f64> = hooks.batch_scores.iter().map(|s| mean(s)).collect();
         assert_eq!(means[0], 1.0, "initial innermost factors are all 1");
-        assert!(means.windows(2).all(|pair| pair[1] > pair[0]), "{means:?}");
+        // Rising each generation until half the limit; near the limit, mutations can only lower it.
+        assert!(
+            means.windows(2).all(|pair| pair[1] > pair[0] || pair[0] > 8.0),
+            "{means:?}"
+        );
+        assert!(means.last().unwrap() > &8.0, "{means:?}");
         assert_eq!(innermost(&selected[0]), 16, "the limit is found");
         let selected_mean = mean(
             &selected

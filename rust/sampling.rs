@@ -29,6 +29,24 @@ pub(crate) fn prime_factors(mut n: i64) -> Vec<i64> {
     factors
 }
 
+/// Divisors of `n` (n >= 1) in ascending order, 1 and `n` included.
+pub(crate) fn divisors(n: i64) -> Vec<i64> {
+    let mut small = Vec::new();
+    let mut large = Vec::new();
+    let mut divisor = 1;
+    while divisor <= n / divisor {
+        if n % divisor == 0 {
+            small.push(divisor);
+            if divisor != n / divisor {
+                large.push(n / divisor);
+            }
+        }
+        divisor += 1;
+    }
+    small.extend(large.into_iter().rev());
+    small
+}
+
 /// Whether `factor` is allowed as innermost factor; a non-positive limit means no limit.
 pub(crate) fn innermost_allowed(factor: i64, max_innermost_factor: i64) -> bool {
     max_innermost_factor <= 0 || factor <= max_innermost_factor
@@ -234,6 +252,14 @@ mod tests {
         assert_eq!(prime_factors(360), vec![2, 2, 2, 3, 3, 5]);
         assert_eq!(prime_factors(97), vec![97]);
         assert_eq!(prime_factors(2 * 1_000_003), vec![2, 1_000_003]);
+    }
+
+    #[test]
+    fn divisors_are_sorted_and_complete() {
+        assert_eq!(divisors(1), vec![1]);
+        assert_eq!(divisors(16), vec![1, 2, 4, 8, 16]);
+        assert_eq!(divisors(36), vec![1, 2, 3, 4, 6, 9, 12, 18, 36]);
+        assert_eq!(divisors(97), vec![1, 97]);
     }
 
     #[test]
