@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -10,7 +11,8 @@ import tvm_ffi
 
 from probtune import Rng
 from probtune.plugins import get_registry
-from probtune.realize import REPLAY_FAILED, Realized, Realizer, Rejected
+import probtune.realize as realize_module
+from probtune.realize import REPLAY_FAILED, Realized, Realizer, Rejected, _Chunks, realize_in_process
 from probtune.search import EvolutionarySearch
 from probtune.space import generate_space
 from probtune.workload import resolve_workload
@@ -38,6 +40,18 @@ class CrashInHelper:
     def check(self, sch, ctx):
         if str(os.getpid()) != os.environ[_PARENT_PID]:
             os._exit(3)
+        return None
+
+
+@dataclass(frozen=True)
+class SlowInHelper:
+    """Takes a quarter of a second per candidate in a helper and no time in the test's process."""
+
+    name: str = "slow-in-helper"
+
+    def check(self, sch, ctx):
+        if str(os.getpid()) != os.environ[_PARENT_PID]:
+            time.sleep(0.25)
         return None
 
 
@@ -99,6 +113,37 @@ def test_a_helper_that_dies_is_reported_and_its_share_realized_here(host, monkey
         assert _summary(outcomes) == _summary(Realizer(space, XGBCostModel()).realize(_jobs(space, count=6)))
     finally:
         realizer.close()
+
+
+def test_jobs_go_to_whichever_process_is_free(host, monkeypatch):
+    """A helper that falls behind gets fewer jobs than a fixed split would give it; the outcomes are the same."""
+    monkeypatch.setenv(_PARENT_PID, str(os.getpid()))
+    space = _space(host, [*host.validators, SlowInHelper()])
+    here: list[int] = []
+
+    def counting(space, jobs, featurize):
+        here.append(len(jobs))
+        return realize_in_process(space, jobs, featurize)
+
+    realizer = Realizer(space, XGBCostModel(), workers=1)
+    try:
+        monkeypatch.setattr(realize_module, "realize_in_process", counting)
+        outcomes = realizer.realize(_jobs(space, count=24))
+    finally:
+        realizer.close()
+    assert sum(here) > 12, here  # half would have been this process's share
+    assert _summary(outcomes) == _summary(Realizer(space, XGBCostModel()).realize(_jobs(space, count=24)))
+
+
+def test_chunks_cover_every_job_once_and_shrink():
+    chunks = _Chunks(100, processes=2)
+    spans = []
+    while chunks.left:
+        spans.append(chunks.take())
+    assert [i for span in spans for i in range(span.start, span.stop)] == list(range(100))
+    sizes = [span.stop - span.start for span in spans]
+    assert sizes[0] == 25 and sizes == sorted(sizes, reverse=True) and min(sizes) >= 1
+    assert _Chunks(3, processes=4).take() == slice(0, 2)  # never below two jobs while there are two
 
 
 def test_no_helpers_without_picklable_features_or_validators(host):

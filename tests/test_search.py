@@ -6,6 +6,7 @@ import numpy as np
 
 from probtune import Rng
 from probtune.plugins import get_registry
+import probtune.search as search_module
 from probtune.search import EvolutionarySearch, RandomSearch
 from probtune.space import generate_space
 from probtune.workload import resolve_workload
@@ -95,6 +96,36 @@ def test_random_samples_are_a_pool_that_rotates(host):
         batch = search.next_batch(4)
         assert batch
     assert [count for count in drawn if count] == [12, 3, 3]
+
+
+def test_the_best_unmeasured_candidates_start_the_next_population(host, monkeypatch):
+    """A batch's best-scored candidates that were not chosen come right after the measured ones next time."""
+    search, _ = _search(host, carry=5)
+    calls: list[tuple[list, dict[int, float]]] = []
+
+    def recording_evolve(initial, score, *args, **kwargs):
+        scores: dict[int, float] = {}
+
+        def recording_score(traces):
+            result = score(traces)
+            scores.update({t.decision_hash(): s for t, s in zip(traces, result) if s is not None})
+            return result
+
+        calls.append((list(initial), scores))
+        return real_evolve(initial, recording_score, *args, **kwargs)
+
+    real_evolve = search_module.evolve
+    monkeypatch.setattr(search_module, "evolve", recording_evolve)
+    batch = search.next_batch(4)  # random: the model is untrained
+    search.observe([(c, 1e-3 * (i + 1)) for i, c in enumerate(batch)])
+    batch = search.next_batch(4)
+    ((_, scores),) = calls
+    best_unmeasured = sorted((key for key in scores if key not in search.seen), key=lambda key: -scores[key])[:5]
+    search.observe([(c, 1e-3 * (i + 1)) for i, c in enumerate(batch)])
+    search.next_batch(4)
+    second_initial = calls[1][0]
+    measured = len(search._measured)  # the measured traces come first
+    assert [t.decision_hash() for t in second_initial[measured : measured + 5]] == best_unmeasured
 
 
 def test_failed_candidates_are_learned_from_as_failures(host):

@@ -13,6 +13,7 @@ import os
 import pickle
 import warnings
 import weakref
+from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Sequence
@@ -31,6 +32,8 @@ from probtune.workload import Workload
 __all__ = ["Realized", "Rejected", "Realizer", "REPLAY_FAILED"]
 
 _STARTUP_TIMEOUT = 120.0  # importing TVM takes about a second; minutes mean something is broken
+_MIN_CHUNK = 2  # jobs: a candidate takes ~10 ms to realize, a round trip through the pipe well under 1 ms
+_CHUNKS_IN_FLIGHT = 2  # per helper: the next chunk waits in its pipe while it realizes one
 
 ProgramFeatures = Callable[[tvm.IRModule], np.ndarray]
 Job = tuple[Trace, "Rng | None"]  # a trace, and the generator for its missing decisions (None: all decided)
@@ -113,18 +116,46 @@ class Realizer:
         return len(self._helpers)
 
     def realize(self, jobs: Sequence[Job]) -> list[Outcome]:
-        """One outcome per job, in order."""
+        """One outcome per job, in order.
+
+        Jobs go out in chunks, large first and smaller as they run out, and
+        each process takes the next chunk when it is done with its own: this
+        process also runs the search between realizations, so a fixed split
+        would leave the helpers idle for part of every batch.
+        """
+        jobs = list(jobs)
         if not self._helpers or len(jobs) < 2:
-            return self._realize_here(list(jobs))
+            return self._realize_here(jobs)
         if not self._ready:
             self._wait_ready()
-        helpers = list(self._helpers)
-        per_share = -(-len(jobs) // (len(helpers) + 1))
-        chunks = [list(jobs[i * per_share : (i + 1) * per_share]) for i in range(len(helpers) + 1)]
-        sent = [bool(chunk) and self._send(helper, chunk) for helper, chunk in zip(helpers, chunks[1:])]
-        outcomes = self._realize_here(chunks[0])  # while the helpers realize theirs
-        for helper, chunk, was_sent in zip(helpers, chunks[1:], sent):
-            outcomes += self._receive(helper, chunk) if was_sent else self._realize_here(chunk)
+        outcomes: list[Outcome] = [None] * len(jobs)  # type: ignore[list-item] - every slot is filled below
+        chunks = _Chunks(len(jobs), processes=len(self._helpers) + 1)
+        in_flight: list[tuple[WorkerProcess, deque[slice]]] = [(helper, deque()) for helper in self._helpers]
+
+        def dispatch() -> None:
+            for helper, spans in in_flight:
+                while helper in self._helpers and len(spans) < _CHUNKS_IN_FLIGHT and chunks.left:
+                    spans.append(chunks.take())
+                    self._send(helper, jobs[spans[-1]])  # if the helper is gone, the span is realized below
+
+        def collect(helper: WorkerProcess, spans: deque[slice], wait: bool) -> None:
+            while spans and helper in self._helpers and (wait or helper.connection.poll()):
+                span = spans.popleft()
+                outcomes[span] = self._receive(helper, jobs[span])
+            if helper not in self._helpers:  # it died: what it still held is realized here
+                while spans:
+                    span = spans.popleft()
+                    outcomes[span] = self._realize_here(jobs[span])
+
+        dispatch()
+        while chunks.left:
+            span = chunks.take()
+            outcomes[span] = self._realize_here(jobs[span])
+            for helper, spans in in_flight:
+                collect(helper, spans, wait=False)
+            dispatch()
+        for helper, spans in in_flight:
+            collect(helper, spans, wait=True)
         return outcomes
 
     def close(self) -> None:
@@ -138,13 +169,11 @@ class Realizer:
                 self._drop(helper, f"did not start ({exc})")
         self._ready = True
 
-    def _send(self, helper: WorkerProcess, chunk: list[Job]) -> bool:
+    def _send(self, helper: WorkerProcess, chunk: list[Job]) -> None:
         try:
             helper.connection.send(chunk)
         except OSError:  # a broken pipe: the helper is gone
             self._drop(helper, f"died ({helper.kill()})")
-            return False
-        return True
 
     def _receive(self, helper: WorkerProcess, chunk: list[Job]) -> list[Outcome]:
         try:
@@ -167,6 +196,29 @@ class Realizer:
         warnings.warn(f"{helper.name} {why}; its share of candidates is realized in the tuning process", stacklevel=4)
         helper.kill()
         self._helpers.remove(helper)
+
+
+class _Chunks:
+    """Consecutive spans of ``total`` jobs for ``processes`` to share, each a fraction of what is left.
+
+    Early chunks are large (few messages); the last ones are small, so that
+    no process is left with much to do when the others run out.
+    """
+
+    def __init__(self, total: int, processes: int) -> None:
+        self.total = total
+        self.processes = processes
+        self.start = 0
+
+    @property
+    def left(self) -> int:
+        return self.total - self.start
+
+    def take(self) -> slice:
+        size = max(_MIN_CHUNK, self.left // (2 * self.processes))
+        span = slice(self.start, min(self.total, self.start + size))
+        self.start = span.stop
+        return span
 
 
 @dataclass(frozen=True)

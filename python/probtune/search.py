@@ -101,7 +101,8 @@ class EvolutionarySearch:
     """Cost-model-guided evolutionary search (MetaSchedule's strategy, with the loop in Rust).
 
     Each batch: an initial population of the best measured traces of this
-    workload plus ``init_samples`` unmeasured random samples is evolved by
+    workload, the previous batch's ``carry`` best-scored unmeasured
+    candidates and ``init_samples`` unmeasured random samples is evolved by
     the registered mutators for ``generations`` rounds, scored by ``model``
     in one batched call per round (replay, validators and features here, in
     Python; mutation, dedup and selection in Rust). The batch is the model's
@@ -135,7 +136,8 @@ class EvolutionarySearch:
         init_samples: int = 64,
         fresh_per_batch: int = 16,
         init_measured: int = INIT_MEASURED,
-        generations: int = 3,
+        generations: int = 2,
+        carry: int = 32,
         mutate_prob: float = 0.85,
         eps_greedy: float = 0.05,
         max_cached: int = 16384,
@@ -150,6 +152,7 @@ class EvolutionarySearch:
         self.fresh_per_batch = fresh_per_batch
         self.init_measured = init_measured
         self.generations = generations
+        self.carry = carry
         self.mutate_prob = mutate_prob
         self.eps_greedy = eps_greedy
         self.max_cached = max_cached
@@ -168,6 +171,8 @@ class EvolutionarySearch:
         self._scored: OrderedDict[int, _Scored | None] = OrderedDict()  # decision hash -> None: invalid
         self._realized: dict[int, Realized] = {}  # this batch's valid candidates not yet scored or chosen
         self._samples: deque[Trace] = deque(maxlen=init_samples)  # the pool of random samples, newest last
+        self._carried: list[Trace] = []  # the last batch's best unmeasured candidates, best first
+        self._batch_scores: dict[int, tuple[float, Trace]] = {}  # this batch's valid candidates by decision hash
         self._realizer = Realizer(space, model, realize_workers)
 
     def next_batch(self, size: int) -> list[Candidate]:
@@ -176,7 +181,8 @@ class EvolutionarySearch:
         kept = [trace for trace in self._samples if self._unmeasured_and_valid(trace.decision_hash())]
         self._samples = deque(kept, maxlen=self.init_samples)
         self._samples.extend(self._fresh_samples(max(self.fresh_per_batch, self.init_samples - len(kept))))
-        initial = [trace for trace, _ in self._measured] + list(self._samples)
+        carried = [trace for trace in self._carried if self._unmeasured_and_valid(trace.decision_hash())]
+        initial = [trace for trace, _ in self._measured] + carried + list(self._samples)
         chosen = evolve(
             initial,
             self._score,
@@ -198,6 +204,7 @@ class EvolutionarySearch:
             self.seen_programs.add(candidate.program_hash)
             batch.append(candidate)
         self._realized.clear()
+        self._carry_best_unmeasured()
         return batch
 
     def observe(self, results: Sequence[tuple[Candidate, float | None]]) -> None:
@@ -219,6 +226,19 @@ class EvolutionarySearch:
         self._realizer.close()
 
     # ---- scoring ---------------------------------------------------------------
+    def _carry_best_unmeasured(self) -> None:
+        """Keep the batch's ``carry`` best-scored unmeasured candidates to start the next population.
+
+        The evolution then goes on where it stopped instead of starting over
+        from the measured programs: a batch needs fewer generations. Their
+        features are kept, so the next batch scores them again (with the
+        model retrained) without realizing them.
+        """
+        unmeasured = [(score, trace) for key, (score, trace) in self._batch_scores.items() if key not in self.seen]
+        unmeasured.sort(key=lambda item: -item[0])  # stable: ties keep the order they were scored in
+        self._carried = [trace for _, trace in unmeasured[: self.carry]]
+        self._batch_scores.clear()
+
     def _unmeasured_and_valid(self, key: int) -> bool:
         """Whether a pooled sample is still worth evolving: not measured, its program no duplicate (nor forgotten)."""
         return key not in self.seen and self._scored.get(key) is not None
@@ -277,7 +297,9 @@ class EvolutionarySearch:
         if valid:
             predicted = self.model.predict([self._scored[keys[i]].features for i in valid])  # type: ignore[union-attr]
             for i, value in zip(valid, np.asarray(predicted, dtype=np.float64)):
-                scores[i] = float(value) if np.isfinite(value) else None
+                if np.isfinite(value):
+                    scores[i] = float(value)
+                    self._batch_scores[keys[i]] = (float(value), traces[i])
         return scores
 
     def _remember(self, key: int, scored: _Scored | None) -> None:
