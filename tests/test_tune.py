@@ -63,19 +63,56 @@ def test_the_best_records_are_timed_again_at_the_end(tmp_path):
     with Database(tmp_path / "t.db") as database:
         records = database.records(database.workloads()[0].id)
     confirmed = [r for r in records if len(r.latencies) > 3]  # one pass gives at most 3
-    assert len(confirmed) == 3 and all(len(r.latencies) in (1 + passes, 3 + passes) for r in confirmed)
+    assert len(confirmed) in (3, 6) and all(len(r.latencies) in (1 + passes, 3 + passes) for r in confirmed)
 
     def first_pass(record):
         return float(np.mean(record.latencies[: len(record.latencies) - passes if record in confirmed else None]))
 
     ranked = sorted(records, key=lambda r: (first_pass(r), r.id))
-    assert {r.id for r in ranked[:3]} == {r.id for r in confirmed}  # the three best of the first pass
+    assert {r.id for r in ranked[:3]} <= {r.id for r in confirmed}  # the three best of the first pass, at least
     assert result.best.id == min(records, key=lambda r: (r.mean_latency, r.id)).id
+    assert result.best.id in {r.id for r in confirmed}
 
     unconfirmed = probtune.tune("matmul", trials=3, database=tmp_path / "u.db", seed=0, confirm=0, **SMALL)
     with Database(tmp_path / "u.db") as database:
         assert all(len(r.latencies) <= 3 for r in database.records(database.workloads()[0].id))
     assert unconfirmed.measured == 3
+
+
+def test_a_record_that_overtakes_the_timed_again_ones_is_timed_again_too(tmp_path):
+    from probtune.measure import prepare_reference
+    from probtune.measure.builder import LocalBuilder
+    from probtune.measure.runner import LocalRunner, RunResult
+    from probtune.tune import _confirm_best
+
+    result = probtune.tune("matmul", trials=5, database=tmp_path / "t.db", seed=0, confirm=0, **SMALL)
+
+    class FirstRoundSlow:
+        """The first round's timings come out 1000 times slower: its records fall behind the others."""
+
+        def __init__(self, inner):
+            self.inner, self.passes = inner, 0
+
+        def run(self, reference, artifacts, target, **options):
+            self.passes += 1
+            for position, outcome in self.inner.run(reference, artifacts, target, **options):
+                if self.passes <= 2:  # the first round's two passes
+                    outcome = RunResult(outcome.status, tuple(t * 1000 for t in outcome.latencies), None, outcome.seconds)
+                yield position, outcome
+
+    with Database(tmp_path / "t.db") as db, LocalBuilder() as builder, LocalRunner() as runner:
+        workload_id = db.workloads()[0].id
+        before = {r.id: r for r in db.records(workload_id)}
+        first_round = [r.id for r in db.best(workload_id, "host", k=2)]
+        reference = prepare_reference(result.workload, str(tmp_path), seed=0)
+        slow = FirstRoundSlow(runner)
+        _confirm_best(db, workload_id, result.target, result.space, builder, slow, reference, str(tmp_path), top=2)
+        after = {r.id: r for r in db.records(workload_id)}
+        best = db.best(workload_id, "host")[0]
+    timed_again = {i for i in after if len(after[i].latencies) > len(before[i].latencies)}
+    assert slow.passes == 4  # two rounds of two passes; the second round's best is timed again: no third
+    assert set(first_round) < timed_again and len(timed_again) == 4
+    assert best.id in timed_again - set(first_round)
 
 
 def test_a_best_record_that_no_longer_builds_or_runs_is_named_and_the_others_still_confirmed(tmp_path):

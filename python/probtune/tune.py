@@ -134,7 +134,9 @@ def tune(
     At the end, the ``confirm`` best records are timed again, in passes
     over all of them, and the timings join their records: one pass is good
     to about ±20% on a busy machine, and the fastest of hundreds of records
-    is the one whose pass was luckiest. ``confirm=0`` skips it.
+    is the one whose pass was luckiest. If a record timed once then leads,
+    the new best ones are timed again too, until the best is a record timed
+    again. ``confirm=0`` skips it.
     """
     if not isinstance(trials, int) or trials <= 0:
         raise TuningConfigError(f"trials must be a positive integer, got {trials!r}")
@@ -229,6 +231,7 @@ def tune(
 _STRATEGIES = ("evolutionary", "random")
 _CLEARLY_SLOWER = 2.0  # a first timing this many times the best so far ends a candidate's timing
 _CONFIRM_PASSES = 2
+_CONFIRM_ROUNDS = 3
 
 
 def _cost_model(model: str | CostModel, factories: dict[str, Callable[..., Any]], seed: int) -> CostModel:
@@ -328,23 +331,46 @@ def _confirm_best(
 ) -> None:
     """Time the ``top`` best records again, in passes over all of them; the timings join their records.
 
-    A record whose program no longer replays (a trace from an older space) is left as it is.
+    Once their means have moved, a record ranked below them (one lucky pass)
+    may lead; then the new ``top`` are timed in the same way, until the best
+    record is one timed again (at most ``_CONFIRM_ROUNDS`` rounds).
     """
-    records, programs = [], []
-    for record in db.best(workload_id, spec.name, k=top):
+    tried: set[int] = set()
+    for _ in range(_CONFIRM_ROUNDS):
+        best = db.best(workload_id, spec.name, k=top)
+        if not best or best[0].id in tried:
+            return
+        records = [record for record in best if record.id not in tried]
+        tried.update(record.id for record in records)
+        _time_again(db, records, spec, space, builder, runner, reference, workdir)
+
+
+def _time_again(
+    db: Database,
+    records: list[Record],
+    spec: TargetSpec,
+    space: DesignSpace,
+    builder: Any,
+    runner: Any,
+    reference: Any,
+    workdir: str,
+) -> None:
+    """``_CONFIRM_PASSES`` passes over ``records``; a record whose program no longer replays is left as it is."""
+    replayed = []
+    for record in records:
         try:
-            programs.append(space.program(Trace.from_json(record.trace_json)))
+            replayed.append((record, space.program(Trace.from_json(record.trace_json))))
         except (ReplayError, InvalidDecisionError, TraceFormatError):
             continue
-        records.append(record)
-    if not records:
+    if not replayed:
         return
+    records, programs = [record for record, _ in replayed], [program for _, program in replayed]
     built, runnable = _build(programs, builder, spec, workdir)
     for index in sorted(set(range(len(programs))) - set(runnable)):
         warnings.warn(
             f"record {records[index].id} measured ok before, but does not build now: {built[index].error}; "
             "it is not timed again",
-            stacklevel=3,
+            stacklevel=4,
         )
     artifacts = [built[i].artifact for i in runnable]
     timings: dict[int, list[float]] = {i: [] for i in runnable}
@@ -357,7 +383,7 @@ def _confirm_best(
                 warnings.warn(
                     f"record {records[index].id} measured ok before, but {result.status} when timed again: "
                     f"{result.error}; this timing of it is left out",
-                    stacklevel=3,
+                    stacklevel=4,
                 )
     for path in artifacts:
         Path(path).unlink(missing_ok=True)
