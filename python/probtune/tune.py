@@ -333,8 +333,46 @@ def _confirm_best(
 
     Once their means have moved, a record ranked below them (one lucky pass)
     may lead; then the new ``top`` are timed in the same way, until the best
-    record is one timed again (at most ``_CONFIRM_ROUNDS`` rounds).
+    record is one timed again (at most ``_CONFIRM_ROUNDS`` rounds). A record
+    whose program no longer replays (a trace from an older space) is left as it is.
     """
+
+    def time_again(records: list[Record]) -> None:
+        replayed = []
+        for record in records:
+            try:
+                replayed.append((record, space.program(Trace.from_json(record.trace_json))))
+            except (ReplayError, InvalidDecisionError, TraceFormatError):
+                continue
+        if not replayed:
+            return
+        records, programs = [record for record, _ in replayed], [program for _, program in replayed]
+        built, runnable = _build(programs, builder, spec, workdir)
+        for index in sorted(set(range(len(programs))) - set(runnable)):
+            warnings.warn(
+                f"record {records[index].id} measured ok before, but does not build now: {built[index].error}; "
+                "it is not timed again",
+                stacklevel=4,
+            )
+        artifacts = [built[i].artifact for i in runnable]
+        timings: dict[int, list[float]] = {i: [] for i in runnable}
+        for _ in range(_CONFIRM_PASSES):
+            for position, result in runner.run(reference, artifacts, spec.tvm_target):
+                index = runnable[position]
+                if result.status == "ok":
+                    timings[index].extend(result.latencies)
+                else:
+                    warnings.warn(
+                        f"record {records[index].id} measured ok before, but {result.status} when timed again: "
+                        f"{result.error}; this timing of it is left out",
+                        stacklevel=4,
+                    )
+        for path in artifacts:
+            Path(path).unlink(missing_ok=True)
+        for index, latencies in timings.items():
+            if latencies:
+                db.add_latencies(records[index].id, latencies)
+
     tried: set[int] = set()
     for _ in range(_CONFIRM_ROUNDS):
         best = db.best(workload_id, spec.name, k=top)
@@ -342,54 +380,7 @@ def _confirm_best(
             return
         records = [record for record in best if record.id not in tried]
         tried.update(record.id for record in records)
-        _time_again(db, records, spec, space, builder, runner, reference, workdir)
-
-
-def _time_again(
-    db: Database,
-    records: list[Record],
-    spec: TargetSpec,
-    space: DesignSpace,
-    builder: Any,
-    runner: Any,
-    reference: Any,
-    workdir: str,
-) -> None:
-    """``_CONFIRM_PASSES`` passes over ``records``; a record whose program no longer replays is left as it is."""
-    replayed = []
-    for record in records:
-        try:
-            replayed.append((record, space.program(Trace.from_json(record.trace_json))))
-        except (ReplayError, InvalidDecisionError, TraceFormatError):
-            continue
-    if not replayed:
-        return
-    records, programs = [record for record, _ in replayed], [program for _, program in replayed]
-    built, runnable = _build(programs, builder, spec, workdir)
-    for index in sorted(set(range(len(programs))) - set(runnable)):
-        warnings.warn(
-            f"record {records[index].id} measured ok before, but does not build now: {built[index].error}; "
-            "it is not timed again",
-            stacklevel=4,
-        )
-    artifacts = [built[i].artifact for i in runnable]
-    timings: dict[int, list[float]] = {i: [] for i in runnable}
-    for _ in range(_CONFIRM_PASSES):
-        for position, result in runner.run(reference, artifacts, spec.tvm_target):
-            index = runnable[position]
-            if result.status == "ok":
-                timings[index].extend(result.latencies)
-            else:
-                warnings.warn(
-                    f"record {records[index].id} measured ok before, but {result.status} when timed again: "
-                    f"{result.error}; this timing of it is left out",
-                    stacklevel=4,
-                )
-    for path in artifacts:
-        Path(path).unlink(missing_ok=True)
-    for index, latencies in timings.items():
-        if latencies:
-            db.add_latencies(records[index].id, latencies)
+        time_again(records)
 
 
 def compile_best(
