@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -14,7 +15,11 @@ import pytest
 
 import probtune
 from probtune import Database, Trace, Workload
+from probtune.measure import prepare_reference
+from probtune.measure.builder import BuildResult, LocalBuilder
+from probtune.measure.runner import LocalRunner, RunResult
 from probtune.targets import cpu_features
+from probtune.tune import _confirm_best
 
 from conftest import matmul_module, run_module
 
@@ -79,34 +84,43 @@ def test_the_best_records_are_timed_again_at_the_end(tmp_path):
     assert unconfirmed.measured == 3
 
 
-def test_a_record_that_overtakes_the_timed_again_ones_is_timed_again_too(tmp_path):
-    from probtune.measure import prepare_reference
-    from probtune.measure.builder import LocalBuilder
-    from probtune.measure.runner import LocalRunner, RunResult
-    from probtune.tune import _confirm_best
+class RewritingRunner:
+    """A runner whose outcomes pass through ``rewrite(pass_number, position, outcome)``; it counts its passes."""
 
-    result = probtune.tune("matmul", trials=5, database=tmp_path / "t.db", seed=0, confirm=0, **SMALL)
+    def __init__(self, inner, rewrite):
+        self.inner, self.rewrite, self.passes = inner, rewrite, 0
 
-    class FirstRoundSlow:
-        """The first round's timings come out 1000 times slower: its records fall behind the others."""
+    def run(self, reference, artifacts, target, **options):
+        self.passes += 1
+        for position, outcome in self.inner.run(reference, artifacts, target, **options):
+            yield position, self.rewrite(self.passes, position, outcome)
 
-        def __init__(self, inner):
-            self.inner, self.passes = inner, 0
 
-        def run(self, reference, artifacts, target, **options):
-            self.passes += 1
-            for position, outcome in self.inner.run(reference, artifacts, target, **options):
-                if self.passes <= 2:  # the first round's two passes
-                    outcome = RunResult(outcome.status, tuple(t * 1000 for t in outcome.latencies), None, outcome.seconds)
-                yield position, outcome
-
-    with Database(tmp_path / "t.db") as db, LocalBuilder() as builder, LocalRunner() as runner:
+@contextlib.contextmanager
+def tuned_without_confirmation(tmp_path, trials):
+    """A small tune's database, and ``confirm(top, builder=None, runner=None)`` that times its best again."""
+    result = probtune.tune("matmul", trials=trials, database=tmp_path / "t.db", seed=0, confirm=0, **SMALL)
+    reference = prepare_reference(result.workload, str(tmp_path), seed=0)
+    with Database(tmp_path / "t.db") as db, LocalBuilder() as local_builder, LocalRunner() as local_runner:
         workload_id = db.workloads()[0].id
+
+        def confirm(top, builder=local_builder, runner=local_runner):
+            _confirm_best(db, workload_id, result.target, result.space, builder, runner, reference, str(tmp_path), top)
+
+        yield db, workload_id, local_builder, local_runner, confirm
+
+
+def test_a_record_that_overtakes_the_timed_again_ones_is_timed_again_too(tmp_path):
+    def first_round_slow(passes, position, outcome):  # its records fall behind the others
+        if passes <= 2:  # the first round's two passes
+            return RunResult(outcome.status, tuple(t * 1000 for t in outcome.latencies), None, outcome.seconds)
+        return outcome
+
+    with tuned_without_confirmation(tmp_path, trials=5) as (db, workload_id, _, runner, confirm):
         before = {r.id: r for r in db.records(workload_id)}
         first_round = [r.id for r in db.best(workload_id, "host", k=2)]
-        reference = prepare_reference(result.workload, str(tmp_path), seed=0)
-        slow = FirstRoundSlow(runner)
-        _confirm_best(db, workload_id, result.target, result.space, builder, slow, reference, str(tmp_path), top=2)
+        slow = RewritingRunner(runner, first_round_slow)
+        confirm(2, runner=slow)
         after = {r.id: r for r in db.records(workload_id)}
         best = db.best(workload_id, "host")[0]
     timed_again = {i for i in after if len(after[i].latencies) > len(before[i].latencies)}
@@ -116,13 +130,6 @@ def test_a_record_that_overtakes_the_timed_again_ones_is_timed_again_too(tmp_pat
 
 
 def test_a_best_record_that_no_longer_builds_or_runs_is_named_and_the_others_still_confirmed(tmp_path):
-    from probtune.measure import prepare_reference
-    from probtune.measure.builder import BuildResult, LocalBuilder
-    from probtune.measure.runner import LocalRunner, RunResult
-    from probtune.tune import _confirm_best
-
-    result = probtune.tune("matmul", trials=4, database=tmp_path / "t.db", seed=0, confirm=0, **SMALL)
-
     class FirstFailsToBuild:
         def __init__(self, inner):
             self.inner = inner
@@ -132,24 +139,15 @@ def test_a_best_record_that_no_longer_builds_or_runs_is_named_and_the_others_sti
             yield 0, BuildResult(None, "the compiler is gone", 0.0)
             yield from ((i + 1, built) for i, built in rest.items())
 
-    class FirstPassFailsFirst:
-        def __init__(self, inner):
-            self.inner, self.passes = inner, 0
+    def first_pass_fails_first(passes, position, outcome):
+        if passes == 1 and position == 0:
+            return RunResult("run_error", (), "the device is gone", outcome.seconds)
+        return outcome
 
-        def run(self, reference, artifacts, target, **options):
-            self.passes += 1
-            for position, outcome in self.inner.run(reference, artifacts, target, **options):
-                if self.passes == 1 and position == 0:
-                    outcome = RunResult("run_error", (), "the device is gone", outcome.seconds)
-                yield position, outcome
-
-    with Database(tmp_path / "t.db") as db, LocalBuilder() as builder, LocalRunner() as runner:
-        workload_id = db.workloads()[0].id
+    with tuned_without_confirmation(tmp_path, trials=4) as (db, workload_id, builder, runner, confirm):
         best = db.best(workload_id, "host", k=3)
-        reference = prepare_reference(result.workload, str(tmp_path), seed=0)
         with pytest.warns(UserWarning) as warned:
-            _confirm_best(db, workload_id, result.target, result.space, FirstFailsToBuild(builder),
-                          FirstPassFailsFirst(runner), reference, str(tmp_path), top=3)
+            confirm(3, builder=FirstFailsToBuild(builder), runner=RewritingRunner(runner, first_pass_fails_first))
         messages = [str(w.message) for w in warned]
         assert any(f"record {best[0].id}" in m and "does not build now: the compiler is gone" in m for m in messages)
         assert any(f"record {best[1].id}" in m and "run_error when timed again: the device is gone" in m

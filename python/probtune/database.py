@@ -10,6 +10,7 @@ saved state of a cost model, which each save replaces.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import numbers
@@ -19,7 +20,7 @@ import sqlite3
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -204,10 +205,9 @@ class Database:
             raise TypeError(f"commit_workload needs a tvm.IRModule, got {type(mod).__name__}")
         hash_text = _hash_to_text(tvm_ffi.structural_hash(mod), "structural_hash")
         program_json = tvm.ir.save_json(mod)
-        # IMMEDIATE takes the write lock first, so two processes committing the same
+        # The write lock comes first, so two processes committing the same
         # program cannot both miss it and insert it twice.
-        self._execute("BEGIN IMMEDIATE")
-        try:
+        with self._write_transaction():
             existing = self._find_workload(mod, hash_text)
             if existing is not None:
                 workload_id = existing.id
@@ -217,10 +217,6 @@ class Database:
                     "VALUES (?, ?, ?, ?)",
                     (key, hash_text, program_json, time.time()),
                 ).lastrowid
-            self._execute("COMMIT")
-        except BaseException:
-            self._rollback()
-            raise
         return workload_id
 
     def find_workload(self, mod: tvm.IRModule) -> WorkloadRow | None:
@@ -304,8 +300,7 @@ class Database:
         values = [_check_latency(value) for value in latencies]
         if not values:
             raise ValueError("add_latencies needs at least one latency")
-        self._execute("BEGIN IMMEDIATE")  # read and write under one lock: another process may add too
-        try:
+        with self._write_transaction():  # read and write under one lock: another process may add too
             record = self.record(record_id)
             if record.status != "ok":
                 raise ValueError(f"record {record_id} has status {record.status!r}; only an ok record is timed again")
@@ -314,10 +309,6 @@ class Database:
                 "UPDATE records SET latencies_json = ?, mean_latency = ? WHERE id = ?",
                 (json.dumps(merged), statistics.fmean(merged), record_id),
             )
-            self._execute("COMMIT")
-        except BaseException:
-            self._rollback()
-            raise
         return self.record(record_id)
 
     def record(self, record_id: int) -> Record:
@@ -469,8 +460,7 @@ class Database:
 
     def _create_schema(self) -> None:
         """Create our tables, unless another process did so while we were looking."""
-        self._execute("BEGIN IMMEDIATE")
-        try:
+        with self._write_transaction():
             if not self._table_names():
                 for statement in _SCHEMA:
                     self._execute(statement)
@@ -478,10 +468,6 @@ class Database:
                     "INSERT INTO meta (key, value) VALUES ('schema_version', ?), ('created_by', ?)",
                     (str(SCHEMA_VERSION), _CREATED_BY),
                 )
-            self._execute("COMMIT")
-        except BaseException:
-            self._rollback()
-            raise
 
     def _check_schema_version(self) -> None:
         """Refuse (without writing anything) a file that another schema wrote."""
@@ -575,6 +561,17 @@ class Database:
             return self._connection_or_raise().execute(sql, params).fetchall()
         except sqlite3.Error as exc:
             raise self._wrapped(exc) from exc
+
+    @contextlib.contextmanager
+    def _write_transaction(self) -> Iterator[None]:
+        """A transaction that holds the write lock from its start (BEGIN IMMEDIATE); any error rolls it back."""
+        self._execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self._execute("COMMIT")
+        except BaseException:
+            self._rollback()
+            raise
 
     def _rollback(self) -> None:
         connection = self._connection

@@ -240,7 +240,7 @@ class EvolutionarySearch:
         self._batch_scores.clear()
 
     def _unmeasured_and_valid(self, key: int) -> bool:
-        """Whether a pooled sample is still worth evolving: not measured, its program no duplicate (nor forgotten)."""
+        """Whether a pooled sample or carried candidate is worth evolving: unmeasured, valid, features kept."""
         return key not in self.seen and self._scored.get(key) is not None
 
     def _fresh_samples(self, count: int) -> list[Trace]:
