@@ -14,7 +14,7 @@ from tvm.script import tirx as T
 from probtune import Rng, generate_space
 from probtune.catalog import BUILTIN_WORKLOADS
 from probtune.schedule import BlockRV, Schedule
-from probtune.tir import block_names
+from probtune.tir import block_names, contiguous_along
 from probtune.workload import Workload
 from probtune_cpu.multi_level_tiling import WRITE_BACK_DEPTH_KEY
 from probtune_cpu.validators import estimate_unrolled_size
@@ -105,6 +105,33 @@ def test_dense_fuses_its_elementwise_epilogue_instead_of_a_cache(host):
         assert rejected is None
         (epilogue,) = sch.tvm.get_consumers(sch.tvm.get_sblock("T_dense"))
         assert len(_shared_loops(sch.tvm, "T_dense", sch.tvm.get(epilogue).name_hint)) == depths[level]
+
+
+def test_dense_packs_its_weight_per_outer_tile_with_the_vector_loop_last(host):
+    spec = CATALOG["dense_bias_relu"]
+    m, n, k = spec.small_shape
+    space = generate_space(spec.instantiate(spec.small_shape), host)
+    realized = [space.realize(space.trace.with_decisions({}), Rng(seed)) for seed in range(8)]
+    accepted = [sch for sch, rejected in realized if rejected is None]
+    assert len(accepted) >= 4
+    for sch in accepted:
+        raw = sch.tvm
+        packed = raw.get(raw.get_sblock("W_global")).writes[0].source
+        assert [int(extent) for extent in packed.shape] == [k, n]  # W[j, k] laid out as [k, j]
+        tiled = raw.get_sblock("T_dense_update")
+        innermost = raw.get_loops(tiled)[-1]
+        assert raw.get(innermost).kind == tvm.tirx.ForKind.VECTORIZED
+        assert int(raw.get(innermost).extent) % host.vector_width == 0  # whole vectors, as if W were contiguous
+        assert contiguous_along(raw, tiled, innermost)
+        shared = _shared_loops(raw, "W_global", "T_dense_update")
+        assert math.prod(int(loop.extent) for loop in shared) == _spatial_tile_product(sch.trace, 1)
+
+
+@pytest.mark.parametrize("name", ["matmul", "batch_matmul", "conv2d_nchw", "conv2d_nhwc"])
+def test_inputs_read_contiguously_along_the_vector_loop_are_not_packed(host, name):
+    spec = CATALOG[name]
+    space = generate_space(spec.instantiate(spec.small_shape), host)
+    assert "cache_read" not in [inst.kind for inst in space.trace.instructions]
 
 
 def test_no_write_back_for_an_intermediate_read_by_a_broadcast(host):

@@ -11,6 +11,7 @@ from probtune.catalog import BUILTIN_WORKLOADS
 from probtune.errors import PluginError
 from probtune.search import RandomSearch
 from probtune.workload import Workload
+from probtune_cpu.multi_level_tiling import MultiLevelTiling
 
 from conftest import assert_samples_correct, matmul_module
 
@@ -36,12 +37,16 @@ def test_matmul_space_is_tiled_parallel_and_vectorized(host):
         assert lanes and all(n % host.vector_width == 0 for n in lanes)
 
 
-def test_strided_vector_loop_is_not_forced_to_whole_vectors(host):
-    # dense reads W[j, k]: whole vectors along j would be gathers, so j is tiled freely (no lanes split)
+def test_strided_vector_loop_is_not_forced_to_whole_vectors_unless_packed(host):
+    # dense reads W[j, k]: whole vectors along j would be gathers, so unpacked j is tiled freely (no lanes split)
     registry_spec = next(s for s in BUILTIN_WORKLOADS if s.name == "dense_bias_relu")
     workload = registry_spec.instantiate(registry_spec.small_shape, "float32")
-    kinds = [inst.kind for inst in generate_space(workload, host, seed=0).trace.instructions]
+    unpacked = generate_space(workload, host, modules=[MultiLevelTiling(pack_strided_inputs=False)])
+    kinds = [inst.kind for inst in unpacked.trace.instructions]
     assert kinds.count("sample_perfect_tile") == 3 and kinds.count("split") == 3 and "fuse" not in kinds
+    kinds = [inst.kind for inst in generate_space(workload, host, modules=[MultiLevelTiling()]).trace.instructions]
+    assert kinds.count("sample_perfect_tile") == 3 and kinds.count("split") == 4 and kinds.count("fuse") == 1
+    assert kinds.count("cache_read") == 1
 
 
 def test_random_search_never_repeats_and_is_deterministic(host):

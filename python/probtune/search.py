@@ -132,7 +132,7 @@ class EvolutionarySearch:
         seen_decisions: set[int] | None = None,
         seen_programs: set[int] | None = None,
         measured: Sequence[tuple[Trace, float]] = (),
-        population_size: int = 128,
+        population_size: int = 96,
         init_samples: int = 64,
         fresh_per_batch: int = 16,
         init_measured: int = INIT_MEASURED,

@@ -8,7 +8,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 __all__ = [
-    "iter_stmts", "child_stmts", "as_list", "identity", "block_names", "sblock_names", "find_realize", "realize_of", "loop_kinds", "at_root", "contiguous_along",
+    "iter_stmts", "child_stmts", "as_list", "identity", "block_names", "sblock_names", "find_realize", "realize_of", "loop_kinds", "at_root", "contiguous_along", "indexing_dims",
     "SPATIAL", "REDUCTION", "OTHER",
 ]
 
@@ -128,8 +128,14 @@ def at_root(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
     return parent is not None and isinstance(parent.stmt, s_tir.SBlock)
 
 
-def contiguous_along(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loop: s_tir.schedule.LoopRV) -> bool:
-    """Whether every buffer the block accesses is indexed by ``loop`` in its last dimension only, if at all."""
+def indexing_dims(
+    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loop: s_tir.schedule.LoopRV
+) -> dict[tuple[str, int], list[int]]:
+    """For each access of the block that ``loop`` indexes, the dimensions it indexes.
+
+    Keys are ("read" or "write", the access's position in the block's reads or
+    writes); an access missing from the result is the same on every iteration.
+    """
     loop_var_id = identity(sch.get(loop).loop_var)
     realize = realize_of(sch, block)
     sblock = realize.block
@@ -138,8 +144,21 @@ def contiguous_along(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loop: 
         for iv, value in zip(as_list(sblock.iter_vars), as_list(realize.iter_values))
         if any(identity(v) == loop_var_id for v in as_list(tirx.analysis.undefined_vars(value)))
     }
-    for region in [*as_list(sblock.reads), *as_list(sblock.writes)]:
-        for dim in region.region[:-1]:
-            if any(identity(v) in bound for v in as_list(tirx.analysis.undefined_vars(dim.min))):
-                return False
-    return True
+    indexed = {}
+    for kind, regions in (("read", sblock.reads), ("write", sblock.writes)):
+        for index, region in enumerate(as_list(regions)):
+            dims = [
+                dim
+                for dim, extent in enumerate(region.region)
+                if any(identity(v) in bound for v in as_list(tirx.analysis.undefined_vars(extent.min)))
+            ]
+            if dims:
+                indexed[(kind, index)] = dims
+    return indexed
+
+
+def contiguous_along(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loop: s_tir.schedule.LoopRV) -> bool:
+    """Whether every buffer the block accesses is indexed by ``loop`` in its last dimension only, if at all."""
+    sblock = sch.get(block)
+    ranks = {"read": [len(r.region) for r in as_list(sblock.reads)], "write": [len(r.region) for r in as_list(sblock.writes)]}
+    return all(dims == [ranks[kind][index] - 1] for (kind, index), dims in indexing_dims(sch, block, loop).items())

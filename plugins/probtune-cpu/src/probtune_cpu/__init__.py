@@ -8,7 +8,7 @@ from probtune import hookimpl
 
 from probtune_cpu.add_rfactor import AddRFactor
 from probtune_cpu.auto_inline import AutoInline
-from probtune_cpu.multi_level_tiling import MultiLevelTiling, RewriteWriteBackLocation
+from probtune_cpu.multi_level_tiling import MultiLevelTiling, RewritePackedLayout, RewriteWriteBackLocation
 from probtune_cpu.parallel_vectorize import (
     AutoUnroll,
     ParallelVectorize,
@@ -20,7 +20,7 @@ from probtune_cpu.polynomial_exp import RewriteExpPolynomial
 from probtune_cpu.random_compute_location import RandomComputeLocation
 from probtune_cpu.validators import VerifyParallel, VerifyStaticLoops, VerifyUnrollSize, VerifyVectorize
 
-__all__ = ["AutoInline", "AddRFactor", "RandomComputeLocation", "MultiLevelTiling", "ParallelVectorize", "AutoUnroll", "RewriteParallelVectorizeUnroll", "RewriteReductionBlock", "RewriteSpatialInnermost", "RewriteExpPolynomial"]
+__all__ = ["AutoInline", "AddRFactor", "RandomComputeLocation", "MultiLevelTiling", "ParallelVectorize", "AutoUnroll", "RewriteParallelVectorizeUnroll", "RewriteReductionBlock", "RewriteSpatialInnermost", "RewriteExpPolynomial", "RewritePackedLayout"]
 
 
 @hookimpl
@@ -40,6 +40,7 @@ def probtune_register_validators(register: Callable[[Any], None]) -> None:
     register(RewriteSpatialInnermost())
     register(RewriteExpPolynomial())
     register(RewriteWriteBackLocation())
+    register(RewritePackedLayout())
     register(VerifyStaticLoops())
     register(VerifyVectorize())
     register(VerifyParallel())
