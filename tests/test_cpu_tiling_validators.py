@@ -109,7 +109,7 @@ def test_dense_fuses_its_elementwise_epilogue_instead_of_a_cache(host):
 
 def test_dense_packs_its_weight_per_outer_tile_with_the_vector_loop_last(host):
     spec = CATALOG["dense_bias_relu"]
-    m, n, k = spec.small_shape
+    _, n, k = spec.small_shape
     space = generate_space(spec.instantiate(spec.small_shape), host)
     realized = [space.realize(space.trace.with_decisions({}), Rng(seed)) for seed in range(8)]
     accepted = [sch for sch, rejected in realized if rejected is None]
@@ -132,6 +132,30 @@ def test_inputs_read_contiguously_along_the_vector_loop_are_not_packed(host, nam
     spec = CATALOG[name]
     space = generate_space(spec.instantiate(spec.small_shape), host)
     assert "cache_read" not in [inst.kind for inst in space.trace.instructions]
+
+
+def _dense_module(weight_read_again: bool) -> tvm.IRModule:
+    x, w = te.placeholder((16, 8), name="X"), te.placeholder((32, 8), name="W")
+    k = te.reduce_axis((0, 8), name="k")
+    y = te.compute((16, 32), lambda i, j: te.sum(x[i, k] * w[j, k], axis=k), name="Y")
+    doubled = [te.compute((32, 8), lambda j, c: w[j, c] * 2.0, name="W2")] if weight_read_again else []
+    return tvm.IRModule({"main": te.create_prim_func([x, w, y, *doubled])})
+
+
+def _row_sum_module() -> tvm.IRModule:
+    a = te.placeholder((16, 32), name="A")
+    k = te.reduce_axis((0, 32), name="k")
+    return tvm.IRModule({"main": te.create_prim_func([a, te.compute((16,), lambda i: te.sum(a[i, k], axis=k), name="B")])})
+
+
+@pytest.mark.parametrize(
+    "module, packed",
+    [(_dense_module(False), True), (_dense_module(True), False), (_row_sum_module(), False)],
+    ids=["dense", "weight-read-by-another-block", "strided-but-not-reused"],
+)
+def test_a_strided_input_is_packed_only_when_one_block_reads_it_and_reuses_it(host, module, packed):
+    space = generate_space(Workload.from_module(module), host, modules=["multi-level-tiling"])
+    assert ("cache_read" in [inst.kind for inst in space.trace.instructions]) == packed
 
 
 def test_no_write_back_for_an_intermediate_read_by_a_broadcast(host):
