@@ -160,5 +160,5 @@ def indexing_dims(
 def contiguous_along(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loop: s_tir.schedule.LoopRV) -> bool:
     """Whether every buffer the block accesses is indexed by ``loop`` in its last dimension only, if at all."""
     sblock = sch.get(block)
-    ranks = {"read": [len(r.region) for r in as_list(sblock.reads)], "write": [len(r.region) for r in as_list(sblock.writes)]}
-    return all(dims == [ranks[kind][index] - 1] for (kind, index), dims in indexing_dims(sch, block, loop).items())
+    regions = {"read": as_list(sblock.reads), "write": as_list(sblock.writes)}
+    return all(dims == [len(regions[kind][index].region) - 1] for (kind, index), dims in indexing_dims(sch, block, loop).items())
