@@ -98,7 +98,10 @@ class RewritingRunner:
 
 @contextlib.contextmanager
 def tuned_without_confirmation(tmp_path, trials):
-    """A small tune's database, and ``confirm(top, builder=None, runner=None)`` that times its best again."""
+    """A small tune's database, its local builder and runner, and ``confirm(top, builder, runner)`` that times its best again.
+
+    ``confirm`` uses the local builder and runner unless given others (wrappers around them).
+    """
     result = probtune.tune("matmul", trials=trials, database=tmp_path / "t.db", seed=0, confirm=0, **SMALL)
     reference = prepare_reference(result.workload, str(tmp_path), seed=0)
     with Database(tmp_path / "t.db") as db, LocalBuilder() as local_builder, LocalRunner() as local_runner:
