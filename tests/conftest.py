@@ -43,15 +43,18 @@ def assert_samples_correct(workload, space, host, samples: int = 3, seed: int = 
     """Draw ``samples`` candidates with fresh decisions; each must replay to itself, compile and match numpy."""
     batch = RandomSearch(space, Rng(seed)).next_batch(samples)
     assert batch, f"no valid sample of {workload.key}"
-    inputs = workload.random_inputs(0)
-    expected = workload.reference(*inputs)
-    rtol, atol = workload.tolerance()
-    target = tvm.target.Target(host.tvm_target)
     for candidate in batch:
         assert tvm_ffi.structural_equal(space.program(candidate.trace), candidate.mod)
-        lib = tvm.compile(candidate.mod, target=target)
-        outputs = [np.zeros(shape, dtype) for shape, dtype in workload.param_specs()[workload.num_inputs :]]
-        results = run_module(lib, [*inputs, *outputs])[workload.num_inputs :]
-        for got, want in zip(results, expected):
-            np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+        assert_program_correct(workload, candidate.mod, host)
     return batch
+
+
+def assert_program_correct(workload, mod: tvm.IRModule, host) -> None:
+    """``mod`` compiles for the host and its outputs match the workload's numpy reference."""
+    inputs = workload.random_inputs(0)
+    rtol, atol = workload.tolerance()
+    lib = tvm.compile(mod, target=tvm.target.Target(host.tvm_target))
+    outputs = [np.zeros(shape, dtype) for shape, dtype in workload.param_specs()[workload.num_inputs :]]
+    results = run_module(lib, [*inputs, *outputs])[workload.num_inputs :]
+    for got, want in zip(results, workload.reference(*inputs)):
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)

@@ -14,9 +14,10 @@ from probtune.tir import block_names, find_realize, iter_stmts
 from probtune.workload import Workload
 from probtune_cpu.auto_inline import AutoInline
 from probtune_cpu.defaults import DEFAULT_MODULES
+from probtune_cpu.parallel_vectorize import VECTOR_SPLIT_KEY
 from probtune_cpu.random_compute_location import PLACE_PRODUCERS_KEY
 
-from conftest import assert_samples_correct
+from conftest import assert_program_correct, assert_samples_correct
 
 CATALOG = {spec.name: spec for spec in BUILTIN_WORKLOADS}
 FULL_CPU_SPACE = list(DEFAULT_MODULES)
@@ -238,6 +239,49 @@ def test_partial_sums_are_vectorized_wherever_they_are_placed(name, shape, host)
             assert innermost.kind == tirx.ForKind.VECTORIZED, f"{block} of {candidate.trace.decisions}"
             placements.add(bool(loop_mates(func, block) - {block.replace("_update", "_init")}))
     assert placements == {True, False}, "the samples did not place partial sums both at the root and inside"
+
+
+# ---------------------------------------------------------------- multi-level-tiling and parallel-vectorize
+
+
+@pytest.mark.parametrize(("name", "shape"), [("softmax", (4, 256)), ("layer_norm", (6, 192))])
+def test_multi_level_tiling_leaves_row_reductions_alone(name, shape, host):
+    space = generate_space(catalog_workload(name, shape), host, modules=["multi-level-tiling"])
+    assert "split" not in instruction_kinds(space)
+
+
+def test_a_long_elementwise_loop_is_split_at_a_sampled_width_and_vectorized(host):
+    workload = catalog_workload("softmax", (4, 256))  # rows of 256: more than 16 vectors of 8 lanes
+    space = generate_space(workload, host, modules=["parallel-vectorize"])
+    splits = [i for i, inst in enumerate(space.trace.instructions) if inst.kind == "sample_categorical"]
+    assert len(splits) == 2  # the exponentials and the normalisation; the reductions' innermost loops are not spatial
+    lanes = host.vector_width
+    for choice, vectors in enumerate((1, 2, 4, 8)):
+        sch, rejected = space.realize(space.trace.with_decisions({i: choice for i in splits}), Rng(0))
+        assert rejected is None
+        func = sch.mod["main"]
+        for name in ("T_softmax_exp", "T_softmax_norm"):
+            (innermost,) = [s for s in iter_stmts(func.body) if isinstance(s, tirx.For)
+                            and isinstance(s.body, s_tir.SBlockRealize) and s.body.block.name_hint == name]
+            assert innermost.kind == tirx.ForKind.VECTORIZED and int(innermost.extent) == vectors * lanes
+            assert VECTOR_SPLIT_KEY not in find_realize(func, name).block.annotations
+        assert_program_correct(workload, sch.mod, host)
+
+
+def test_softmax_can_make_one_parallel_pass_over_each_row(host):
+    """Every block placed in the normalisation's loop over rows: max, exponentials, sum and division row by row."""
+    workload = catalog_workload("softmax", (4, 256))
+    space = generate_space(workload, host)
+    first_loop = {i: 0 for i, inst in enumerate(space.trace.instructions) if inst.kind == "sample_compute_location"}
+    assert len(first_loop) == 5  # the two sums, their partials and the exponentials
+    sch, rejected = space.realize(space.trace.with_decisions(first_loop), Rng(0))
+    assert rejected is None
+    root = sch.mod["main"].body.block.body
+    assert isinstance(root, tirx.For) and root.kind == tirx.ForKind.PARALLEL and int(root.extent) == 4
+    assert set(block_names(sch.mod["main"])) - {"root"} == {
+        s.block.name_hint for s in iter_stmts(root) if isinstance(s, s_tir.SBlockRealize)
+    }
+    assert_program_correct(workload, sch.mod, host)
 
 
 # ---------------------------------------------------------------- the modules together

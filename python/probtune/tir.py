@@ -8,7 +8,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 __all__ = [
-    "iter_stmts", "child_stmts", "as_list", "identity", "block_names", "sblock_names", "find_realize", "realize_of", "loop_kinds", "at_root", "contiguous_along", "indexing_dims",
+    "iter_stmts", "child_stmts", "as_list", "identity", "block_names", "sblock_names", "find_realize", "realize_of", "loop_kinds", "at_root", "contiguous_along", "indexing_dims", "reuses_data",
     "SPATIAL", "REDUCTION", "OTHER",
 ]
 
@@ -162,3 +162,16 @@ def contiguous_along(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loop: 
     sblock = sch.get(block)
     regions = {"read": as_list(sblock.reads), "write": as_list(sblock.writes)}
     return all(dims == [len(regions[kind][index].region) - 1] for (kind, index), dims in indexing_dims(sch, block, loop).items())
+
+
+def reuses_data(block: s_tir.SBlock) -> bool:
+    """Whether some input read ignores a spatial iterator, so its elements serve several outputs (matmul, conv)."""
+    spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == tirx.IterVar.DataPar]
+    output = block.writes[0].source
+    for read in block.reads:
+        if read.source.same_as(output):
+            continue
+        used = [var for r in read.region for var in tirx.analysis.undefined_vars(r.min)]
+        if any(not any(var.same_as(u) for u in used) for var in spatial):
+            return True
+    return False

@@ -43,7 +43,7 @@ from tvm import s_tir
 
 from probtune import SpaceContext
 from probtune.schedule import BlockRV, ExprRV, Schedule
-from probtune.tir import REDUCTION, SPATIAL, loop_kinds
+from probtune.tir import REDUCTION, SPATIAL, loop_kinds, reuses_data
 
 from probtune_cpu.parallel_vectorize import PARALLEL_KEY, VECTORIZE_KEY
 from probtune_cpu.random_compute_location import PLACE_PRODUCERS_KEY, owns_untiled_nest
@@ -116,19 +116,7 @@ class AddRFactor:
         reduction = prod(int(e) for e, kind in zip(extents, kinds) if kind == REDUCTION)
         if reduction < self.min_vectors * ctx.target.vector_width:
             return None
-        if _reuses_data(sblock) and not spatial < min(reduction, ctx.target.num_cores * self.max_jobs_per_core):
+        if reuses_data(sblock) and not spatial < min(reduction, ctx.target.num_cores * self.max_jobs_per_core):
             return None
         return kinds
 
-
-def _reuses_data(block: s_tir.SBlock) -> bool:
-    """Whether some input read ignores a spatial iterator, so its elements serve several outputs (matmul, conv)."""
-    spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == tvm.tirx.IterVar.DataPar]
-    output = block.writes[0].source
-    for read in block.reads:
-        if read.source.same_as(output):
-            continue
-        used = [var for r in read.region for var in tvm.tirx.analysis.undefined_vars(r.min)]
-        if any(not any(var.same_as(u) for u in used) for var in spatial):
-            return True
-    return False

@@ -33,7 +33,7 @@ from tvm import ir, s_tir, tirx
 from probtune import SpaceContext
 from probtune.schedule import BlockRV, LoopRV, Schedule
 from probtune.errors import last_line
-from probtune.tir import REDUCTION, SPATIAL, at_root, contiguous_along, indexing_dims, loop_kinds, sblock_names
+from probtune.tir import REDUCTION, SPATIAL, at_root, contiguous_along, indexing_dims, loop_kinds, reuses_data, sblock_names
 
 from probtune_cpu.parallel_vectorize import PARALLEL_KEY, UNROLL_KEY, VECTORIZE_KEY
 
@@ -105,7 +105,11 @@ class MultiLevelTiling:
     which the write-back may go; they must be S levels. With
     ``pack_strided_inputs``, function inputs read with a stride along the
     innermost spatial loop are packed per outermost tile of that loop.
-    With ``align_innermost_to_vector``, the innermost tile of the loop that is
+    A reduction without data reuse (a row max or sum: every input element
+    serves one output) has no tiles to keep in cache and is left alone, as
+    MetaSchedule does: untiled, ``random-compute-location`` can move it into
+    its consumer's loop over rows (softmax's row max, exponentials, sum and
+    normalisation in one pass over each row). With ``align_innermost_to_vector``, the innermost tile of the loop that is
     vectorized is a whole number of target vectors whenever the loop's extent
     allows it: a random tiling otherwise mostly draws innermost tiles of 1-4
     lanes, which leave AVX2/AVX-512/NEON registers partly empty.
@@ -128,7 +132,7 @@ class MultiLevelTiling:
         kinds = loop_kinds(sch.tvm, sch.resolve(block), [sch.resolve(loop) for loop in loops])
         if REDUCTION not in kinds or SPATIAL not in kinds or set(kinds) - {SPATIAL, REDUCTION}:
             return
-        if any(sch.loop_extent(loop) is None for loop in loops):
+        if any(sch.loop_extent(loop) is None for loop in loops) or not reuses_data(sch.tvm.get(sch.resolve(block))):
             return
         levels: dict[str, list[list[LoopRV]]] = {
             SPATIAL: [[] for _ in range(self.structure.count("S"))],
