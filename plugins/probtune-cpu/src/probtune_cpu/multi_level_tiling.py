@@ -109,7 +109,8 @@ class MultiLevelTiling:
     serves one output) has no tiles to keep in cache and is left alone, as
     MetaSchedule does: untiled, ``random-compute-location`` can move it into
     its consumer's loop over rows (softmax's row max, exponentials, sum and
-    normalisation in one pass over each row). With ``align_innermost_to_vector``, the innermost tile of the loop that is
+    normalisation in one pass over each row). With
+    ``align_innermost_to_vector``, the innermost tile of the loop that is
     vectorized is a whole number of target vectors whenever the loop's extent
     allows it: a random tiling otherwise mostly draws innermost tiles of 1-4
     lanes, which leave AVX2/AVX-512/NEON registers partly empty.
