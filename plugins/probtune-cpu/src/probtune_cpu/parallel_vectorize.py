@@ -35,7 +35,11 @@ __all__ = [
 PARALLEL_KEY = "probtune.parallel_jobs"
 VECTORIZE_KEY = "probtune.vector_lanes"
 VECTOR_SPLIT_KEY = "probtune.vector_split"
-"""Block annotation: how many lanes of an innermost loop too long to vectorize whole make one vectorized loop."""
+"""Block annotation: how many lanes of an innermost loop too long to vectorize whole make one vectorized loop.
+
+A key of its own, not a new meaning of ``VECTORIZE_KEY``: traces already in a
+database keep replaying to the programs that were measured.
+"""
 UNROLL_KEY = "probtune.unroll_max_step"
 MAX_VECTORS_PER_LOOP = 16  # a longer innermost loop is split (VECTOR_SPLIT_KEY) or left to LLVM, not made one huge vector
 _REQUEST_KEYS = (PARALLEL_KEY, VECTORIZE_KEY, VECTOR_SPLIT_KEY, UNROLL_KEY)
@@ -149,16 +153,14 @@ class RewriteParallelVectorizeUnroll:
             return
         lanes = wanted.get(VECTORIZE_KEY, 0)
         split = wanted.get(VECTOR_SPLIT_KEY, 0)
-        innermost = int(extents[-1])
         vectorizable = (
             lanes and len(loops) > 1 and kinds[-1] == SPATIAL and isinstance(sch.get(loops[-1]).body, s_tir.SBlockRealize)
         )
-        if vectorizable and innermost > lanes * MAX_VECTORS_PER_LOOP and split and innermost % split == 0:
+        if vectorizable and split and int(extents[-1]) > lanes * MAX_VECTORS_PER_LOOP and int(extents[-1]) % split == 0:
             loops = [*loops[:-1], *sch.split(loops[-1], [None, split])]
-            kinds.append(SPATIAL)
-            extents = [sch.get(loop).extent for loop in loops]
+            kinds = [*kinds, SPATIAL]  # both halves of the split loop are spatial
         fors = [sch.get(loop) for loop in loops]  # as before vectorizing: vectorize changes no loop's body type
-        sizes = [int(e) for e in extents]
+        sizes = [int(f.extent) for f in fors]
         if vectorizable and 1 < sizes[-1] <= lanes * MAX_VECTORS_PER_LOOP:
             sch.vectorize(loops[-1])
         leading, jobs = 0, 1
