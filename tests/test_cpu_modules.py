@@ -10,11 +10,11 @@ from tvm import s_tir, te, tirx
 from probtune import Rng, Schedule, generate_space
 from probtune.catalog import BUILTIN_WORKLOADS
 from probtune.search import RandomSearch
-from probtune.tir import block_names, find_realize, iter_stmts
+from probtune.tir import block_names, child_stmts, find_realize, iter_stmts
 from probtune.workload import Workload
 from probtune_cpu.auto_inline import AutoInline
 from probtune_cpu.defaults import DEFAULT_MODULES
-from probtune_cpu.parallel_vectorize import VECTOR_SPLIT_KEY
+from probtune_cpu.parallel_vectorize import MAX_UNROLLED_EXTREMUM_STEPS, VECTOR_SPLIT_KEY, AutoUnroll
 from probtune_cpu.random_compute_location import PLACE_PRODUCERS_KEY
 
 from conftest import assert_program_correct, assert_samples_correct
@@ -282,6 +282,40 @@ def test_softmax_can_make_one_parallel_pass_over_each_row(host):
         s.block.name_hint for s in iter_stmts(root) if isinstance(s, s_tir.SBlockRealize)
     }
     assert_program_correct(workload, sch.mod, host)
+
+
+def unroll_limits(func: tirx.PrimFunc) -> dict[str, int]:
+    """For each block, the ``pragma_auto_unroll_max_step`` of its innermost enclosing loop that has one (0: none)."""
+    limits: dict[str, int] = {}
+
+    def visit(stmt: tirx.Stmt, limit: int) -> None:
+        if isinstance(stmt, tirx.For) and "pragma_auto_unroll_max_step" in stmt.annotations:
+            limit = int(stmt.annotations["pragma_auto_unroll_max_step"])
+        if isinstance(stmt, s_tir.SBlockRealize):
+            limits[stmt.block.name_hint] = limit
+        for child in child_stmts(stmt):
+            visit(child, limit)
+
+    visit(func.body, 0)
+    return limits
+
+
+def test_max_reductions_unroll_no_more_than_their_own_limit(host):
+    """LLVM takes exponential time on long unrolled chains of float max updates; the rest of the nest keeps the sampled step."""
+    workload = catalog_workload("softmax", (4, 256))
+    space = generate_space(workload, host)
+    steps = AutoUnroll().max_steps
+    unrolls = [i for i, inst in enumerate(space.trace.instructions)
+               if inst.kind == "sample_categorical" and list(inst.attrs["candidates"]) == list(steps)]
+    assert unrolls
+    for choice, step in enumerate(steps):
+        sch, rejected = space.realize(space.trace.with_decisions({i: choice for i in unrolls}), Rng(choice))
+        assert rejected is None
+        limits = unroll_limits(sch.mod["main"])
+        maxes = {limits[n] for n in limits if n.startswith("T_softmax_maxelem") and not n.endswith("_init")}
+        assert max(maxes) == min(step, MAX_UNROLLED_EXTREMUM_STEPS), limits
+        assert limits["T_softmax_norm"] == step, limits
+        assert_program_correct(workload, sch.mod, host)
 
 
 # ---------------------------------------------------------------- the modules together

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tvm
-from tvm import s_tir
+from tvm import s_tir, tirx
+from tvm.ir.expr import TensorLoad
 
 from probtune import SpaceContext
 from probtune.schedule import BlockRV, Schedule
@@ -42,6 +43,16 @@ database keep replaying to the programs that were measured.
 """
 UNROLL_KEY = "probtune.unroll_max_step"
 MAX_VECTORS_PER_LOOP = 16  # a longer innermost loop is split (VECTOR_SPLIT_KEY) or left to LLVM, not made one huge vector
+MAX_UNROLLED_EXTREMUM_STEPS = 16
+"""The most steps TVM may unroll inside a float max/min reduction, whatever the step sampled for its loop nest.
+
+An explicitly unrolled chain of scalar float ``max`` updates of one element
+makes LLVM's optimizer take time exponential in the chain's length: on this
+project's 2-core Zen 3 machine, chains of 20, 24 and 28 took 0.18, 1.7 and
+25 s to build, one of 32 did not finish in 20 s (a ``sum`` chain of 32:
+0.06 s). Unrolled softmax row maxes hit it and ran into the builder's time
+limit. 16 builds in under 0.1 s.
+"""
 _REQUEST_KEYS = (PARALLEL_KEY, VECTORIZE_KEY, VECTOR_SPLIT_KEY, UNROLL_KEY)
 
 
@@ -177,6 +188,34 @@ class RewriteParallelVectorizeUnroll:
         if wanted.get(UNROLL_KEY):
             sch.annotate(outer, "pragma_auto_unroll_max_step", wanted[UNROLL_KEY])
             sch.annotate(outer, "pragma_unroll_explicit", 1)
+            if wanted[UNROLL_KEY] > MAX_UNROLLED_EXTREMUM_STEPS:
+                _cap_extremum_unrolling(sch, outer)
+
+
+def _cap_extremum_unrolling(sch: s_tir.Schedule, outer: s_tir.schedule.LoopRV) -> None:
+    """Give each float max/min reduction under ``outer`` an unroll limit of its own (see MAX_UNROLLED_EXTREMUM_STEPS).
+
+    TVM's unroll pass takes the innermost ``pragma_auto_unroll_max_step``
+    around a loop, so the rest of the nest keeps the sampled step.
+    """
+    for block in sch.get_child_blocks(outer):
+        if not _is_float_extremum_update(sch.get(block).body):
+            continue
+        loops = sch.get_loops(block)
+        kinds = loop_kinds(sch, block, loops)
+        if REDUCTION in kinds:
+            sch.annotate(loops[kinds.index(REDUCTION)], "pragma_auto_unroll_max_step", MAX_UNROLLED_EXTREMUM_STEPS)
+
+
+def _is_float_extremum_update(body: tirx.Stmt) -> bool:
+    """Whether ``body`` is ``B[i] = max(B[i], x)`` (or ``min``) on floats: a step of a max/min reduction."""
+    if not isinstance(body, tirx.BufferStore) or not isinstance(body.value, (tirx.Max, tirx.Min)):
+        return False
+    accumulates = any(
+        isinstance(operand, TensorLoad) and operand.source.same_as(body.buffer)
+        for operand in (body.value.a, body.value.b)
+    )
+    return accumulates and str(body.buffer.dtype).startswith("float")
 
 
 @dataclass(frozen=True)
