@@ -16,10 +16,10 @@ from probtune.catalog import BUILTIN_WORKLOADS
 from probtune.schedule import BlockRV, Schedule
 from probtune.tir import block_names, contiguous_along
 from probtune.workload import Workload
-from probtune_cpu.multi_level_tiling import WRITE_BACK_DEPTH_KEY
+from probtune_cpu.multi_level_tiling import PANEL_KEY, WRITE_BACK_DEPTH_KEY
 from probtune_cpu.validators import estimate_unrolled_size
 
-from conftest import matmul_module, run_module
+from conftest import assert_program_correct, matmul_module, run_module
 
 VERIFIERS = ["verify-static-loops", "verify-vectorize", "verify-parallel", "verify-unroll-size"]
 CATALOG = {spec.name: spec for spec in BUILTIN_WORKLOADS}
@@ -123,12 +123,51 @@ def test_dense_packs_its_weight_per_outer_tile_with_the_vector_loop_last(host):
         assert raw.get(innermost).kind == tvm.tirx.ForKind.VECTORIZED
         assert int(raw.get(innermost).extent) % host.vector_width == 0  # whole vectors, as if W were contiguous
         assert contiguous_along(raw, tiled, innermost)
-        shared = _shared_loops(raw, "W_global", "T_dense_update")
-        assert math.prod(int(loop.extent) for loop in shared) == _spatial_tile_product(sch.trace, 1)
+        (shared,) = _shared_loops(raw, "W_global", "T_dense_update")  # copied once per tile of j, for every row tile
+        assert int(shared.extent) == _outer_tile_of_last_spatial_loop(sch.trace)
 
 
-@pytest.mark.parametrize("name", ["matmul", "batch_matmul", "conv2d_nchw", "conv2d_nhwc"])
-def test_inputs_read_contiguously_along_the_vector_loop_are_not_packed(host, name):
+def _outer_tile_of_last_spatial_loop(trace) -> int:
+    """The outermost factor of the last four-level tiling: the vectorized loop's outermost tile."""
+    tilings = [i for i, inst in enumerate(trace.instructions) if inst.kind == "sample_perfect_tile" and inst.attrs["n"] == 4]
+    return trace.decisions[tilings[-1]][0]
+
+
+def _panel_sample(trace) -> int:
+    insts = trace.instructions
+    (index,) = [i for i, (inst, following) in enumerate(zip(insts, insts[1:]))
+                if inst.kind == "sample_categorical" and following.attrs.get("ann_key") == PANEL_KEY]
+    return index
+
+
+@pytest.mark.parametrize(("name", "input_name", "kernel"), [("matmul", "B", "C_update"), ("batch_matmul", "B", "C_update")])
+def test_an_input_walked_with_a_stride_by_the_reduction_may_be_packed_in_panels(host, name, input_name, kernel):
+    """``B[k, j]``: packed, its copy is laid out ``[j // w, ..., k, j % w]`` for a kernel vector tile of w; or not."""
+    spec = CATALOG[name]
+    workload = spec.instantiate(spec.small_shape)
+    space = generate_space(workload, host)
+    index = _panel_sample(space.trace)
+    for pack in (0, 1):
+        sch, rejected = space.realize(space.trace.with_decisions({index: pack}), Rng(pack))
+        assert rejected is None
+        raw = sch.tvm
+        copies = [name for name in block_names(raw.mod["main"]) if name == f"{input_name}_global"]
+        if pack:
+            width = int(raw.get(raw.get_loops(raw.get_sblock(kernel))[-1]).extent)
+            assert width % host.vector_width == 0
+            original = list(workload.param_specs()[1][0])
+            packed = raw.get(raw.get_sblock(copies[0])).writes[0].source
+            assert [int(extent) for extent in packed.shape] == [original[-1] // width, *original[:-1], width]
+            (shared,) = _shared_loops(raw, copies[0], kernel)
+            assert int(shared.extent) == _outer_tile_of_last_spatial_loop(sch.trace)
+        else:
+            assert not copies  # the copy is inlined back
+        assert_program_correct(workload, sch.mod, host)
+
+
+@pytest.mark.parametrize("name", ["conv2d_nchw", "conv2d_nhwc"])
+def test_convolution_inputs_are_not_packed(host, name):
+    """Read contiguously along the vector loop and through an intermediate (padding) or at ``h + r``: no panels."""
     spec = CATALOG[name]
     space = generate_space(spec.instantiate(spec.small_shape), host)
     assert "cache_read" not in [inst.kind for inst in space.trace.instructions]

@@ -79,7 +79,7 @@ def test_untrained_model_gives_random_samples_then_evolution_follows_the_model(h
 
 
 def test_random_samples_are_a_pool_that_rotates(host):
-    """The first evolutionary batch draws ``init_samples`` random samples, later ones ``fresh_per_batch``."""
+    """The first evolutionary batch draws ``init_samples`` random samples; later ones ``fresh_per_batch``, or what refills the pool."""
     search, _ = _search(host, init_samples=12, fresh_per_batch=3)
     drawn: list[int] = []
     realize = search._realizer.realize
@@ -91,11 +91,15 @@ def test_random_samples_are_a_pool_that_rotates(host):
     search._realizer.realize = counting
     batch = search.next_batch(4)  # untrained: a random batch, drawn by the random search
     assert drawn == []
+    expected = []
     for _ in range(3):
         search.observe([(c, 1e-3 * (i + 1)) for i, c in enumerate(batch)])
+        kept = sum(search._unmeasured_and_valid(trace.decision_hash()) for trace in search._samples)
+        expected.append(max(3, 12 - kept))
         batch = search.next_batch(4)
         assert batch
-    assert [count for count in drawn if count] == [12, 3, 3]
+    assert [count for count in drawn if count] == expected
+    assert expected[0] == 12 and 3 in expected[1:]
 
 
 def test_the_best_unmeasured_candidates_start_the_next_population(host, monkeypatch):
