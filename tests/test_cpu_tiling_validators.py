@@ -11,12 +11,12 @@ import tvm
 from tvm import te
 from tvm.script import tirx as T
 
-from probtune import Rng, generate_space
+from probtune import Rng, Trace, generate_space
 from probtune.catalog import BUILTIN_WORKLOADS
 from probtune.schedule import BlockRV, Schedule
-from probtune.tir import block_names, contiguous_along
+from probtune.tir import block_names
 from probtune.workload import Workload
-from probtune_cpu.multi_level_tiling import PANEL_KEY, WRITE_BACK_DEPTH_KEY
+from probtune_cpu.multi_level_tiling import PACKED_DIM_KEY, PANEL_DIM_KEY, PANEL_KEY, WRITE_BACK_DEPTH_KEY
 from probtune_cpu.validators import estimate_unrolled_size
 
 from conftest import assert_program_correct, matmul_module, run_module
@@ -107,24 +107,41 @@ def test_dense_fuses_its_elementwise_epilogue_instead_of_a_cache(host):
         assert len(_shared_loops(sch.tvm, "T_dense", sch.tvm.get(epilogue).name_hint)) == depths[level]
 
 
-def test_dense_packs_its_weight_per_outer_tile_with_the_vector_loop_last(host):
+def test_dense_packs_its_weight_per_outer_tile_in_panels_of_the_vector_tile(host):
     spec = CATALOG["dense_bias_relu"]
+    workload = spec.instantiate(spec.small_shape)
     _, n, k = spec.small_shape
-    space = generate_space(spec.instantiate(spec.small_shape), host)
+    space = generate_space(workload, host)
     realized = [space.realize(space.trace.with_decisions({}), Rng(seed)) for seed in range(8)]
     accepted = [sch for sch, rejected in realized if rejected is None]
     assert len(accepted) >= 4
     for sch in accepted:
         raw = sch.tvm
-        packed = raw.get(raw.get_sblock("W_global")).writes[0].source
-        assert [int(extent) for extent in packed.shape] == [k, n]  # W[j, k] laid out as [k, j]
         tiled = raw.get_sblock("T_dense_update")
         innermost = raw.get_loops(tiled)[-1]
+        width = int(raw.get(innermost).extent)
         assert raw.get(innermost).kind == tvm.tirx.ForKind.VECTORIZED
-        assert int(raw.get(innermost).extent) % host.vector_width == 0  # whole vectors, as if W were contiguous
-        assert contiguous_along(raw, tiled, innermost)
+        assert width % host.vector_width == 0  # whole vectors, as if W were contiguous
+        packed = raw.get(raw.get_sblock("W_global")).writes[0].source
+        assert [int(extent) for extent in packed.shape] == [n // width, k, width]  # W[j, k] as [j // w, k, j % w]
         (shared,) = _shared_loops(raw, "W_global", "T_dense_update")  # copied once per tile of j, for every row tile
         assert int(shared.extent) == _outer_tile_of_last_spatial_loop(sch.trace)
+    assert_program_correct(workload, accepted[0].mod, host)
+
+
+def test_a_weight_copy_recorded_with_its_dimension_moved_last_replays_as_recorded(host):
+    """Database records from before panels: the copy's annotation says which dimension to move last."""
+    spec = CATALOG["dense_bias_relu"]
+    workload = spec.instantiate(spec.small_shape)
+    _, n, k = spec.small_shape
+    space = generate_space(workload, host)
+    sch, rejected = space.realize(space.trace.with_decisions({}), Rng(0))
+    assert rejected is None
+    recorded = Trace.from_json(sch.trace.to_json().replace(f'"{PANEL_DIM_KEY}"', f'"{PACKED_DIM_KEY}"'))
+    raw = space.program(recorded)
+    (packed,) = [buffer for buffer in raw["main"].body.block.alloc_buffers if buffer.name == "W_global"]
+    assert [int(extent) for extent in packed.shape] == [k, n]  # W[j, k] laid out as [k, j]
+    assert_program_correct(workload, raw, host)
 
 
 def _outer_tile_of_last_spatial_loop(trace) -> int:

@@ -14,17 +14,18 @@ replayed program; the trace's structure never depends on sampled values.
 
 An input that the innermost (vectorized) loop walks with a stride, such as
 dense's ``W[j, k]`` along ``j``, is packed: each outermost tile of that loop
-copies its slice into a buffer where the loop's dimension is the last one
-(``rewrite-packed-layout`` moves it; traces have no layout instruction), so
-that the kernel loads whole vectors instead of gathering lanes. The copy is
-read by every row of the tile: 128-trial tunes of dense+bias+ReLU
-128x768->3072 (2-core AVX2) found programs of 5.5-7.0 ms with it, 8.2-9.2 ms
-without.
+copies its slice into a buffer laid out in panels, ``[j // w, k, j % w]``
+with ``w`` the kernel's vector tile (``rewrite-packed-layout`` lays it out;
+traces have no layout instruction), so that the kernel loads whole vectors,
+one panel after the other, instead of gathering lanes. The copy is read by
+every row of the tile: 128-trial tunes of dense+bias+ReLU 128x768->3072
+(2-core AVX2) found programs of 5.5-7.0 ms with it, 8.2-9.2 ms without (with
+the slice laid out ``[k, j]``; panels: the best programs of two later tunes
+ran 5.3-6.2 ms against 5.9-6.4 with ``[k, j]``).
 
 An input that the vectorized loop reads contiguously but a reduction loop
 walks with a stride, such as matmul's ``B[k, j]`` along ``k``, may be packed
-into panels (a sampled choice): the copy is laid out ``[j // w, k, j % w]``
-with ``w`` the kernel's vector tile, so that the kernel reads it as one
+into the same panels (a sampled choice), which the kernel reads as one
 sequential stream, as vendor BLAS kernels do (128-trial tunes of matmul
 1024^3, seeds 0 and 1: best programs 16.9 and 15.8 ms with the choice, 20.8
 and 22.4 ms without, re-timed in one process). Either packing copy sits
@@ -53,6 +54,7 @@ __all__ = [
     "RewritePackedLayout",
     "WRITE_BACK_DEPTH_KEY",
     "PACKED_DIM_KEY",
+    "PANEL_DIM_KEY",
     "PANEL_KEY",
 ]
 
@@ -60,7 +62,13 @@ WRITE_BACK_DEPTH_KEY = "probtune.write_back_depth"
 """Block annotation: the write-back goes under this many of the tiled block's outer loops."""
 
 PACKED_DIM_KEY = "probtune.packed_dim"
-"""Block annotation on a packing copy: this dimension of the buffer it writes becomes the last one."""
+"""Block annotation on a packing copy: this dimension of the buffer it writes becomes the last one.
+
+Traces recorded before ``PANEL_DIM_KEY`` carry it; it keeps replaying them to the programs that were measured.
+"""
+
+PANEL_DIM_KEY = "probtune.panel_dim"
+"""Block annotation on a packing copy: this dimension of the buffer it writes is cut into panels of the kernel's vector tile."""
 
 PANEL_KEY = "probtune.panel"
 """Block annotation on a panel copy, sampled: 1 lays its buffer out in panels of the kernel's vector tile, 0 inlines the copy."""
@@ -203,7 +211,7 @@ class MultiLevelTiling:
         for read_index, dim in packed:  # under the outermost tile of the innermost spatial loop
             copy = sch.cache_read(block, read_index, "global")
             sch.compute_at(copy, outer_tiles[0])
-            sch.annotate(copy, PACKED_DIM_KEY, dim)
+            sch.annotate(copy, PANEL_DIM_KEY, dim)
         for read_index in panels:
             copy = sch.cache_read(block, read_index, "global")
             sch.compute_at(copy, outer_tiles[0])
@@ -341,14 +349,15 @@ class RewriteWriteBackLocation:
 class RewritePackedLayout:
     """Give each packing copy's buffer the layout that makes it contiguous along the loop it was packed for.
 
-    The copy writes the input's slice as it was laid out; moving the
-    annotated dimension last turns its consumer's strided reads into
-    contiguous ones (``W[j, k]`` becomes ``W_packed[k, j]``). A panel copy
-    sampled to pack is laid out ``[j // w, ..., j % w]``, ``w`` the width of
-    the kernel's innermost (vectorized) loop, so that the kernel's reads of
-    one panel follow each other in memory (``B[k, j]`` becomes
-    ``B_packed[j // w, k, j % w]``); one sampled not to is inlined back. The
-    compiler then allocates only the slice each tile reads.
+    The copy writes the input's slice as it was laid out; cutting the
+    annotated dimension into panels of the width ``w`` of the kernel's
+    innermost (vectorized) loop, ``[x // w, other dimensions..., x % w]``,
+    turns its consumer's strided reads into contiguous ones that follow each
+    other in memory (``W[j, k]`` becomes ``W_packed[j // w, k, j % w]``, and
+    so does ``B[k, j]`` when its panel copy was sampled to pack; one sampled
+    not to is inlined back). A copy recorded with ``PACKED_DIM_KEY`` gets that
+    dimension moved last instead (``W_packed[k, j]``). The compiler then
+    allocates only the slice each tile reads.
     """
 
     name: str = "rewrite-packed-layout"
@@ -362,20 +371,27 @@ class RewritePackedLayout:
                 sch.transform_layout(block, ("write", 0), index_map)
             except RuntimeError as exc:  # TVM schedule errors
                 return f"block {name}: {last_line(exc)}"
-        for name, block, pack in _take_annotation(sch, PANEL_KEY):
-            try:
-                if not pack:
-                    sch.compute_inline(block)
-                    continue
-                (kernel,) = sch.get_consumers(block)
-                width = int(sch.get(sch.get_loops(kernel)[-1]).extent)
-                shape = sch.get(block).writes[0].source.shape
-                index_map = tirx.IndexMap.from_func(  # in the buffer's index type: a cast would hide the division
-                    lambda *indices: [indices[-1] // width, *indices[:-1], indices[-1] % width],
-                    ndim=len(shape),
-                    index_dtype=str(shape[0].ty),
-                )
-                sch.transform_layout(block, ("write", 0), index_map)
-            except RuntimeError as exc:  # TVM schedule errors
-                return f"block {name}: {last_line(exc)}"
+        for key in (PANEL_DIM_KEY, PANEL_KEY):
+            for name, block, value in _take_annotation(sch, key):
+                try:
+                    if key == PANEL_KEY and not value:
+                        sch.compute_inline(block)
+                    else:
+                        self._lay_out_in_panels(sch, block, value if key == PANEL_DIM_KEY else -1)
+                except RuntimeError as exc:  # TVM schedule errors
+                    return f"block {name}: {last_line(exc)}"
         return None
+
+    @staticmethod
+    def _lay_out_in_panels(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, dim: int) -> None:
+        """Lay the copy's buffer out ``[x // w, other dimensions..., x % w]``, ``x`` its dimension ``dim``."""
+        (kernel,) = sch.get_consumers(block)
+        width = int(sch.get(sch.get_loops(kernel)[-1]).extent)
+        shape = sch.get(block).writes[0].source.shape
+        dim %= len(shape)
+        index_map = tirx.IndexMap.from_func(  # in the buffer's index type: a cast would hide the division
+            lambda *indices: [indices[dim] // width, *(x for d, x in enumerate(indices) if d != dim), indices[dim] % width],
+            ndim=len(shape),
+            index_dtype=str(shape[0].ty),
+        )
+        sch.transform_layout(block, ("write", 0), index_map)
