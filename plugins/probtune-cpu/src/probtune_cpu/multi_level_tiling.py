@@ -376,7 +376,7 @@ class RewritePackedLayout:
                 try:
                     if key == PANEL_KEY and not value:
                         sch.compute_inline(block)
-                    else:
+                    else:  # a strided copy names the dimension to cut; a panel copy's input is contiguous along its last
                         self._lay_out_in_panels(sch, block, value if key == PANEL_DIM_KEY else -1)
                 except RuntimeError as exc:  # TVM schedule errors
                     return f"block {name}: {last_line(exc)}"
