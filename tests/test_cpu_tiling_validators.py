@@ -25,13 +25,17 @@ VERIFIERS = ["verify-static-loops", "verify-vectorize", "verify-parallel", "veri
 CATALOG = {spec.name: spec for spec in BUILTIN_WORKLOADS}
 
 
+def _annotation_sample(trace, key: str) -> int:
+    """Index of the instruction that samples the value of the (single) annotation ``key``."""
+    insts = trace.instructions
+    (index,) = [i for i, (inst, following) in enumerate(zip(insts, insts[1:]))
+                if inst.kind == "sample_categorical" and following.attrs.get("ann_key") == key]
+    return index
+
+
 def _write_back_sample(trace) -> int:
     """Index of the instruction that samples the write-back level."""
-    insts = trace.instructions
-    for index, (inst, following) in enumerate(zip(insts, insts[1:])):
-        if inst.kind == "sample_categorical" and following.attrs.get("ann_key") == WRITE_BACK_DEPTH_KEY:
-            return index
-    raise AssertionError("the space samples no write-back level")
+    return _annotation_sample(trace, WRITE_BACK_DEPTH_KEY)
 
 
 def _shared_loops(sch: tvm.s_tir.Schedule, block: str, other: str) -> list[tvm.tirx.For]:
@@ -150,20 +154,13 @@ def _outer_tile_of_last_spatial_loop(trace) -> int:
     return trace.decisions[tilings[-1]][0]
 
 
-def _panel_sample(trace) -> int:
-    insts = trace.instructions
-    (index,) = [i for i, (inst, following) in enumerate(zip(insts, insts[1:]))
-                if inst.kind == "sample_categorical" and following.attrs.get("ann_key") == PANEL_KEY]
-    return index
-
-
 @pytest.mark.parametrize(("name", "input_name", "kernel"), [("matmul", "B", "C_update"), ("batch_matmul", "B", "C_update")])
 def test_an_input_walked_with_a_stride_by_the_reduction_may_be_packed_in_panels(host, name, input_name, kernel):
     """``B[k, j]``: packed, its copy is laid out ``[j // w, ..., k, j % w]`` for a kernel vector tile of w; or not."""
     spec = CATALOG[name]
     workload = spec.instantiate(spec.small_shape)
     space = generate_space(workload, host)
-    index = _panel_sample(space.trace)
+    index = _annotation_sample(space.trace, PANEL_KEY)
     for pack in (0, 1):
         sch, rejected = space.realize(space.trace.with_decisions({index: pack}), Rng(pack))
         assert rejected is None

@@ -116,11 +116,22 @@ def _take_annotation(sch: s_tir.Schedule, key: str) -> Iterator[tuple[str, s_tir
             yield name, block, value
 
 
-def _only_reader(sch: s_tir.Schedule, sblock: s_tir.SBlock, region: ir.TensorRegion) -> bool:
-    """Whether no block but ``sblock`` reads the buffer of ``region``."""
-    return not any(
-        name != sblock.name_hint and any(r.source.same_as(region.source) for r in sch.get(sch.get_sblock(name)).reads)
-        for name in sblock_names(sch)
+def _repays_copy(sch: s_tir.Schedule, sblock: s_tir.SBlock, index: int, reused_over: list[dict]) -> bool:
+    """Whether a packing copy of ``sblock``'s read ``index`` pays for itself and is safe.
+
+    The buffer must be a function input that no other block reads, and the
+    read the same for every iteration of another spatial loop (one whose
+    ``indexing_dims`` in ``reused_over`` lacks it): dense's ``W`` and
+    matmul's ``B`` serve every row.
+    """
+    source = sblock.reads[index].source
+    return (
+        any(source.same_as(param) for param in sch.mod["main"].params)
+        and any(("read", index) not in indexed for indexed in reused_over)
+        and not any(
+            name != sblock.name_hint and any(r.source.same_as(source) for r in sch.get(sch.get_sblock(name)).reads)
+            for name in sblock_names(sch)
+        )
     )
 
 
@@ -221,30 +232,22 @@ class MultiLevelTiling:
     def _packable_inputs(self, sch: Schedule, block: BlockRV, spatial: list[LoopRV]) -> list[tuple[int, int]]:
         """(read index, dimension) of each input to pack: read with a stride along the innermost of ``spatial``.
 
-        Each must be a function input that only this block reads, indexed by
-        that loop in one dimension, and the same for every iteration of
-        another spatial loop (its rows, for dense's ``W``), which is what
-        repays the copy. Empty if any strided access is not such a read: the
-        loop then keeps gathering (and its vector width is left as sampled).
+        Each must be indexed by that loop in one dimension, and its copy must
+        repay itself (``_repays_copy``). Empty if any strided access is not
+        such a read: the loop then keeps gathering (and its vector width is
+        left as sampled).
         """
         if not self.pack_strided_inputs:
             return []
         raw, block_rv = sch.tvm, sch.resolve(block)
         reused_over = [indexing_dims(raw, block_rv, sch.resolve(loop)) for loop in spatial[:-1] if sch.loop_extent(loop) != 1]
-        sblock, params = raw.get(block_rv), raw.mod["main"].params
+        sblock = raw.get(block_rv)
         packed = []
         for (kind, index), dims in indexing_dims(raw, block_rv, sch.resolve(spatial[-1])).items():
             region = (sblock.reads if kind == "read" else sblock.writes)[index]
             if dims == [len(region.region) - 1]:
                 continue  # contiguous along the loop
-            packable = (
-                kind == "read"
-                and len(dims) == 1
-                and any(region.source.same_as(param) for param in params)
-                and any((kind, index) not in indexed for indexed in reused_over)
-                and _only_reader(raw, sblock, region)
-            )
-            if not packable:
+            if not (kind == "read" and len(dims) == 1 and _repays_copy(raw, sblock, index, reused_over)):
                 return []
             packed.append((index, dims[0]))
         return packed
@@ -252,28 +255,26 @@ class MultiLevelTiling:
     def _panel_inputs(self, sch: Schedule, block: BlockRV, loops: list[LoopRV], kinds: list[str]) -> list[int]:
         """Read index of each input to offer panel packing: contiguous along the innermost spatial loop, strided along a reduction.
 
-        Like a strided input, it must be a function input that only this
-        block reads, reused by another spatial loop; and each of its
-        dimensions must be indexed by a single loop (matmul's ``B[k, j]``,
-        not a convolution's ``X[h + r, w + s]``, whose panels would overlap).
+        Like a strided input's, the copy must repay itself (``_repays_copy``),
+        and each of the input's dimensions must be indexed by a single loop
+        (matmul's ``B[k, j]``, not a convolution's ``X[h + r, w + s]``, whose
+        panels would overlap).
         """
         if not self.pack_panels:
             return []
         raw, block_rv = sch.tvm, sch.resolve(block)
         spatial = [loop for loop, kind in zip(loops, kinds) if kind == SPATIAL]
-        indexed_by = {loop: indexing_dims(raw, block_rv, sch.resolve(loop)) for loop in loops}
-        sblock, params = raw.get(block_rv), raw.mod["main"].params
+        reused_over = [indexing_dims(raw, block_rv, sch.resolve(loop)) for loop in spatial[:-1] if sch.loop_extent(loop) != 1]
+        walked_by = [indexing_dims(raw, block_rv, sch.resolve(loop)) for loop, kind in zip(loops, kinds) if kind == REDUCTION]
+        sblock = raw.get(block_rv)
         panels = []
-        for (kind, index), dims in indexed_by[spatial[-1]].items():
-            region = sblock.reads[index] if kind == "read" else None
-            if region is None or dims != [len(region.region) - 1]:
+        for (kind, index), dims in indexing_dims(raw, block_rv, sch.resolve(spatial[-1])).items():
+            if kind != "read" or dims != [len(sblock.reads[index].region) - 1]:
                 continue
             if (
-                any(region.source.same_as(param) for param in params)
-                and all(isinstance(r.min, tirx.Var) for r in region.region)
-                and any(("read", index) in indexed_by[loop] for loop, k in zip(loops, kinds) if k == REDUCTION)
-                and any(("read", index) not in indexed_by[loop] for loop in spatial[:-1] if sch.loop_extent(loop) != 1)
-                and _only_reader(raw, sblock, region)
+                all(isinstance(r.min, tirx.Var) for r in sblock.reads[index].region)
+                and any(("read", index) in walked for walked in walked_by)
+                and _repays_copy(raw, sblock, index, reused_over)
             ):
                 panels.append(index)
         return panels
