@@ -251,7 +251,7 @@ def test_multi_level_tiling_leaves_row_reductions_alone(name, shape, host):
 
 
 def test_a_long_elementwise_loop_is_split_at_a_sampled_width_and_vectorized(host):
-    workload = catalog_workload("softmax", (4, 256))  # rows of 256: more than 16 vectors of 8 lanes
+    workload = catalog_workload("softmax", (4, 32 * host.vector_width))  # rows of more than 16 vectors
     space = generate_space(workload, host, modules=["parallel-vectorize"])
     splits = [i for i, inst in enumerate(space.trace.instructions) if inst.kind == "sample_categorical"]
     assert len(splits) == 2  # the exponentials and the normalisation; the reductions' innermost loops are not spatial

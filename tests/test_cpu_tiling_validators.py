@@ -58,13 +58,13 @@ def _spatial_tile_product(trace, level: int) -> int:
     )
 
 
-def _matmul_decisions(trace, level: int) -> dict[int, object]:
-    """Fixed tiles for a 64^3 matmul (i: 2x2x4x4, j: 2x2x2x(1 x 8 lanes), k: 8x8) and write-back level.
+def _matmul_decisions(trace, level: int, lanes: int) -> dict[int, object]:
+    """Fixed tiles for a 64^3 matmul (i: 2x2x4x4, j: 2x2x(64 / lanes / 4)x(1 vector), k: 8x8) and write-back level.
 
-    j is first split into whole 8-lane vectors (the host is AVX2), so its tiles cover 64 / 8.
+    j is first split into whole vectors of the host's lanes, so its tiles cover 64 / lanes.
     """
     tile_indices = [i for i in trace.sampling_indices() if trace.instructions[i].kind == "sample_perfect_tile"]
-    decisions: dict[int, object] = dict(zip(tile_indices, [[2, 2, 4, 4], [2, 2, 2, 1], [8, 8]]))
+    decisions: dict[int, object] = dict(zip(tile_indices, [[2, 2, 4, 4], [2, 2, 64 // lanes // 4, 1], [8, 8]]))
     decisions[_write_back_sample(trace)] = level
     return decisions
 
@@ -79,7 +79,7 @@ def test_matmul_writes_back_through_a_cache_at_the_sampled_level(host, level):
     depths = space.trace.instructions[index].attrs["candidates"]
     assert depths == [2, 4]  # after the first and the second spatial tile level of i and j
 
-    sch, rejected = space.realize(space.trace.with_decisions(_matmul_decisions(space.trace, level)))
+    sch, rejected = space.realize(space.trace.with_decisions(_matmul_decisions(space.trace, level, host.vector_width)))
     assert rejected is None
     assert len(_shared_loops(sch.tvm, "C", "C_global")) == depths[level]
     assert sch.trace.structure_hash() == space.trace.structure_hash()  # the level moves the block, not the trace
@@ -89,7 +89,7 @@ def test_matmul_write_back_is_vectorized_inside_the_parallel_tile(host):
     workload = Workload.from_module(matmul_module(64, 64, 64))
     space = generate_space(workload, host)
     for level, tile_iterations in [(0, 2 * 2), (1, 2 * 2 * 2 * 2)]:
-        sch, rejected = space.realize(space.trace.with_decisions(_matmul_decisions(space.trace, level)))
+        sch, rejected = space.realize(space.trace.with_decisions(_matmul_decisions(space.trace, level, host.vector_width)))
         assert rejected is None
         shared = _shared_loops(sch.tvm, "C_update", "C_global")
         assert shared and shared[0].kind == tvm.tirx.ForKind.PARALLEL
@@ -157,8 +157,9 @@ def _outer_tile_of_last_spatial_loop(trace) -> int:
 @pytest.mark.parametrize(("name", "input_name", "kernel"), [("matmul", "B", "C_update"), ("batch_matmul", "B", "C_update")])
 def test_an_input_walked_with_a_stride_by_the_reduction_may_be_packed_in_panels(host, name, input_name, kernel):
     """``B[k, j]``: packed, its copy is laid out ``[j // w, ..., k, j % w]`` for a kernel vector tile of w; or not."""
-    spec = CATALOG[name]
-    workload = spec.instantiate(spec.small_shape)
+    lanes = host.vector_width  # j spans whole vectors: 5 or 3 of them
+    shape = {"matmul": (24, 5 * lanes, 56), "batch_matmul": (3, 16, 3 * lanes, 40)}[name]
+    workload = CATALOG[name].instantiate(shape)
     space = generate_space(workload, host)
     index = _annotation_sample(space.trace, PANEL_KEY)
     for pack in (0, 1):
@@ -177,6 +178,23 @@ def test_an_input_walked_with_a_stride_by_the_reduction_may_be_packed_in_panels(
         else:
             assert not copies  # the copy is inlined back
         assert_program_correct(workload, sch.mod, host)
+
+
+def test_a_panel_copy_under_an_outer_tile_of_one_leaves_the_row_tiles_parallel(host):
+    """The copy sits under the vector loop's outermost tile; drawn as 1, the loops under it run in parallel."""
+    workload = CATALOG["matmul"].instantiate((64, 64, 64))
+    space = generate_space(workload, host)
+    decisions = {**_matmul_decisions(space.trace, 0, host.vector_width), _annotation_sample(space.trace, PANEL_KEY): 1}
+    j_tiling = [i for i in space.trace.sampling_indices() if space.trace.instructions[i].kind == "sample_perfect_tile"][1]
+    decisions[j_tiling] = [1, 2, 64 // host.vector_width // 2, 1]
+    sch, rejected = space.realize(space.trace.with_decisions(decisions))
+    assert rejected is None
+    raw = sch.tvm
+    (outer,) = _shared_loops(raw, "B_global", "C_update")
+    assert int(outer.extent) == 1 and outer.kind == tvm.tirx.ForKind.SERIAL
+    parallel = [raw.get(loop) for loop in raw.get_loops(raw.get_sblock("C_update"))[1:]]
+    assert parallel[0].kind == tvm.tirx.ForKind.PARALLEL and int(parallel[0].extent) > 1
+    assert_program_correct(workload, sch.mod, host)
 
 
 @pytest.mark.parametrize("name", ["conv2d_nchw", "conv2d_nhwc"])

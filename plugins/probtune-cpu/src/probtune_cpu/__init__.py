@@ -18,9 +18,10 @@ from probtune_cpu.parallel_vectorize import (
 )
 from probtune_cpu.polynomial_exp import RewriteExpPolynomial
 from probtune_cpu.random_compute_location import RandomComputeLocation
+from probtune_cpu.reciprocal_division import RewriteInvariantDivision
 from probtune_cpu.validators import VerifyParallel, VerifyStaticLoops, VerifyUnrollSize, VerifyVectorize
 
-__all__ = ["AutoInline", "AddRFactor", "RandomComputeLocation", "MultiLevelTiling", "ParallelVectorize", "AutoUnroll", "RewriteParallelVectorizeUnroll", "RewriteReductionBlock", "RewriteSpatialInnermost", "RewriteExpPolynomial", "RewritePackedLayout"]
+__all__ = ["AutoInline", "AddRFactor", "RandomComputeLocation", "MultiLevelTiling", "ParallelVectorize", "AutoUnroll", "RewriteParallelVectorizeUnroll", "RewriteReductionBlock", "RewriteSpatialInnermost", "RewriteExpPolynomial", "RewriteInvariantDivision", "RewritePackedLayout"]
 
 
 @hookimpl
@@ -39,6 +40,7 @@ def probtune_register_validators(register: Callable[[Any], None]) -> None:
     register(RewriteReductionBlock())
     register(RewriteSpatialInnermost())
     register(RewriteExpPolynomial())
+    register(RewriteInvariantDivision())
     register(RewriteWriteBackLocation())
     register(RewritePackedLayout())
     register(VerifyStaticLoops())

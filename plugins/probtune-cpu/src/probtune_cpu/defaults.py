@@ -20,6 +20,7 @@ DEFAULT_MODULES = (
 )
 DEFAULT_VALIDATORS = (
     "rewrite-exp-polynomial",
+    "rewrite-invariant-division",
     "rewrite-write-back-location",  # moves blocks into tiles: before the parallel/vectorize rewrite
     "rewrite-packed-layout",
     "rewrite-spatial-innermost",  # reorders loops: before the parallel/vectorize rewrite

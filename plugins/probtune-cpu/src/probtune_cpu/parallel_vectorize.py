@@ -174,7 +174,12 @@ class RewriteParallelVectorizeUnroll:
         sizes = [int(f.extent) for f in fors]
         if vectorizable and 1 < sizes[-1] <= lanes * MAX_VECTORS_PER_LOOP:
             sch.vectorize(loops[-1])
-        leading, jobs = 0, 1
+        # loops of one iteration go first: a packing copy sits under the outermost tile of the vector loop,
+        # and when that tile is 1 the parallel loops are the ones under it (the copy then runs on one core)
+        first = 0
+        while first < len(loops) - 1 and kinds[first] == SPATIAL and sizes[first] == 1:
+            first += 1
+        leading, jobs = first, 1
         max_jobs = wanted.get(PARALLEL_KEY, 1)
         while leading < len(loops) - 1 and kinds[leading] == SPATIAL and jobs < max_jobs:
             jobs *= sizes[leading]
@@ -183,7 +188,7 @@ class RewriteParallelVectorizeUnroll:
                 break  # fuse needs a perfect nest: a loop holding more than one statement ends the fused prefix
         outer = loops[0]
         if jobs > 1:
-            outer = sch.fuse(*loops[:leading]) if leading > 1 else loops[0]
+            outer = sch.fuse(*loops[first:leading]) if leading - first > 1 else loops[first]
             sch.parallel(outer)
         if wanted.get(UNROLL_KEY):
             sch.annotate(outer, "pragma_auto_unroll_max_step", wanted[UNROLL_KEY])

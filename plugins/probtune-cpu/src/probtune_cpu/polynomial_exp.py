@@ -22,15 +22,12 @@ import tvm
 from tvm import s_tir, tirx
 
 from probtune import SpaceContext
-from probtune.tir import sblock_names
+
+from probtune_cpu.stored_values import map_bottom_up, rewrite_stored_values
 
 __all__ = ["RewriteExpPolynomial", "polynomial_exp"]
 
 _EXP = tvm.ir.Op.get("tirx.exp")
-_BINARY = (
-    tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Mod, tirx.FloorDiv, tirx.FloorMod, tirx.Min, tirx.Max,
-    tirx.EQ, tirx.NE, tirx.LT, tirx.LE, tirx.GT, tirx.GE, tirx.And, tirx.Or,
-)
 _LOG2E = 1.44269504088896341
 _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4  # ln 2 in two parts, so that x - n*ln2 stays exact
 _COEFFICIENTS = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
@@ -69,22 +66,9 @@ def polynomial_exp(x: tirx.Expr) -> tirx.Expr:
     return tirx.Let(arg, x, body)
 
 
-def _rewrite(expr: tirx.Expr) -> tirx.Expr:
-    """``expr`` with every float32 ``exp`` call replaced; unchanged nodes are returned as they are."""
-    if isinstance(expr, tvm.ir.expr.Call):
-        if expr.op.same_as(_EXP) and str(expr.ty) == "float32":
-            return polynomial_exp(_rewrite(expr.args[0]))
-        return expr
-    if isinstance(expr, _BINARY):
-        a, b = _rewrite(expr.a), _rewrite(expr.b)
-        return expr if a.same_as(expr.a) and b.same_as(expr.b) else type(expr)(a, b)
-    if isinstance(expr, tirx.Cast):
-        value = _rewrite(expr.value)
-        return expr if value.same_as(expr.value) else tirx.Cast(str(expr.ty), value)
-    if isinstance(expr, tirx.Select):
-        parts = [_rewrite(p) for p in (expr.condition, expr.true_value, expr.false_value)]
-        unchanged = all(new.same_as(old) for new, old in zip(parts, (expr.condition, expr.true_value, expr.false_value)))
-        return expr if unchanged else tirx.Select(*parts)
+def _exp_node(expr: tirx.Expr) -> tirx.Expr:
+    if isinstance(expr, tvm.ir.expr.Call) and expr.op.same_as(_EXP) and str(expr.ty) == "float32":
+        return polynomial_exp(expr.args[0])
     return expr
 
 
@@ -95,19 +79,5 @@ class RewriteExpPolynomial:
     name: str = "rewrite-exp-polynomial"
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
-        for name in sblock_names(sch):
-            block_rv = sch.get_sblock(name)
-            block = sch.get(block_rv)
-            store = block.body
-            if not isinstance(store, tirx.BufferStore):
-                continue
-            value = _rewrite(store.value)
-            if value.same_as(store.value):
-                continue
-            new_block = s_tir.SBlock(
-                block.iter_vars, block.reads, block.writes, block.name_hint,
-                tirx.BufferStore(store.buffer, value, store.indices),
-                block.init, block.alloc_buffers, block.match_buffers, block.annotations,
-            )
-            sch.state.replace(sch.get_sref(block_rv), new_block, {block: new_block})
+        rewrite_stored_values(sch, lambda store: map_bottom_up(store.value, _exp_node))
         return None

@@ -1,0 +1,93 @@
+"""Divide many numbers by the same divisor with one reciprocal and two FMAs each, not a division each.
+
+Softmax ends with ``exp[i, j] / sum[i]`` and layer norm with ``(x[i, j] -
+mean[i]) / std[i]``: a whole vector of dividends shares one divisor. A vector
+division is slow (AVX-512 ``vdivps``: about 10 cycles per 16 lanes against
+half a cycle for a multiply or an FMA), so vendor kernels (MLAS, PyTorch)
+multiply by ``1 / sum`` instead, which rounds twice. Here the quotient
+``q0 = a * r``, ``r = 1 / b`` (computed once per divisor), gets Markstein's
+correction step ``q = q0 + (a - q0 * b) * r`` with both steps fused
+multiply-adds, which gives back the correctly rounded quotient.
+
+Contract (float32): bit-identical to ``a / b`` wherever ``|a| >= 2^-100``
+and the quotient is a normal number; elsewhere within 2 ulp (a tiny
+dividend's residual underflows), subnormal quotients within one unit of
+2^-149, and a quotient within one ulp of the largest float may round to
+infinity. Divisors whose reciprocal is not a normal number (0, subnormal,
+``|b| >= 2^126``, infinity, NaN) take the division, through a branch on the
+divisor that LLVM hoists out of the loop over the dividends.
+
+Applied to a float32 division in a block's stored value whose divisor does
+not depend on the store's last index (the loop that is vectorized), on
+targets with FMA instructions (elsewhere an FMA is a libm call).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+from tvm import s_tir, tirx
+
+from probtune import SpaceContext
+from probtune.tir import as_list, identity
+
+from probtune_cpu.stored_values import map_bottom_up, rewrite_stored_values
+
+__all__ = ["RewriteInvariantDivision", "reciprocal_quotient"]
+
+# 1/b is a normal float32 for biased exponents 1..252 of b (2^-126 <= |b| < 2^126)
+_LOWEST_BIASED_EXPONENT, _HIGHEST_BIASED_EXPONENT = 1, 252
+
+
+def _fma(a: tirx.Expr, b: tirx.Expr, c: tirx.Expr) -> tirx.Expr:
+    """``a * b + c`` rounded once: LLVM's ``fma`` intrinsic, which it may not split (``fmuladd`` may)."""
+    return tirx.call_llvm_pure_intrin(str(a.ty), "llvm.fma", a, b, c)
+
+
+def reciprocal_quotient(dividend: tirx.Expr, divisor: tirx.Expr) -> tirx.Expr:
+    """``dividend / divisor`` for float32 scalars, by the corrected reciprocal (see the module docstring)."""
+    a, b = tirx.Var("div_a", "float32"), tirx.Var("div_b", "float32")
+    r, q0 = tirx.Var("div_r", "float32"), tirx.Var("div_q0", "float32")
+    biased = tirx.Var("div_biased_exponent", "int32")
+    corrected = _fma(_fma(-q0, b, a), r, q0)
+    # an infinite or NaN q0 (dividend inf or NaN, or a*r overflowed) makes the residual NaN: keep q0
+    quotient = tirx.Select(tirx.abs(q0) < tirx.const(float("inf"), "float32"), corrected, q0)
+    fast = tirx.Let(r, tirx.const(1.0, "float32") / b, tirx.Let(q0, a * r, quotient))
+    reciprocal_is_normal = tirx.And(
+        biased >= tirx.const(_LOWEST_BIASED_EXPONENT, "int32"), biased <= tirx.const(_HIGHEST_BIASED_EXPONENT, "int32")
+    )
+    body = tirx.if_then_else(reciprocal_is_normal, fast, a / b)
+    exponent = (tirx.reinterpret("int32", b) >> tirx.const(23, "int32")) & tirx.const(255, "int32")
+    return tirx.Let(a, dividend, tirx.Let(b, divisor, tirx.Let(biased, exponent, body)))
+
+
+def _variable_ids(expr: tirx.Expr) -> set[int]:
+    return {identity(var) for var in as_list(tirx.analysis.undefined_vars(expr))}
+
+
+@dataclass(frozen=True)
+class RewriteInvariantDivision:
+    """Replace float32 divisions by a divisor shared along the store's last index with ``reciprocal_quotient``."""
+
+    name: str = "rewrite-invariant-division"
+
+    def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
+        target = tvm.target.Target(ctx.target.tvm_target)
+        if target.kind.name != "llvm" or not tvm.target.codegen.target_has_features(["fma"], target):
+            return None
+        rewrite_stored_values(sch, self._rewrite)
+        return None
+
+    @staticmethod
+    def _rewrite(store: tirx.BufferStore) -> tirx.Expr:
+        lane_vars = _variable_ids(store.indices[-1]) if store.indices else set()
+        if not lane_vars:  # one quotient per divisor: nothing to share
+            return store.value
+
+        def replace(expr: tirx.Expr) -> tirx.Expr:
+            if isinstance(expr, tirx.Div) and str(expr.ty) == "float32" and not lane_vars & _variable_ids(expr.b):
+                return reciprocal_quotient(expr.a, expr.b)
+            return expr
+
+        return map_bottom_up(store.value, replace)

@@ -1,0 +1,60 @@
+"""Rewrite the value each block stores, node by node: what the arithmetic rewrites share."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import tvm
+from tvm import s_tir, tirx
+
+from probtune.tir import sblock_names
+
+__all__ = ["map_bottom_up", "rewrite_stored_values"]
+
+_BINARY = (
+    tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Mod, tirx.FloorDiv, tirx.FloorMod, tirx.Min, tirx.Max,
+    tirx.EQ, tirx.NE, tirx.LT, tirx.LE, tirx.GT, tirx.GE, tirx.And, tirx.Or,
+)
+
+
+def map_bottom_up(expr: tirx.Expr, replace: Callable[[tirx.Expr], tirx.Expr]) -> tirx.Expr:
+    """``expr`` with ``replace`` applied to every arithmetic, cast, select and call node, children first.
+
+    ``replace`` returns its argument to keep a node; nodes whose children are
+    unchanged are returned as they are, so callers can test ``same_as``.
+    Loads, constants and ``Let`` bodies are left alone.
+    """
+    if isinstance(expr, _BINARY):
+        a, b = map_bottom_up(expr.a, replace), map_bottom_up(expr.b, replace)
+        return replace(expr if a.same_as(expr.a) and b.same_as(expr.b) else type(expr)(a, b))
+    if isinstance(expr, tirx.Cast):
+        value = map_bottom_up(expr.value, replace)
+        return replace(expr if value.same_as(expr.value) else tirx.Cast(str(expr.ty), value))
+    if isinstance(expr, tirx.Select):
+        old = (expr.condition, expr.true_value, expr.false_value)
+        new = [map_bottom_up(part, replace) for part in old]
+        return replace(expr if all(n.same_as(o) for n, o in zip(new, old)) else tirx.Select(*new))
+    if isinstance(expr, tvm.ir.expr.Call):
+        args = [map_bottom_up(arg, replace) for arg in expr.args]
+        unchanged = all(n.same_as(o) for n, o in zip(args, expr.args))
+        return replace(expr if unchanged else tirx.Call(str(expr.ty), expr.op, args))
+    return expr
+
+
+def rewrite_stored_values(sch: s_tir.Schedule, rewrite: Callable[[tirx.BufferStore], tirx.Expr]) -> None:
+    """Replace the stored value of every block whose body is one store by ``rewrite(store)``."""
+    for name in sblock_names(sch):
+        block_rv = sch.get_sblock(name)
+        block = sch.get(block_rv)
+        store = block.body
+        if not isinstance(store, tirx.BufferStore):
+            continue
+        value = rewrite(store)
+        if value.same_as(store.value):
+            continue
+        new_block = s_tir.SBlock(
+            block.iter_vars, block.reads, block.writes, block.name_hint,
+            tirx.BufferStore(store.buffer, value, store.indices),
+            block.init, block.alloc_buffers, block.match_buffers, block.annotations,
+        )
+        sch.state.replace(sch.get_sref(block_rv), new_block, {block: new_block})

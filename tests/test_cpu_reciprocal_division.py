@@ -1,0 +1,110 @@
+"""The invariant-division rewrite: the division's result where promised, and applied only where a divisor is shared."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import s_tir, te
+
+from probtune import SpaceContext, generate_space
+from probtune.catalog import BUILTIN_WORKLOADS
+from probtune.targets import resolve_target
+from probtune_cpu.reciprocal_division import RewriteInvariantDivision
+
+from conftest import assert_samples_correct, run_module
+
+CATALOG = {spec.name: spec for spec in BUILTIN_WORKLOADS}
+_TINY = float(np.finfo(np.float32).tiny)
+_SPECIAL_DIVISORS = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -3e-39, 2.0**126, -3e38, 2.0**-126, 1.0, -1.0]
+_SPECIAL_DIVIDENDS = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-40, 3e38, -3.4e38, 1.0]
+
+
+def _rows_over_vector(rows: int, cols: int) -> tvm.tirx.PrimFunc:
+    a = te.placeholder((rows, cols), "float32", name="a")
+    b = te.placeholder((rows,), "float32", name="b")
+    q = te.compute((rows, cols), lambda i, j: a[i, j] / b[i], name="q")
+    return te.create_prim_func([a, b, q])
+
+
+def _rewritten(func: tvm.tirx.PrimFunc, target) -> s_tir.Schedule:
+    sch = s_tir.Schedule(func)
+    assert RewriteInvariantDivision().check(sch, SpaceContext(workload=None, target=target)) is None
+    return sch
+
+
+def _inputs(rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    # a quarter of the dividends and of the divisors span float32's whole range, the rest moderate numbers
+    a = rng.standard_normal((rows, cols)) * np.exp2(rng.integers(-60, 60, (rows, cols)))
+    a[:, : cols // 4] = rng.standard_normal((rows, cols // 4)) * np.exp2(rng.integers(-149, 128, (rows, cols // 4)))
+    b = rng.standard_normal(rows) * np.exp2(rng.integers(-60, 60, rows))
+    b[: rows // 4] = rng.standard_normal(rows // 4) * np.exp2(rng.integers(-140, 128, rows // 4))
+    b[: len(_SPECIAL_DIVISORS)] = _SPECIAL_DIVISORS
+    a[:, : len(_SPECIAL_DIVIDENDS)] = _SPECIAL_DIVIDENDS
+    with np.errstate(over="ignore"):
+        return a.astype(np.float32), b.astype(np.float32)
+
+
+@pytest.mark.parametrize("lanes", [1, 16])
+def test_quotients_are_the_divisions_where_promised(host, lanes):
+    rows, cols = 256, 512
+    sch = _rewritten(_rows_over_vector(rows, cols), host)
+    assert "call_llvm_pure_intrin" in sch.mod.script()
+    _, inner = sch.split(sch.get_loops(sch.get_sblock("q"))[1], [None, lanes])
+    if lanes > 1:
+        sch.vectorize(inner)
+    lib = tvm.compile(sch.mod, target=tvm.target.Target(host.tvm_target))
+    a, b = _inputs(rows, cols)
+    (got,) = run_module(lib, [a, b, np.zeros_like(a)])[2:]
+    with np.errstate(all="ignore"):
+        want = a / b[:, None]
+    same = (got == want) | (np.isnan(got) & np.isnan(want))
+    # bit for bit: every special divisor (the division's branch), special dividend, and wherever the quotient
+    # is normal and |a| >= 2^-100
+    promised = np.zeros_like(same)
+    promised[: len(_SPECIAL_DIVISORS)] = True
+    with np.errstate(all="ignore"):
+        promised |= (np.abs(a) >= 2.0**-100) & (np.abs(want) >= _TINY) & (np.abs(want) < 3.4e38)
+    promised |= ~np.isfinite(a) | (a == 0)
+    assert promised.mean() > 0.8 and (~promised).sum() > 1000
+    assert same[promised].all(), (a[promised & ~same][:4], np.broadcast_to(b[:, None], a.shape)[promised & ~same][:4])
+    normal = ~promised & (np.abs(want) >= _TINY) & np.isfinite(want)
+    spacing = np.spacing(np.abs(want[normal])).astype(np.float64)
+    assert (np.abs(got[normal].astype(np.float64) - want[normal]) <= 2 * spacing).all()
+    subnormal = ~promised & (np.abs(want) < _TINY)
+    assert (np.abs(got[subnormal].astype(np.float64) - want[subnormal]) <= 2.0**-149).all()
+
+
+def test_only_divisors_shared_along_the_last_index_are_rewritten(host):
+    shared = _rewritten(_rows_over_vector(4, 32), host)
+    assert "call_llvm_pure_intrin" in shared.mod.script()
+    a = te.placeholder((4, 32), "float32", name="a")
+    b = te.placeholder((4, 32), "float32", name="b")
+    elementwise = te.create_prim_func([a, b, te.compute((4, 32), lambda i, j: a[i, j] / b[i, j], name="q")])
+    column = te.create_prim_func([a, b, te.compute((4, 32), lambda i, j: a[i, j] / b[i, 0], name="q")])
+    c = te.placeholder((4, 32), "float64", name="c")
+    d = te.placeholder((4,), "float64", name="d")
+    double = te.create_prim_func([c, d, te.compute((4, 32), lambda i, j: c[i, j] / d[i], name="q")])
+    for func in (elementwise, double):
+        sch = s_tir.Schedule(func)
+        before = sch.mod
+        assert RewriteInvariantDivision().check(sch, SpaceContext(workload=None, target=host)) is None
+        assert sch.mod.same_as(before)
+    assert "call_llvm_pure_intrin" in _rewritten(column, host).mod.script()
+
+
+def test_targets_without_fma_keep_the_division():
+    generic = resolve_target("llvm")
+    sch = s_tir.Schedule(_rows_over_vector(4, 32))
+    before = sch.mod
+    assert RewriteInvariantDivision().check(sch, SpaceContext(workload=None, target=generic)) is None
+    assert sch.mod.same_as(before)
+
+
+def test_softmax_uses_the_reciprocal_and_stays_correct(host):
+    workload = CATALOG["softmax"].instantiate(CATALOG["softmax"].small_shape)
+    space = generate_space(workload, host)
+    assert "rewrite-invariant-division" in [v.name for v in space.validators]
+    for candidate in assert_samples_correct(workload, space, host, samples=4):
+        assert "call_llvm_pure_intrin" in candidate.mod.script()
