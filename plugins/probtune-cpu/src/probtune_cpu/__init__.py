@@ -16,12 +16,13 @@ from probtune_cpu.parallel_vectorize import (
     RewriteReductionBlock,
     RewriteSpatialInnermost,
 )
+from probtune_cpu.output_reuse import RewriteOutputReuse
 from probtune_cpu.polynomial_exp import RewriteExpPolynomial
 from probtune_cpu.random_compute_location import RandomComputeLocation
 from probtune_cpu.reciprocal_division import RewriteInvariantDivision
 from probtune_cpu.validators import VerifyParallel, VerifyStaticLoops, VerifyUnrollSize, VerifyVectorize
 
-__all__ = ["AutoInline", "AddRFactor", "RandomComputeLocation", "MultiLevelTiling", "ParallelVectorize", "AutoUnroll", "RewriteParallelVectorizeUnroll", "RewriteReductionBlock", "RewriteSpatialInnermost", "RewriteExpPolynomial", "RewriteInvariantDivision", "RewritePackedLayout"]
+__all__ = ["AutoInline", "AddRFactor", "RandomComputeLocation", "MultiLevelTiling", "ParallelVectorize", "AutoUnroll", "RewriteParallelVectorizeUnroll", "RewriteReductionBlock", "RewriteSpatialInnermost", "RewriteExpPolynomial", "RewriteInvariantDivision", "RewriteOutputReuse", "RewritePackedLayout"]
 
 
 @hookimpl
@@ -41,6 +42,7 @@ def probtune_register_validators(register: Callable[[Any], None]) -> None:
     register(RewriteSpatialInnermost())
     register(RewriteExpPolynomial())
     register(RewriteInvariantDivision())
+    register(RewriteOutputReuse())
     register(RewriteWriteBackLocation())
     register(RewritePackedLayout())
     register(VerifyStaticLoops())

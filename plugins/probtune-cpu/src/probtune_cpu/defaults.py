@@ -26,6 +26,7 @@ DEFAULT_VALIDATORS = (
     "rewrite-spatial-innermost",  # reorders loops: before the parallel/vectorize rewrite
     "rewrite-parallel-vectorize-unroll",
     "rewrite-reduction-block",
+    "rewrite-output-reuse",  # last rewrite: a block that finishes its output in place is no longer a complete block
     "verify-static-loops",
     "verify-vectorize",
     "verify-parallel",

@@ -6,6 +6,7 @@ from typing import Callable
 
 import tvm
 from tvm import s_tir, tirx
+from tvm.ir.expr import TensorLoad
 
 from probtune.tir import sblock_names
 
@@ -18,11 +19,11 @@ _BINARY = (
 
 
 def map_bottom_up(expr: tirx.Expr, replace: Callable[[tirx.Expr], tirx.Expr]) -> tirx.Expr:
-    """``expr`` with ``replace`` applied to every arithmetic, cast, select and call node, children first.
+    """``expr`` with ``replace`` applied to every arithmetic, cast, select, call, let and load node, children first.
 
     ``replace`` returns its argument to keep a node; nodes whose children are
     unchanged are returned as they are, so callers can test ``same_as``.
-    Loads, constants and ``Let`` bodies are left alone.
+    Variables, constants and other nodes are returned as they are.
     """
     if isinstance(expr, _BINARY):
         a, b = map_bottom_up(expr.a, replace), map_bottom_up(expr.b, replace)
@@ -38,6 +39,13 @@ def map_bottom_up(expr: tirx.Expr, replace: Callable[[tirx.Expr], tirx.Expr]) ->
         args = [map_bottom_up(arg, replace) for arg in expr.args]
         unchanged = all(n.same_as(o) for n, o in zip(args, expr.args))
         return replace(expr if unchanged else tirx.Call(str(expr.ty), expr.op, args))
+    if isinstance(expr, tirx.Let):
+        value, body = map_bottom_up(expr.value, replace), map_bottom_up(expr.body, replace)
+        return replace(expr if value.same_as(expr.value) and body.same_as(expr.body) else tirx.Let(expr.var, value, body))
+    if isinstance(expr, TensorLoad):
+        indices = [map_bottom_up(index, replace) for index in expr.indices]
+        unchanged = all(n.same_as(o) for n, o in zip(indices, expr.indices))
+        return replace(expr if unchanged else tirx.BufferLoad(expr.source, indices))
     return expr
 
 
