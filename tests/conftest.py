@@ -8,7 +8,8 @@ import tvm
 import tvm_ffi
 from tvm import te
 
-from probtune import Rng
+from probtune import Rng, generate_space
+from probtune.catalog import BUILTIN_WORKLOADS
 from probtune.search import RandomSearch
 from probtune.targets import resolve_target
 
@@ -47,6 +48,15 @@ def assert_samples_correct(workload, space, host, samples: int = 3, seed: int = 
         assert tvm_ffi.structural_equal(space.program(candidate.trace), candidate.mod)
         assert_program_correct(workload, candidate.mod, host)
     return batch
+
+
+def softmax_samples_with(validator: str, host, samples: int = 4) -> list:
+    """Samples of the small softmax's space, which must run ``validator``; each checked by ``assert_samples_correct``."""
+    spec = next(spec for spec in BUILTIN_WORKLOADS if spec.name == "softmax")
+    workload = spec.instantiate(spec.small_shape)
+    space = generate_space(workload, host)
+    assert validator in [v.name for v in space.validators]
+    return assert_samples_correct(workload, space, host, samples=samples)
 
 
 def assert_program_correct(workload, mod: tvm.IRModule, host) -> None:

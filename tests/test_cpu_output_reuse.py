@@ -11,7 +11,7 @@ from probtune import Rng, generate_space
 from probtune.catalog import BUILTIN_WORKLOADS
 from probtune_cpu.output_reuse import RewriteOutputReuse
 
-from conftest import assert_program_correct, assert_samples_correct, run_module
+from conftest import assert_program_correct, run_module, softmax_samples_with
 
 CATALOG = {spec.name: spec for spec in BUILTIN_WORKLOADS}
 
@@ -24,7 +24,6 @@ def _allocated(mod: tvm.IRModule) -> set[str]:
 def test_softmax_computes_its_exponentials_in_the_output(host, location):
     workload = CATALOG["softmax"].instantiate((4, 256))
     space = generate_space(workload, host)
-    assert "rewrite-output-reuse" in [v.name for v in space.validators]
     locations = {i: location for i, inst in enumerate(space.trace.instructions) if inst.kind == "sample_compute_location"}
     sch, rejected = space.realize(space.trace.with_decisions(locations), Rng(0))
     assert rejected is None
@@ -36,8 +35,10 @@ def test_softmax_computes_its_exponentials_in_the_output(host, location):
 
 
 def test_softmax_samples_stay_correct(host):
-    workload = CATALOG["softmax"].instantiate(CATALOG["softmax"].small_shape)
-    assert_samples_correct(workload, generate_space(workload, host), host, samples=6)
+    """Every sample matches numpy; a sample that recomputes the sum inside the normalisation's loop over j, after
+    the row's first elements are overwritten, keeps its exponentials apart."""
+    samples = softmax_samples_with("rewrite-output-reuse", host, samples=8)
+    assert any("T_softmax_exp" not in _allocated(candidate.mod) for candidate in samples)
 
 
 @pytest.mark.parametrize("name", ["dense_bias_relu", "matmul"])

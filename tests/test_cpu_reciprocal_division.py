@@ -7,14 +7,12 @@ import pytest
 import tvm
 from tvm import s_tir, te
 
-from probtune import SpaceContext, generate_space
-from probtune.catalog import BUILTIN_WORKLOADS
+from probtune import SpaceContext
 from probtune.targets import resolve_target
 from probtune_cpu.reciprocal_division import RewriteInvariantDivision
 
-from conftest import assert_samples_correct, run_module
+from conftest import run_module, softmax_samples_with
 
-CATALOG = {spec.name: spec for spec in BUILTIN_WORKLOADS}
 _TINY = float(np.finfo(np.float32).tiny)
 _SPECIAL_DIVISORS = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -3e-39, 2.0**126, -3e38, 2.0**-126, 1.0, -1.0]
 _SPECIAL_DIVIDENDS = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-40, 3e38, -3.4e38, 1.0]
@@ -103,8 +101,5 @@ def test_targets_without_fma_keep_the_division():
 
 
 def test_softmax_uses_the_reciprocal_and_stays_correct(host):
-    workload = CATALOG["softmax"].instantiate(CATALOG["softmax"].small_shape)
-    space = generate_space(workload, host)
-    assert "rewrite-invariant-division" in [v.name for v in space.validators]
-    for candidate in assert_samples_correct(workload, space, host, samples=4):
+    for candidate in softmax_samples_with("rewrite-invariant-division", host):
         assert "call_llvm_pure_intrin" in candidate.mod.script()
