@@ -90,3 +90,24 @@ def test_a_reader_after_the_output_writer_keeps_the_intermediate(host):
     sch = s_tir.Schedule(te.create_prim_func([a, out, total]))  # ``total`` runs after ``out``
     assert RewriteOutputReuse().check(sch, None) is None
     assert "e" in _allocated(sch.mod)
+
+
+def test_a_producer_recomputed_inside_the_output_writers_loop_keeps_the_intermediate(host):
+    """``e`` and the row sum placed in ``out``'s loop over j: each iteration recomputes and sums the whole row of
+    ``e``; in the output, both would meet the elements already finished."""
+    m, n = 4, 16
+    a = te.placeholder((m, n), "float32", name="a")
+    e = te.compute((m, n), lambda i, j: a[i, j] * 2.0, name="e")
+    k = te.reduce_axis((0, n), name="k")
+    total = te.compute((m,), lambda i: te.sum(e[i, k], axis=k), name="total")
+    out = te.compute((m, n), lambda i, j: e[i, j] / total[i], name="out")
+    sch = s_tir.Schedule(te.create_prim_func([a, out]))
+    columns = sch.get_loops(sch.get_sblock("out"))[1]
+    sch.compute_at(sch.get_sblock("total"), columns)
+    sch.compute_at(sch.get_sblock("e"), columns)
+    assert RewriteOutputReuse().check(sch, None) is None
+    assert "e" in _allocated(sch.mod)
+    values = np.arange(1, m * n + 1, dtype=np.float32).reshape(m, n)
+    lib = tvm.compile(sch.mod, target=tvm.target.Target(host.tvm_target))
+    (got,) = run_module(lib, [values, np.zeros_like(values)])[1:]
+    np.testing.assert_allclose(got, values / values.sum(axis=1, keepdims=True), rtol=1e-6)

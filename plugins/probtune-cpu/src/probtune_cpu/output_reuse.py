@@ -14,11 +14,11 @@ and dtype) when the output's only writer ``N`` reads ``E`` only at the
 element it writes, nothing reads the output, and ``E`` has readers other
 than ``N`` and its own producer (an intermediate with one consumer is left
 to inlining and caches). Storing ``E`` in the output is correct when no
-other reader can see an element after ``N`` has overwritten it: each reader
-comes before ``N`` in program order, and if they share loops, both access,
-in some dimensions, the same coordinate given by those loops alone, one
-coordinate per iteration (a bijection), so an iteration touches no element
-another iteration overwrote.
+other block reads or writes an element of ``E`` after ``N`` has overwritten
+it: each of them comes before ``N`` in program order, and if they share
+loops, both access, in some dimensions, the same coordinate given by those
+loops alone, one coordinate per iteration (a bijection), so an iteration
+touches no element another iteration overwrote.
 """
 
 from __future__ import annotations
@@ -84,10 +84,11 @@ def _single_store(block: s_tir.SBlock) -> bool:
     return isinstance(block.body, tirx.BufferStore) and (block.init is None or isinstance(block.init, tirx.BufferStore))
 
 
-def _block_loads(block: s_tir.SBlock, buffer: tirx.Buffer) -> list[TensorLoad]:
-    """The loads of ``buffer`` in a single-store block's value and init."""
+def _block_accesses(block: s_tir.SBlock, buffer: tirx.Buffer) -> list[list[tirx.Expr]]:
+    """The indices of every load and store of ``buffer`` in a single-store block's value and init."""
     stores = [block.body] if block.init is None else [block.init, block.body]
-    return [load for store in stores for load in _loads_of(store.value, buffer)]
+    loads = [list(load.indices) for store in stores for load in _loads_of(store.value, buffer)]
+    return loads + [list(store.indices) for store in stores if store.buffer.same_as(buffer)]
 
 
 def _analyzer(blocks: list[_Block]) -> tvm.sym.Analyzer:
@@ -104,26 +105,30 @@ def _analyzer(blocks: list[_Block]) -> tvm.sym.Analyzer:
     return analyzer
 
 
-def _ordered_before(reader: _Block, writer: _Block, intermediate: tirx.Buffer, coordinates: list[tirx.Expr]) -> bool:
-    """Whether every read of ``intermediate`` by ``reader`` happens before ``writer`` overwrites that element."""
-    if reader.order > writer.order:
+def _ordered_before(user: _Block, writer: _Block, intermediate: tirx.Buffer, coordinates: list[tirx.Expr]) -> bool:
+    """Whether every access of ``user`` to ``intermediate`` happens before ``writer`` overwrites that element.
+
+    A read after it would see the output's value; a write after it (a producer
+    recomputed inside the writer's loops) would overwrite the output.
+    """
+    if user.order > writer.order:
         return False
     shared = []
-    for a, b in zip(reader.loops, writer.loops):
+    for a, b in zip(user.loops, writer.loops):
         if not a.loop_var.same_as(b.loop_var):
             break
         shared.append(a)
-    if not shared:  # the reader's whole nest runs before the writer's
+    if not shared:  # the user's whole nest runs before the writer's
         return True
-    analyzer = _analyzer([reader, writer])
+    analyzer = _analyzer([user, writer])
     shared_ids = {identity(loop.loop_var) for loop in shared}
     written = [analyzer.simplify(c) for c in coordinates]
     dims = [d for d, c in enumerate(written)
             if (used := {identity(v) for v in as_list(tirx.analysis.undefined_vars(c))}) and used <= shared_ids]
     if not dims:
         return False
-    for load in _block_loads(reader.block, intermediate):
-        if not all(tvm_ffi.structural_equal(analyzer.simplify(load.indices[d]), written[d]) for d in dims):
+    for indices in _block_accesses(user.block, intermediate):
+        if not all(tvm_ffi.structural_equal(analyzer.simplify(indices[d]), written[d]) for d in dims):
             return False
     domain = {loop.loop_var: tvm.ir.Range.from_min_extent(loop.min, loop.extent) for loop in shared}
     return len(tvm.sym.detect_iter_map([written[d] for d in dims], domain, check_level="bijective").indices) > 0
@@ -152,9 +157,9 @@ def _reusable(func: tirx.PrimFunc) -> tuple[tirx.Buffer, tirx.Buffer] | None:
             readers = [b for b in users if b not in producers]
             if len(producers) != 1 or not readers or not all(_single_store(b.block) for b in users):
                 continue
-            if not all(_block_loads(b.block, intermediate) for b in readers):
+            if not all(_block_accesses(b.block, intermediate) for b in readers):
                 continue  # a read the walk cannot see: leave the program alone
-            if all(_ordered_before(reader, finisher, intermediate, list(store.indices)) for reader in readers):
+            if all(_ordered_before(user, finisher, intermediate, list(store.indices)) for user in users):
                 return intermediate, output
     return None
 
