@@ -8,7 +8,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 __all__ = [
-    "iter_stmts", "child_stmts", "as_list", "identity", "block_names", "sblock_names", "find_realize", "realize_of", "loop_kinds", "at_root", "contiguous_along", "indexing_dims", "reuses_data",
+    "iter_stmts", "child_stmts", "as_list", "identity", "variable_ids", "block_names", "sblock_names", "find_realize", "realize_of", "loop_kinds", "at_root", "contiguous_along", "indexing_dims", "reuses_data",
     "SPATIAL", "REDUCTION", "OTHER",
 ]
 
@@ -66,6 +66,11 @@ def identity(obj: tvm_ffi.Object) -> int:
     themselves: ``==`` on them builds a comparison expression.)
     """
     return hash(obj)
+
+
+def variable_ids(expr: tirx.Expr) -> set[int]:
+    """The ``identity`` of every variable ``expr`` uses."""
+    return {identity(var) for var in as_list(tirx.analysis.undefined_vars(expr))}
 
 
 def iter_stmts(stmt: tirx.Stmt) -> Iterator[tirx.Stmt]:

@@ -190,9 +190,13 @@ class MultiLevelTiling:
             REDUCTION: [[] for _ in range(self.structure.count("R"))],
         }
         spatial = [loop for loop, kind in zip(loops, kinds) if kind == SPATIAL]
-        packed = self._packable_inputs(sch, block, spatial)
+        reductions = [loop for loop, kind in zip(loops, kinds) if kind == REDUCTION]
+        raw, block_rv = sch.tvm, sch.resolve(block)
+        # the reads that are the same for every iteration of some other spatial loop (a copy of them is reused)
+        reused_over = [indexing_dims(raw, block_rv, sch.resolve(loop)) for loop in spatial[:-1] if sch.loop_extent(loop) != 1]
+        packed = self._packable_inputs(sch, block, spatial, reused_over)
         vector_loop = self._vector_loop(sch, block, spatial[-1], ctx.target.vector_width, packed)
-        panels = self._panel_inputs(sch, block, loops, kinds) if vector_loop is not None else []
+        panels = self._panel_inputs(sch, block, spatial, reductions, reused_over) if vector_loop is not None else []
         lanes_loop: LoopRV | None = None
         for loop, kind in zip(loops, kinds):
             depth = len(levels[kind])
@@ -229,7 +233,9 @@ class MultiLevelTiling:
             sch.annotate(copy, PANEL_KEY, sch.sample_categorical([0, 1], [0.5, 0.5]))
         self._write_back_per_tile(sch, block, [level_ends[level - 1] for level in self.write_back_levels])
 
-    def _packable_inputs(self, sch: Schedule, block: BlockRV, spatial: list[LoopRV]) -> list[tuple[int, int]]:
+    def _packable_inputs(
+        self, sch: Schedule, block: BlockRV, spatial: list[LoopRV], reused_over: list[dict]
+    ) -> list[tuple[int, int]]:
         """(read index, dimension) of each input to pack: read with a stride along the innermost of ``spatial``.
 
         Each must be indexed by that loop in one dimension, and its copy must
@@ -240,7 +246,6 @@ class MultiLevelTiling:
         if not self.pack_strided_inputs:
             return []
         raw, block_rv = sch.tvm, sch.resolve(block)
-        reused_over = [indexing_dims(raw, block_rv, sch.resolve(loop)) for loop in spatial[:-1] if sch.loop_extent(loop) != 1]
         sblock = raw.get(block_rv)
         packed = []
         for (kind, index), dims in indexing_dims(raw, block_rv, sch.resolve(spatial[-1])).items():
@@ -252,7 +257,9 @@ class MultiLevelTiling:
             packed.append((index, dims[0]))
         return packed
 
-    def _panel_inputs(self, sch: Schedule, block: BlockRV, loops: list[LoopRV], kinds: list[str]) -> list[int]:
+    def _panel_inputs(
+        self, sch: Schedule, block: BlockRV, spatial: list[LoopRV], reductions: list[LoopRV], reused_over: list[dict]
+    ) -> list[int]:
         """Read index of each input to offer panel packing: contiguous along the innermost spatial loop, strided along a reduction.
 
         Like a strided input's, the copy must repay itself (``_repays_copy``),
@@ -263,9 +270,7 @@ class MultiLevelTiling:
         if not self.pack_panels:
             return []
         raw, block_rv = sch.tvm, sch.resolve(block)
-        spatial = [loop for loop, kind in zip(loops, kinds) if kind == SPATIAL]
-        reused_over = [indexing_dims(raw, block_rv, sch.resolve(loop)) for loop in spatial[:-1] if sch.loop_extent(loop) != 1]
-        walked_by = [indexing_dims(raw, block_rv, sch.resolve(loop)) for loop, kind in zip(loops, kinds) if kind == REDUCTION]
+        walked_by = [indexing_dims(raw, block_rv, sch.resolve(loop)) for loop in reductions]
         sblock = raw.get(block_rv)
         panels = []
         for (kind, index), dims in indexing_dims(raw, block_rv, sch.resolve(spatial[-1])).items():

@@ -31,7 +31,7 @@ from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
 
 from probtune import SpaceContext
-from probtune.tir import as_list, child_stmts, identity, sblock_names
+from probtune.tir import as_list, child_stmts, identity, sblock_names, variable_ids
 
 from probtune_cpu.stored_values import map_bottom_up
 
@@ -123,8 +123,7 @@ def _ordered_before(user: _Block, writer: _Block, intermediate: tirx.Buffer, coo
     analyzer = _analyzer([user, writer])
     shared_ids = {identity(loop.loop_var) for loop in shared}
     written = [analyzer.simplify(c) for c in coordinates]
-    dims = [d for d, c in enumerate(written)
-            if (used := {identity(v) for v in as_list(tirx.analysis.undefined_vars(c))}) and used <= shared_ids]
+    dims = [d for d, c in enumerate(written) if (used := variable_ids(c)) and used <= shared_ids]
     if not dims:
         return False
     for indices in _block_accesses(user.block, intermediate):

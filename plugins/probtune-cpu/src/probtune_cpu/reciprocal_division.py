@@ -26,13 +26,15 @@ targets with FMA instructions (elsewhere an FMA is a libm call).
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
 
 import tvm
 from tvm import s_tir, tirx
 
 from probtune import SpaceContext
-from probtune.tir import as_list, identity
+from probtune.tir import variable_ids
 
 from probtune_cpu.stored_values import map_bottom_up, rewrite_stored_values
 
@@ -64,8 +66,11 @@ def reciprocal_quotient(dividend: tirx.Expr, divisor: tirx.Expr) -> tirx.Expr:
     return tirx.Let(a, dividend, tirx.Let(b, divisor, tirx.Let(biased, exponent, body)))
 
 
-def _variable_ids(expr: tirx.Expr) -> set[int]:
-    return {identity(var) for var in as_list(tirx.analysis.undefined_vars(expr))}
+@functools.lru_cache(maxsize=None)
+def _has_fma(tvm_target: str) -> bool:
+    """Whether the target (TVM's dict form, as JSON) is an LLVM CPU with FMA; asked once per target."""
+    target = tvm.target.Target(json.loads(tvm_target))
+    return target.kind.name == "llvm" and bool(tvm.target.codegen.target_has_features(["fma"], target))
 
 
 @dataclass(frozen=True)
@@ -75,20 +80,19 @@ class RewriteInvariantDivision:
     name: str = "rewrite-invariant-division"
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
-        target = tvm.target.Target(ctx.target.tvm_target)
-        if target.kind.name != "llvm" or not tvm.target.codegen.target_has_features(["fma"], target):
+        if not _has_fma(json.dumps(ctx.target.tvm_target, sort_keys=True)):
             return None
         rewrite_stored_values(sch, self._rewrite)
         return None
 
     @staticmethod
     def _rewrite(store: tirx.BufferStore) -> tirx.Expr:
-        lane_vars = _variable_ids(store.indices[-1]) if store.indices else set()
+        lane_vars = variable_ids(store.indices[-1]) if store.indices else set()
         if not lane_vars:  # one quotient per divisor: nothing to share
             return store.value
 
         def replace(expr: tirx.Expr) -> tirx.Expr:
-            if isinstance(expr, tirx.Div) and str(expr.ty) == "float32" and not lane_vars & _variable_ids(expr.b):
+            if isinstance(expr, tirx.Div) and str(expr.ty) == "float32" and not lane_vars & variable_ids(expr.b):
                 return reciprocal_quotient(expr.a, expr.b)
             return expr
 
