@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from probtune.measure import (
     RunResult,
     prepare_reference,
 )
+from probtune.measure._process import _BOOTSTRAP
 from probtune.workload import Workload
 
 N = 64
@@ -98,7 +101,7 @@ CANDIDATES = {
 
 
 def spawned_children() -> set[int]:
-    """Pids of this process's multiprocessing children (not its resource tracker).
+    """Pids of this process's measurement children.
 
     A child caught between fork and exec still shows this process's command line; on a
     busy machine a worker started just before the call is often still there.
@@ -111,7 +114,7 @@ def spawned_children() -> set[int]:
             cmdline = child.cmdline()
         except psutil.NoSuchProcess:  # ended since it was listed
             continue
-        if cmdline == own or any("spawn_main" in part for part in cmdline):
+        if cmdline == own or _BOOTSTRAP in cmdline:
             children.add(child.pid)
     return children
 
@@ -328,3 +331,35 @@ def test_close_and_garbage_collection_leave_no_child_process(
     gc.collect()
     assert not any(alive(pid) for pid in runner_child)
     assert spawned_children() == before
+
+
+def test_runner_child_loads_tvm_runtime_without_its_compiler(
+    workdir: Path, built: dict[str, BuildResult], reference: MeasureReference
+) -> None:
+    before = spawned_children()
+    with LocalRunner() as runner:
+        [(_, result)] = runner.run(reference, [built["good"]], TARGET)
+        (child,) = spawned_children() - before
+        libraries = {Path(m.path).name for m in psutil.Process(child).memory_maps()}
+    assert result.status == "ok"
+    assert "libtvm_runtime.so" in libraries and "libtvm_compiler.so" not in libraries
+
+
+def test_children_do_not_run_the_main_script_again(tmp_path: Path) -> None:
+    """A script without a ``__main__`` guard starts a child once, and its top level runs once."""
+    marker = tmp_path / "ran"
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from pathlib import Path\n"
+        f"with Path({str(marker)!r}).open('a') as f:\n"
+        "    f.write('top level\\n')\n"
+        "from probtune.measure._process import WorkerProcess\n"
+        "from probtune.measure._worker import run_worker_main\n"
+        "child = WorkerProcess(run_worker_main, (None,), name='probe')\n"
+        "child.wait_ready(60)\n"
+        "print(child.kill())\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "SIGKILL"
+    assert marker.read_text() == "top level\n"

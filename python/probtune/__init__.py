@@ -7,30 +7,34 @@
 
 from __future__ import annotations
 
-from probtune._core import Rng, Trace
-from probtune.catalog import WorkloadSpec
-from probtune.database import Database, Record
-from probtune.errors import (
-    DatabaseError,
-    DatabaseRowError,
-    InvalidDecisionError,
-    PluginError,
-    ProbtuneError,
-    ReplayError,
-    SchemaVersionError,
-    TraceFormatError,
-    TuningConfigError,
-    UnknownTargetError,
-    UnknownWorkloadError,
-    UnsupportedTargetError,
-    WorkloadShapeError,
-)
-from probtune.hookspecs import hookimpl
-from probtune.interfaces import SpaceContext, TargetSpec
-from probtune.schedule import BlockRV, ExprRV, LoopRV, Schedule
-from probtune.space import DesignSpace, generate_space
-from probtune.tune import TrialOutcome, TuneResult, compile_best, tune
-from probtune.workload import Workload
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from probtune._core import Rng, Trace
+    from probtune.catalog import WorkloadSpec
+    from probtune.database import Database, Record
+    from probtune.errors import (
+        DatabaseError,
+        DatabaseRowError,
+        InvalidDecisionError,
+        PluginError,
+        ProbtuneError,
+        ReplayError,
+        SchemaVersionError,
+        TraceFormatError,
+        TuningConfigError,
+        UnknownTargetError,
+        UnknownWorkloadError,
+        UnsupportedTargetError,
+        WorkloadShapeError,
+    )
+    from probtune.hookspecs import hookimpl
+    from probtune.interfaces import SpaceContext, TargetSpec
+    from probtune.schedule import BlockRV, ExprRV, LoopRV, Schedule
+    from probtune.space import DesignSpace, generate_space
+    from probtune.tuning import TrialOutcome, TuneResult, compile_best, tune
+    from probtune.workload import Workload
 
 __version__ = "0.1.0"
 
@@ -69,3 +73,41 @@ __all__ = [
     "InvalidDecisionError",
     "TraceFormatError",
 ]
+
+# What each public name is imported from, on first use (PEP 562): importing
+# probtune itself loads neither TVM nor the compiled core, so a measurement child
+# that only needs TVM's runtime (or a CLI asked for --help) does not pay for them.
+_SOURCE_OF = {
+    "tune": "probtune.tuning",
+    "compile_best": "probtune.tuning",
+    "TuneResult": "probtune.tuning",
+    "TrialOutcome": "probtune.tuning",
+    "Schedule": "probtune.schedule",
+    "BlockRV": "probtune.schedule",
+    "LoopRV": "probtune.schedule",
+    "ExprRV": "probtune.schedule",
+    "Trace": "probtune._core",
+    "Rng": "probtune._core",
+    "DesignSpace": "probtune.space",
+    "generate_space": "probtune.space",
+    "Workload": "probtune.workload",
+    "WorkloadSpec": "probtune.catalog",
+    "TargetSpec": "probtune.interfaces",
+    "SpaceContext": "probtune.interfaces",
+    "Database": "probtune.database",
+    "Record": "probtune.database",
+    "hookimpl": "probtune.hookspecs",
+    **{name: "probtune.errors" for name in __all__ if name.endswith("Error")},
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _SOURCE_OF:
+        raise AttributeError(f"module 'probtune' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_SOURCE_OF[name]), name)
+    globals()[name] = value  # later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -9,7 +9,6 @@ whatever the number of helpers, none included.
 
 from __future__ import annotations
 
-import os
 import pickle
 import warnings
 import weakref
@@ -260,7 +259,6 @@ class _HelperError:
 
 def _helper_main(connection: Connection, setup: _HelperSetup) -> None:
     """Realize job lists until the parent goes away; a Python error is reported, not fatal to the search."""
-    os.setpgrp()
     work = Workload(mod=tvm.ir.load_json(setup.mod_json), reference=None, **setup.workload)
     context = SpaceContext(workload=work, target=setup.target, options=setup.context_options)
     space = DesignSpace(context, setup.trace, [], setup.validators)

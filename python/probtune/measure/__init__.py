@@ -6,8 +6,12 @@ that the caller can record each at once.  The caller builds a batch, then runs
 it: idle builder workers use no CPU, so compilation does not disturb timings.
 """
 
-from probtune.measure.builder import BuildResult, LocalBuilder
-from probtune.measure.runner import LocalRunner, MeasureReference, RunResult, prepare_reference
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from probtune.measure.builder import BuildResult, LocalBuilder
+    from probtune.measure.runner import LocalRunner, MeasureReference, RunResult, prepare_reference
 
 __all__ = [
     "BuildResult",
@@ -17,3 +21,26 @@ __all__ = [
     "RunResult",
     "prepare_reference",
 ]
+
+# Imported on first use (PEP 562), as in probtune's own facade: a measurement
+# child imports probtune.measure._worker, and with it this package, but not TVM.
+_SOURCE_OF = {
+    "BuildResult": "probtune.measure.builder",
+    "LocalBuilder": "probtune.measure.builder",
+    "LocalRunner": "probtune.measure.runner",
+    "MeasureReference": "probtune.measure.runner",
+    "RunResult": "probtune.measure.runner",
+    "prepare_reference": "probtune.measure.runner",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _SOURCE_OF:
+        raise AttributeError(f"module 'probtune.measure' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_SOURCE_OF[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -76,7 +76,6 @@ class RunReply:
 
 def build_worker_main(connection: Connection) -> None:
     """Compile candidates and export each as a shared library."""
-    os.setpgrp()
     import psutil
     import tvm
 
@@ -101,7 +100,6 @@ def build_worker_main(connection: Connection) -> None:
 
 def run_worker_main(connection: Connection, num_threads: int | None) -> None:
     """Load, check and time candidates one at a time."""
-    os.setpgrp()
     if num_threads is not None:
         os.environ["TVM_NUM_THREADS"] = str(num_threads)  # read when TVM's thread pool starts
     os.environ["TVM_USE_RUNTIME_LIB"] = "1"  # load and time only: TVM's runtime holds ~110 MB less than its compiler

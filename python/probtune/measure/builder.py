@@ -57,9 +57,7 @@ class LocalBuilder:
     wait idle, using no CPU, while the caller times the results); a worker that
     has grown past ``max_worker_mb`` of memory is replaced after its build, as
     memory LLVM once took is not given back.  Artifacts are
-    left in ``workdir`` for the caller to delete.  Workers are spawned, so a
-    script that builds must keep its top-level code under
-    ``if __name__ == "__main__":``.
+    left in ``workdir`` for the caller to delete.
     """
 
     name = "local"

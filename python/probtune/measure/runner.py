@@ -107,8 +107,6 @@ class LocalRunner:
     repeat.  ``num_threads`` sets TVM's thread pool in the child; ``None`` takes
     the target's ``num-cores`` (TVM's own default on x86 is half the logical
     CPUs, as it assumes SMT, which would leave a core of this machine idle).
-    The child is spawned, so a script that runs candidates must keep its
-    top-level code under ``if __name__ == "__main__":``.
     """
 
     name = "local"

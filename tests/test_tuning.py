@@ -19,7 +19,7 @@ from probtune.measure import prepare_reference
 from probtune.measure.builder import BuildResult, LocalBuilder
 from probtune.measure.runner import LocalRunner, RunResult
 from probtune.targets import cpu_features
-from probtune.tune import _confirm_best
+from probtune.tuning import _confirm_best
 
 from conftest import matmul_module, run_module
 
