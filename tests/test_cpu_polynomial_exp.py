@@ -7,7 +7,10 @@ import pytest
 import tvm
 from tvm import s_tir, te
 
+from probtune import SpaceContext
 from probtune.catalog import BUILTIN_WORKLOADS
+from probtune.targets import resolve_target
+from probtune_cpu.llvm_features import llvm_target_has
 from probtune_cpu.polynomial_exp import RewriteExpPolynomial
 
 from conftest import run_module, softmax_samples_with
@@ -23,22 +26,38 @@ def _exp_function(n: int, dtype: str = "float32") -> tvm.tirx.PrimFunc:
     return te.create_prim_func([x, y])
 
 
-def _compiled_rewritten_exp(host, n: int, lanes: int):
+def _compiled_rewritten_exp(target, n: int, lanes: int):
     sch = s_tir.Schedule(_exp_function(n))
-    assert RewriteExpPolynomial().check(sch, None) is None
+    assert RewriteExpPolynomial().check(sch, SpaceContext(workload=None, target=target)) is None
     if lanes > 1:
         _, inner = sch.split(sch.get_loops(sch.get_sblock("y"))[0], [None, lanes])
         sch.vectorize(inner)
-    return sch.mod, tvm.compile(sch.mod, target=tvm.target.Target(host.tvm_target))
+    return sch.mod, tvm.compile(sch.mod, target=tvm.target.Target(target.tvm_target))
 
 
-@pytest.mark.parametrize("lanes", [1, 8])
+def _targets_that_run_here(host):
+    """The host, and AVX2 (the exponent-bits form of 2^n) if the host is an AVX-512 CPU (the ldexp form)."""
+    if llvm_target_has(host.tvm_target, "avx512f"):
+        return [host, resolve_target("x86-avx2")]
+    return [host]
+
+
+_ACCURACY_INPUTS = np.concatenate([np.linspace(-110, 95, 200_000), _SPECIAL]).astype(np.float32)
+_ACCURACY_INPUTS = np.concatenate([_ACCURACY_INPUTS, np.zeros(-len(_ACCURACY_INPUTS) % 16, np.float32)])
+
+
+@pytest.mark.parametrize("lanes", [1, 16])
 def test_polynomial_exp_is_within_two_ulp_and_keeps_the_special_values(host, lanes):
-    inputs = np.concatenate([np.linspace(-110, 95, 200_000), _SPECIAL]).astype(np.float32)
-    inputs = np.concatenate([inputs, np.zeros(-len(inputs) % 8, np.float32)])
-    mod, lib = _compiled_rewritten_exp(host, len(inputs), lanes)
-    assert "T.exp(" not in mod.script()
-    (got,) = run_module(lib, [inputs, np.zeros_like(inputs)])[1:]
+    inputs = _ACCURACY_INPUTS
+    results = []
+    for target in _targets_that_run_here(host):
+        mod, lib = _compiled_rewritten_exp(target, len(inputs), lanes)
+        assert "T.exp(" not in mod.script()
+        results.append(run_module(lib, [inputs, np.zeros_like(inputs)])[1])
+    # ldexp and the exponent bits both round 2^n * exp(r) once: the same bits
+    for other in results[1:]:
+        np.testing.assert_array_equal(other, results[0])
+    got = results[0]
     with np.errstate(over="ignore"):
         exact = np.exp(inputs.astype(np.float64))
         rounded = exact.astype(np.float32)
@@ -59,7 +78,7 @@ def test_rewrite_reaches_exp_under_casts_and_selects(host):
         name="y",
     )
     sch = s_tir.Schedule(te.create_prim_func([x, y]))
-    assert RewriteExpPolynomial().check(sch, None) is None
+    assert RewriteExpPolynomial().check(sch, SpaceContext(workload=None, target=host)) is None
     assert "T.exp(" not in sch.mod.script()
     inputs = np.linspace(-3, 3, 64).astype(np.float32)
     (got,) = run_module(tvm.compile(sch.mod, target=tvm.target.Target(host.tvm_target)),
@@ -67,14 +86,25 @@ def test_rewrite_reaches_exp_under_casts_and_selects(host):
     np.testing.assert_allclose(got, np.where(inputs > 0, np.exp(inputs.astype(np.float64)), -1.0), rtol=3e-7)
 
 
-def test_rewrite_leaves_float64_exp_and_exp_free_blocks_alone():
+def test_rewrite_leaves_float64_exp_and_exp_free_blocks_alone(host):
     for func in (_exp_function(16, "float64"), CATALOG["matmul"].instantiate((8, 8, 8)).prim_func):
         sch = s_tir.Schedule(func)
         before = sch.mod
-        assert RewriteExpPolynomial().check(sch, None) is None
+        assert RewriteExpPolynomial().check(sch, SpaceContext(workload=None, target=host)) is None
         assert sch.mod.same_as(before)
 
 
 def test_softmax_space_uses_the_polynomial_and_stays_correct(host):
     for candidate in softmax_samples_with("rewrite-exp-polynomial", host):
         assert "T.exp(" not in candidate.mod.script()
+
+
+def test_two_to_the_n_is_one_vscalefps_on_avx512_and_exponent_bits_elsewhere():
+    def assembly(target_name: str) -> tuple[str, str]:
+        mod, lib = _compiled_rewritten_exp(resolve_target(target_name), 64, 16)
+        return mod.script(), lib.mod.imports[0].inspect_source("s") if lib.mod.imports else lib.mod.inspect_source("s")
+
+    script, asm = assembly("x86-avx512")
+    assert "llvm.ldexp" in script and "vscalefps" in asm and "ldexpf" not in asm
+    script, asm = assembly("x86-avx2")
+    assert "llvm.ldexp" not in script and "ldexpf" not in asm

@@ -12,6 +12,13 @@ round(x / ln 2)`` and ``|r| <= ln(2) / 2``, ``exp(r)`` a degree-7 polynomial,
 ``2^n`` built from the exponent bits. It is within 2 ulp of the exact result
 wherever that is a normal float32, and rounds to the subnormal result, 0 or
 +inf beyond; NaN stays NaN. float64 ``exp`` is left to libm.
+
+On AVX-512 targets the scaling by ``2^n`` is LLVM's ``ldexp`` intrinsic,
+one ``vscalefps`` instead of two sets of exponent bits and two multiplies
+(elsewhere LLVM makes ``ldexp`` a libm call). Both round once: the results
+are the same bits. Measured on the best program of a 256-trial softmax
+1024x1024 tune (2-core AVX-512 Xeon, one process, 15 rounds, each form
+twice): 0.233-0.236 against 0.265-0.281 ms.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from tvm import s_tir, tirx
 
 from probtune import SpaceContext
 
+from probtune_cpu.llvm_features import llvm_target_has
 from probtune_cpu.stored_values import map_bottom_up, rewrite_stored_values
 
 __all__ = ["RewriteExpPolynomial", "polynomial_exp"]
@@ -35,8 +43,12 @@ _LOWEST = -104.0  # below, exp underflows float32 even as a subnormal: clamping 
 _HIGHEST = 88.8  # above ln(FLT_MAX) = 88.72: exp overflows to +inf at the clamp too
 
 
-def polynomial_exp(x: tirx.Expr) -> tirx.Expr:
-    """``exp(x)`` for a float32 ``x`` (scalar or vector) out of arithmetic that LLVM vectorizes."""
+def polynomial_exp(x: tirx.Expr, scale_with_ldexp: bool = False) -> tirx.Expr:
+    """``exp(x)`` for a float32 ``x`` (scalar or vector) out of arithmetic that LLVM vectorizes.
+
+    ``scale_with_ldexp`` multiplies by ``2^n`` with LLVM's ``ldexp`` intrinsic: only for
+    targets where that is an instruction (AVX-512's ``vscalefps``).
+    """
     dtype = str(x.ty)
     int_dtype = dtype.replace("float", "int")
 
@@ -51,10 +63,14 @@ def polynomial_exp(x: tirx.Expr) -> tirx.Expr:
     p = c(_COEFFICIENTS[0])
     for coefficient in _COEFFICIENTS[1:]:
         p = p * r + c(coefficient)
-    # 2^n as 2^(n/2) * 2^(n - n/2): either factor is a normal number for any n in [-150, 128], and the
-    # product rounds to the subnormal or infinite result
-    value = (p * r * r + r + c(1.0)) * power_of_two(half_n) * power_of_two(tirx.Cast(int_dtype, n) - half_n)
-    body = tirx.Let(half_n, tirx.Cast(int_dtype, n) >> tirx.const(1, int_dtype), value)
+    exp_r = p * r * r + r + c(1.0)
+    if scale_with_ldexp:
+        body = tirx.call_llvm_pure_intrin(dtype, "llvm.ldexp", exp_r, tirx.Cast(int_dtype, n))
+    else:
+        # 2^n as 2^(n/2) * 2^(n - n/2): either factor is a normal number for any n in [-150, 128], and the
+        # product rounds to the subnormal or infinite result
+        value = exp_r * power_of_two(half_n) * power_of_two(tirx.Cast(int_dtype, n) - half_n)
+        body = tirx.Let(half_n, tirx.Cast(int_dtype, n) >> tirx.const(1, int_dtype), value)
     body = tirx.Let(r, clamped - n * c(_LN2_HI) - n * c(_LN2_LO), body)
     body = tirx.Let(n, tirx.floor(clamped * c(_LOG2E) + c(0.5)), body)
     # clamped as selects that keep a NaN (its comparisons are false), not min/max, which LLVM lowers to
@@ -66,12 +82,6 @@ def polynomial_exp(x: tirx.Expr) -> tirx.Expr:
     return tirx.Let(arg, x, body)
 
 
-def _exp_node(expr: tirx.Expr) -> tirx.Expr:
-    if isinstance(expr, tvm.ir.expr.Call) and expr.op.same_as(_EXP) and str(expr.ty) == "float32":
-        return polynomial_exp(expr.args[0])
-    return expr
-
-
 @dataclass(frozen=True)
 class RewriteExpPolynomial:
     """Replace float32 ``exp`` in every block's stored value by ``polynomial_exp``."""
@@ -79,5 +89,12 @@ class RewriteExpPolynomial:
     name: str = "rewrite-exp-polynomial"
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
-        rewrite_stored_values(sch, lambda store: map_bottom_up(store.value, _exp_node))
+        scale_with_ldexp = llvm_target_has(ctx.target.tvm_target, "avx512f")
+
+        def replace(expr: tirx.Expr) -> tirx.Expr:
+            if isinstance(expr, tvm.ir.expr.Call) and expr.op.same_as(_EXP) and str(expr.ty) == "float32":
+                return polynomial_exp(expr.args[0], scale_with_ldexp)
+            return expr
+
+        rewrite_stored_values(sch, lambda store: map_bottom_up(store.value, replace))
         return None

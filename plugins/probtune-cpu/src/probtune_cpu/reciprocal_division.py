@@ -26,8 +26,6 @@ targets with FMA instructions (elsewhere an FMA is a libm call).
 
 from __future__ import annotations
 
-import functools
-import json
 from dataclasses import dataclass
 
 import tvm
@@ -36,6 +34,7 @@ from tvm import s_tir, tirx
 from probtune import SpaceContext
 from probtune.tir import variable_ids
 
+from probtune_cpu.llvm_features import llvm_target_has
 from probtune_cpu.stored_values import map_bottom_up, rewrite_stored_values
 
 __all__ = ["RewriteInvariantDivision", "reciprocal_quotient"]
@@ -66,13 +65,6 @@ def reciprocal_quotient(dividend: tirx.Expr, divisor: tirx.Expr) -> tirx.Expr:
     return tirx.Let(a, dividend, tirx.Let(b, divisor, tirx.Let(biased, exponent, body)))
 
 
-@functools.lru_cache(maxsize=None)
-def _has_fma(tvm_target: str) -> bool:
-    """Whether the target (TVM's dict form, as JSON) is an LLVM CPU with FMA; asked once per target."""
-    target = tvm.target.Target(json.loads(tvm_target))
-    return target.kind.name == "llvm" and bool(tvm.target.codegen.target_has_features(["fma"], target))
-
-
 @dataclass(frozen=True)
 class RewriteInvariantDivision:
     """Replace float32 divisions by a divisor shared along the store's last index with ``reciprocal_quotient``."""
@@ -80,7 +72,7 @@ class RewriteInvariantDivision:
     name: str = "rewrite-invariant-division"
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
-        if not _has_fma(json.dumps(ctx.target.tvm_target, sort_keys=True)):
+        if not llvm_target_has(ctx.target.tvm_target, "fma"):
             return None
         rewrite_stored_values(sch, self._rewrite)
         return None
