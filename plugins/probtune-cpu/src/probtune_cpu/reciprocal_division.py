@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import tvm
 from tvm import s_tir, tirx
 
 from probtune import SpaceContext
