@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from probtune import Rng
 from probtune.plugins import get_registry
@@ -47,7 +48,8 @@ def _search(host, seed=0, model=None, **options):
     registry = get_registry()
     workload = resolve_workload("matmul", (64, 64, 64), "float32", registry.workloads)
     space = generate_space(workload, host)
-    options = {"population_size": 24, "init_samples": 12, "generations": 2, **options}
+    # whole random batches while untrained, unless a test asks otherwise: the tests count on their sizes
+    options = {"population_size": 24, "init_samples": 12, "generations": 2, "untrained_share": 1.0, **options}
     model = model or LoopCountModel()
     search = EvolutionarySearch(
         space, Rng(seed), model, list(registry.mutators.values()), group=workload.key, **options
@@ -76,6 +78,22 @@ def test_untrained_model_gives_random_samples_then_evolution_follows_the_model(h
     random_batch = RandomSearch(search.space, Rng(99)).next_batch(12)
     exploit = second[: len(second) - 1]  # the last one may be the eps-greedy random pick
     assert np.mean([_loops(c) for c in exploit]) >= np.mean([_loops(c) for c in random_batch])
+
+
+def test_an_untrained_model_gets_part_of_a_batch_at_random_then_whole_batches(host):
+    search, model = _search(host, untrained_share=0.5)
+    first = search.next_batch(8)
+    assert len(first) == 4
+    search.observe([(c, 1e-3 * (i + 1)) for i, c in enumerate(first)])
+    assert len(search.next_batch(8)) == 8
+    fresh, _ = _search(host, untrained_share=0.5)
+    assert len(fresh.next_batch(1)) == 1  # never nothing
+
+
+@pytest.mark.parametrize("share", [0.0, 1.5])
+def test_untrained_share_must_be_a_share(host, share):
+    with pytest.raises(ValueError, match="untrained_share must be in"):
+        _search(host, untrained_share=share)
 
 
 def test_random_samples_are_a_pool_that_rotates(host):
