@@ -6,7 +6,10 @@ with ``tune_tir(strategy="evolutionary", cost_model="xgb")`` (its defaults for
 CPU). Recorded for each: the best latency after every trial (from each
 system's own measurements, for the curves and the checkpoints), total tuning
 wall time and the part of it spent building and timing candidates, and the
-peak memory of the tuning process plus its worker processes. Then the best
+peak memory of the tuning process plus its worker processes. Each system
+tunes each workload in a fresh Python process (this script, ``--tune-one``),
+so that its memory holds only that tuning, not what earlier tunings and
+timings left in this one. Then the best
 programs at each checkpoint are compiled and timed again here, interleaved
 round by round with numpy and onnxruntime (2 threads), after checking every
 output against the numpy reference.
@@ -24,6 +27,7 @@ import argparse
 import json
 import logging
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -307,14 +311,48 @@ def trials_to_reach(curve: list[float | None], target_ms: float | None) -> int |
     return next((i + 1 for i, best in enumerate(curve) if best is not None and best <= target_ms), None)
 
 
+def tune_one(system: str, work: Workload, args: argparse.Namespace, out_dir: Path) -> None:
+    """``--tune-one``: tune in this (fresh) process; the report and each checkpoint's program go to ``out_dir``."""
+    checkpoints = sorted(set(args.checkpoints))
+    if system == "probtune":
+        report, programs = tune_probtune(work, args, checkpoints)
+    else:
+        tvm_import_intrinsics()  # MetaSchedule needs them; before the tuning, not counted in its time
+        report, programs = tune_tvm(work, tvm.target.Target(resolve_target(args.target).tvm_target), args, checkpoints)
+    (out_dir / "report.json").write_text(json.dumps(report))
+    for checkpoint, program in programs.items():
+        (out_dir / f"program_{checkpoint}.json").write_text(tvm.ir.save_json(program))
+
+
+def tune_in_fresh_process(system: str, work: Workload, args: argparse.Namespace) -> tuple[dict, dict[int, Any]]:
+    """Run ``tune_one`` in a new Python process; its report and the programs it found."""
+    shape = ",".join(str(n) for n in work.shape)
+    with tempfile.TemporaryDirectory(prefix="tune-vs-tvm-") as scratch:
+        command = [
+            sys.executable, __file__, "--tune-one", system, scratch, "--workloads", f"{work.name}:{shape}",
+            "--dtype", work.dtype, "--trials", str(args.trials), "--checkpoints", *map(str, args.checkpoints),
+            "--seed", str(args.seed), "--target", args.target, "--batch-size", str(args.batch_size),
+            "--cost-model", args.cost_model, "--build-timeout", str(args.build_timeout),
+        ]
+        completed = subprocess.run(command)
+        if completed.returncode != 0:
+            raise RuntimeError(f"{system}'s tuning process exited with status {completed.returncode}")
+        report = json.loads((Path(scratch) / "report.json").read_text())
+        programs = {}
+        for checkpoint in sorted(set(args.checkpoints)):
+            path = Path(scratch) / f"program_{checkpoint}.json"
+            if path.exists():  # no program for a checkpoint before the first correct candidate
+                programs[checkpoint] = tvm.ir.load_json(path.read_text())
+    return report, programs
+
+
 def bench_workload(work: Workload, tvm_target: tvm.target.Target, args: argparse.Namespace) -> dict:
     checkpoints = sorted(set(args.checkpoints))
     entry: dict[str, Any] = {"workload": work.key, "name": work.name, "flops": work.flops, "problems": []}
     programs: dict[str, dict[int, Any]] = {}
-    for system, tune in (("probtune", lambda: tune_probtune(work, args, checkpoints)),
-                         ("tvm", lambda: tune_tvm(work, tvm_target, args, checkpoints))):
-        say(f"[{work.key}] tuning with {system} ({args.trials} trials)...")
-        outcome = tune_guarded(entry, system, tune)
+    for system in ("probtune", "tvm"):
+        say(f"[{work.key}] tuning with {system} ({args.trials} trials, in a fresh process)...")
+        outcome = tune_guarded(entry, system, lambda: tune_in_fresh_process(system, work, args))
         if outcome is None:
             continue
         report, best = outcome
@@ -466,6 +504,7 @@ def main() -> int:
     parser.add_argument("--round-ms", type=float, default=50.0)
     parser.add_argument("--no-onnxruntime", action="store_true")
     parser.add_argument("--out", default=str(RESULTS / "tune_vs_tvm.json"))
+    parser.add_argument("--tune-one", nargs=2, metavar=("SYSTEM", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.trials <= 0 or any(c <= 0 or c > args.trials for c in args.checkpoints):
         parser.error("--trials must be positive and every checkpoint in 1..trials")
@@ -473,6 +512,10 @@ def main() -> int:
         chosen = [parse_workload(text, args.dtype) for text in args.workloads]
     except (ValueError, ProbtuneError) as error:
         parser.error(f"--workloads: {error}")
+    if args.tune_one:
+        system, out_dir = args.tune_one
+        tune_one(system, chosen[0], args, Path(out_dir))
+        return 0
     checkpoints = sorted(set(args.checkpoints))
     spec = resolve_target(args.target)
     tvm_target = tvm.target.Target(spec.tvm_target)
