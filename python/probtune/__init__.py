@@ -7,8 +7,9 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from probtune._lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from probtune._core import Rng, Trace
@@ -101,13 +102,4 @@ _SOURCE_OF = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _SOURCE_OF:
-        raise AttributeError(f"module 'probtune' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_SOURCE_OF[name]), name)
-    globals()[name] = value  # later lookups do not come here
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes(__name__, _SOURCE_OF, __all__)

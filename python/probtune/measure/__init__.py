@@ -6,8 +6,9 @@ that the caller can record each at once.  The caller builds a batch, then runs
 it: idle builder workers use no CPU, so compilation does not disturb timings.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from probtune._lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from probtune.measure.builder import BuildResult, LocalBuilder
@@ -34,13 +35,4 @@ _SOURCE_OF = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _SOURCE_OF:
-        raise AttributeError(f"module 'probtune.measure' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_SOURCE_OF[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes(__name__, _SOURCE_OF, __all__)
