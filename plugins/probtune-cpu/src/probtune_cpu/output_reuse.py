@@ -33,7 +33,7 @@ from tvm.ir.expr import TensorLoad
 from probtune import SpaceContext
 from probtune.tir import as_list, child_stmts, identity, sblock_names, variable_ids
 
-from probtune_cpu.stored_values import map_bottom_up
+from probtune_cpu.stored_values import map_bottom_up, replace_block
 
 __all__ = ["RewriteOutputReuse"]
 
@@ -191,19 +191,13 @@ def _store_in(sch: s_tir.Schedule, intermediate: tirx.Buffer, output: tirx.Buffe
         block = sch.get(block_rv)
         if not any(r.source.same_as(intermediate) for r in [*block.reads, *block.writes]):
             continue
-        new_block = s_tir.SBlock(
-            block.iter_vars, regions(block.reads), regions(block.writes), block.name_hint, store(block.body),
-            store(block.init), block.alloc_buffers, block.match_buffers, block.annotations,
+        replace_block(
+            sch, block_rv, reads=regions(block.reads), writes=regions(block.writes), body=store(block.body),
+            init=store(block.init),
         )
-        sch.state.replace(sch.get_sref(block_rv), new_block, {block: new_block})
     root_rv = sch.get_sblock("root")
-    root = sch.get(root_rv)
-    kept = [buffer for buffer in root.alloc_buffers if not buffer.same_as(intermediate)]
-    new_root = s_tir.SBlock(
-        root.iter_vars, root.reads, root.writes, root.name_hint, root.body, root.init, kept, root.match_buffers,
-        root.annotations,
-    )
-    sch.state.replace(sch.get_sref(root_rv), new_root, {root: new_root})
+    kept = [buffer for buffer in sch.get(root_rv).alloc_buffers if not buffer.same_as(intermediate)]
+    replace_block(sch, root_rv, alloc_buffers=kept)
 
 
 @dataclass(frozen=True)

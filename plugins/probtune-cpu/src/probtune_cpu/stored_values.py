@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import tvm
 from tvm import s_tir, tirx
@@ -10,7 +10,7 @@ from tvm.ir.expr import TensorLoad
 
 from probtune.tir import sblock_names
 
-__all__ = ["map_bottom_up", "rewrite_stored_values"]
+__all__ = ["map_bottom_up", "replace_block", "rewrite_stored_values"]
 
 _BINARY = (
     tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Mod, tirx.FloorDiv, tirx.FloorMod, tirx.Min, tirx.Max,
@@ -60,9 +60,18 @@ def rewrite_stored_values(sch: s_tir.Schedule, rewrite: Callable[[tirx.BufferSto
         value = rewrite(store)
         if value.same_as(store.value):
             continue
-        new_block = s_tir.SBlock(
-            block.iter_vars, block.reads, block.writes, block.name_hint,
-            tirx.BufferStore(store.buffer, value, store.indices),
-            block.init, block.alloc_buffers, block.match_buffers, block.annotations,
-        )
-        sch.state.replace(sch.get_sref(block_rv), new_block, {block: new_block})
+        replace_block(sch, block_rv, body=tirx.BufferStore(store.buffer, value, store.indices))
+
+
+def replace_block(sch: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, **changes: Any) -> None:
+    """Put a copy of the block with ``changes`` (``body``, ``init``, ``reads``, ``writes``, ``alloc_buffers``) in its place."""
+    block = sch.get(block_rv)
+    fields = {
+        "reads": block.reads, "writes": block.writes, "body": block.body, "init": block.init,
+        "alloc_buffers": block.alloc_buffers, **changes,
+    }
+    new_block = s_tir.SBlock(
+        block.iter_vars, fields["reads"], fields["writes"], block.name_hint, fields["body"], fields["init"],
+        fields["alloc_buffers"], block.match_buffers, block.annotations,
+    )
+    sch.state.replace(sch.get_sref(block_rv), new_block, {block: new_block})
