@@ -1,4 +1,4 @@
-"""The invariant-division rewrite: the division's result where promised, and applied only where a divisor is shared."""
+"""The invariant-division rewrite: within 1.5 ulp of the division, exact where promised, applied only where a divisor is shared."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from conftest import run_module, softmax_samples_with
 
 _TINY = float(np.finfo(np.float32).tiny)
 _SPECIAL_DIVISORS = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -3e-39, 2.0**126, -3e38, 2.0**-126, 1.0, -1.0]
+_REWRITTEN = "div_biased_exponent"  # a variable of the rewritten quotient
 _SPECIAL_DIVIDENDS = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-40, 3e38, -3.4e38, 1.0]
 
 
@@ -45,10 +46,10 @@ def _inputs(rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize("lanes", [1, 16])
-def test_quotients_are_the_divisions_where_promised(host, lanes):
+def test_quotients_are_within_the_promised_distance_of_the_divisions(host, lanes):
     rows, cols = 256, 512
     sch = _rewritten(_rows_over_vector(rows, cols), host)
-    assert "call_llvm_pure_intrin" in sch.mod.script()
+    assert _REWRITTEN in sch.mod.script()
     _, inner = sch.split(sch.get_loops(sch.get_sblock("q"))[1], [None, lanes])
     if lanes > 1:
         sch.vectorize(inner)
@@ -58,25 +59,25 @@ def test_quotients_are_the_divisions_where_promised(host, lanes):
     with np.errstate(all="ignore"):
         want = a / b[:, None]
     same = (got == want) | (np.isnan(got) & np.isnan(want))
-    # bit for bit: every special divisor (the division's branch), special dividend, and wherever the quotient
-    # is normal and |a| >= 2^-100
-    promised = np.zeros_like(same)
-    promised[: len(_SPECIAL_DIVISORS)] = True
+    # bit for bit: every special divisor (the division's branch), and zero, infinite and NaN dividends
+    exact = np.zeros_like(same)
+    exact[: len(_SPECIAL_DIVISORS)] = True
+    exact |= ~np.isfinite(a) | (a == 0)
+    assert same[exact].all(), (a[exact & ~same][:4], np.broadcast_to(b[:, None], a.shape)[exact & ~same][:4])
     with np.errstate(all="ignore"):
-        promised |= (np.abs(a) >= 2.0**-100) & (np.abs(want) >= _TINY) & (np.abs(want) < 3.4e38)
-    promised |= ~np.isfinite(a) | (a == 0)
-    assert promised.mean() > 0.8 and (~promised).sum() > 1000
-    assert same[promised].all(), (a[promised & ~same][:4], np.broadcast_to(b[:, None], a.shape)[promised & ~same][:4])
-    normal = ~promised & (np.abs(want) >= _TINY) & np.isfinite(want)
+        normal = ~exact & (np.abs(want) >= _TINY) & (np.abs(want) < 3.4e38)
+    assert normal.mean() > 0.7 and (~same[normal]).sum() > 1000  # two roundings: often not the division's bits
+    exact_quotient = a[normal].astype(np.float64) / np.broadcast_to(b[:, None], a.shape)[normal]
     spacing = np.spacing(np.abs(want[normal])).astype(np.float64)
-    assert (np.abs(got[normal].astype(np.float64) - want[normal]) <= 2 * spacing).all()
-    subnormal = ~promised & (np.abs(want) < _TINY)
+    assert (np.abs(got[normal] - exact_quotient) <= 1.5 * spacing).all()
+    subnormal = ~exact & (np.abs(want) < _TINY)
+    assert subnormal.sum() > 100
     assert (np.abs(got[subnormal].astype(np.float64) - want[subnormal]) <= 2.0**-149).all()
 
 
 def test_only_divisors_shared_along_the_last_index_are_rewritten(host):
     shared = _rewritten(_rows_over_vector(4, 32), host)
-    assert "call_llvm_pure_intrin" in shared.mod.script()
+    assert _REWRITTEN in shared.mod.script()
     a = te.placeholder((4, 32), "float32", name="a")
     b = te.placeholder((4, 32), "float32", name="b")
     elementwise = te.create_prim_func([a, b, te.compute((4, 32), lambda i, j: a[i, j] / b[i, j], name="q")])
@@ -89,17 +90,13 @@ def test_only_divisors_shared_along_the_last_index_are_rewritten(host):
         before = sch.mod
         assert RewriteInvariantDivision().check(sch, SpaceContext(workload=None, target=host)) is None
         assert sch.mod.same_as(before)
-    assert "call_llvm_pure_intrin" in _rewritten(column, host).mod.script()
+    assert _REWRITTEN in _rewritten(column, host).mod.script()
 
 
-def test_targets_without_fma_keep_the_division():
-    generic = resolve_target("llvm")
-    sch = s_tir.Schedule(_rows_over_vector(4, 32))
-    before = sch.mod
-    assert RewriteInvariantDivision().check(sch, SpaceContext(workload=None, target=generic)) is None
-    assert sch.mod.same_as(before)
+def test_every_cpu_target_gets_the_reciprocal():
+    assert _REWRITTEN in _rewritten(_rows_over_vector(4, 32), resolve_target("llvm")).mod.script()
 
 
 def test_softmax_uses_the_reciprocal_and_stays_correct(host):
     for candidate in softmax_samples_with("rewrite-invariant-division", host):
-        assert "call_llvm_pure_intrin" in candidate.mod.script()
+        assert _REWRITTEN in candidate.mod.script()

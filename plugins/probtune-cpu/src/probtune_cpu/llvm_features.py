@@ -2,8 +2,8 @@
 
 Rewrites that emit an LLVM intrinsic need this: where the CPU lacks the
 instruction, the back end turns the intrinsic into a libm call per element
-(``llvm.fma`` without FMA, ``llvm.ldexp`` without AVX-512's ``vscalefps``),
-slower than what the rewrite replaces.
+(``llvm.ldexp`` without AVX-512's ``vscalefps``), slower than what the
+rewrite replaces.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ __all__ = ["llvm_target_has"]
 
 
 def llvm_target_has(tvm_target: dict[str, Any], feature: str) -> bool:
-    """Whether ``tvm_target`` (TVM's dict form) is an LLVM CPU target with ``feature`` (LLVM's name, e.g. "fma")."""
+    """Whether ``tvm_target`` (TVM's dict form) is an LLVM CPU target with ``feature`` (LLVM's name, e.g. "avx512f")."""
     return _has(json.dumps(tvm_target, sort_keys=True), feature)
 
 

@@ -1,27 +1,27 @@
-"""Divide many numbers by the same divisor with one reciprocal and two FMAs each, not a division each.
+"""Divide many numbers by the same divisor with one reciprocal and a multiply each, not a division each.
 
 Softmax ends with ``exp[i, j] / sum[i]``: a whole vector of dividends shares
 one divisor. A vector division is slow (AVX-512 ``vdivps`` on Intel cores:
-about 10 cycles per 16 lanes against half a cycle for a multiply or an
-FMA), so vendor kernels (MLAS, PyTorch)
-multiply by ``1 / sum`` instead, which rounds twice. Here the quotient
-``q0 = a * r``, ``r = 1 / b`` (computed once per divisor), gets Markstein's
-correction step ``q = q0 + (a - q0 * b) * r`` with both steps fused
-multiply-adds, which gives back the correctly rounded quotient. Measured on
-the best program of a 256-trial softmax 1024x1024 tune (2-core AVX-512
-Xeon, one process, 15 rounds): 0.286 against 0.309 ms.
+about 10 cycles per 16 lanes against half a cycle for a multiply), so vendor
+kernels (MLAS, PyTorch) multiply by ``1 / sum`` instead, and so does this
+rewrite: ``a * r`` with ``r = 1 / b`` computed once per divisor.
 
-Contract (float32): bit-identical to ``a / b`` wherever ``|a| >= 2^-100``
-and the quotient is a normal number; elsewhere within 2 ulp (a tiny
-dividend's residual underflows), subnormal quotients within one unit of
-2^-149, and a quotient within one ulp of the largest float may round to
-infinity. Divisors whose reciprocal is not a normal number (0, subnormal,
-``|b| >= 2^126``, infinity, NaN) take the division, through a branch on the
-divisor that LLVM hoists out of the loop over the dividends.
+Contract (float32): within 1.5 ulp of ``a / b`` wherever the quotient is a
+normal number (two roundings, against one), subnormal quotients within
+2^-149; zero, infinite and NaN dividends give the division's result, and a
+quotient within 1.5 ulp of the largest float may round to infinity.
+Divisors whose reciprocal is not a normal number (0, subnormal, ``|b| >=
+2^126``, infinity, NaN) take the division, through a branch on the divisor
+that LLVM hoists out of the loop over the dividends.
+
+Measured on the best program of a 256-trial softmax 1024x1024 tune (2-core
+AVX-512 Xeon, one process, 15 rounds, each form twice): 0.207-0.211 ms,
+against 0.223 with a correctly rounded quotient (Markstein's FMA correction
+of ``a * r``, this rewrite's form before) and 0.249-0.255 with the division;
+onnxruntime 0.191 in the same run.
 
 Applied to a float32 division in a block's stored value whose divisor does
-not depend on the store's last index (the loop that is vectorized), on
-targets with FMA instructions (elsewhere an FMA is a libm call).
+not depend on the store's last index (the loop that is vectorized).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from tvm import s_tir, tirx
 from probtune import SpaceContext
 from probtune.tir import variable_ids
 
-from probtune_cpu.llvm_features import llvm_target_has
 from probtune_cpu.stored_values import map_bottom_up, rewrite_stored_values
 
 __all__ = ["RewriteInvariantDivision", "reciprocal_quotient"]
@@ -42,24 +41,14 @@ __all__ = ["RewriteInvariantDivision", "reciprocal_quotient"]
 _LOWEST_BIASED_EXPONENT, _HIGHEST_BIASED_EXPONENT = 1, 252
 
 
-def _fma(a: tirx.Expr, b: tirx.Expr, c: tirx.Expr) -> tirx.Expr:
-    """``a * b + c`` rounded once: LLVM's ``fma`` intrinsic, which it may not split (``fmuladd`` may)."""
-    return tirx.call_llvm_pure_intrin(str(a.ty), "llvm.fma", a, b, c)
-
-
 def reciprocal_quotient(dividend: tirx.Expr, divisor: tirx.Expr) -> tirx.Expr:
-    """``dividend / divisor`` for float32 scalars, by the corrected reciprocal (see the module docstring)."""
+    """``dividend / divisor`` for float32 scalars, as ``dividend * (1 / divisor)`` (see the module docstring)."""
     a, b = tirx.Var("div_a", "float32"), tirx.Var("div_b", "float32")
-    r, q0 = tirx.Var("div_r", "float32"), tirx.Var("div_q0", "float32")
     biased = tirx.Var("div_biased_exponent", "int32")
-    corrected = _fma(_fma(-q0, b, a), r, q0)
-    # an infinite or NaN q0 (dividend inf or NaN, or a*r overflowed) makes the residual NaN: keep q0
-    quotient = tirx.Select(tirx.abs(q0) < tirx.const(float("inf"), "float32"), corrected, q0)
-    fast = tirx.Let(r, tirx.const(1.0, "float32") / b, tirx.Let(q0, a * r, quotient))
     reciprocal_is_normal = tirx.And(
         biased >= tirx.const(_LOWEST_BIASED_EXPONENT, "int32"), biased <= tirx.const(_HIGHEST_BIASED_EXPONENT, "int32")
     )
-    body = tirx.if_then_else(reciprocal_is_normal, fast, a / b)
+    body = tirx.if_then_else(reciprocal_is_normal, a * (tirx.const(1.0, "float32") / b), a / b)
     exponent = (tirx.reinterpret("int32", b) >> tirx.const(23, "int32")) & tirx.const(255, "int32")
     return tirx.Let(a, dividend, tirx.Let(b, divisor, tirx.Let(biased, exponent, body)))
 
@@ -71,8 +60,6 @@ class RewriteInvariantDivision:
     name: str = "rewrite-invariant-division"
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
-        if not llvm_target_has(ctx.target.tvm_target, "fma"):
-            return None
         rewrite_stored_values(sch, self._rewrite)
         return None
 
