@@ -303,6 +303,32 @@ def test_builder_replaces_a_worker_grown_past_its_memory_limit(workdir: Path) ->
         LocalBuilder(max_worker_mb=0)
 
 
+def _worker_pid() -> int:
+    """Called in a lent worker: its pid."""
+    return os.getpid()
+
+
+def test_lent_workers_answer_callables_and_one_killed_by_its_borrower_is_replaced(workdir: Path) -> None:
+    before = spawned_children()
+    with LocalBuilder(workers=2, timeout=60.0) as builder:
+        (lent,) = builder.lend_workers(1)  # only as many as asked are started
+        lent.connection.send(_worker_pid)
+        (pid,) = spawned_children() - before
+        assert lent.connection.recv() == pid
+        assert builder.lend_workers(3) == [lent, *builder.lend_workers(2)[1:]]  # at most `workers`, the same first
+        lent.kill()  # a borrower gave up on it
+        results = dict(builder.build([scheduled_matmul()] * 3, TARGET, workdir))
+        assert all(r.error is None and os.path.isfile(r.artifact) for r in results.values())
+        assert builder.lend_workers(1)[0] is not lent and not alive(pid)
+        with pytest.raises(RuntimeError, match="busy"):
+            building = builder.build([scheduled_matmul()], TARGET, workdir)
+            next(building)
+            builder.lend_workers(1)
+        building.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        builder.lend_workers(1)
+
+
 def test_abandoned_build_kills_the_busy_worker(workdir: Path) -> None:
     before = spawned_children()
     with LocalBuilder(workers=1, timeout=60.0) as builder:

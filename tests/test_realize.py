@@ -107,7 +107,7 @@ def test_a_helper_that_dies_is_reported_and_its_share_realized_here(host, monkey
     space = _space(host, [*host.validators, CrashInHelper()])
     realizer = Realizer(space, XGBCostModel(), workers=1)
     try:
-        with pytest.warns(UserWarning, match="realize helper 0 died"):
+        with pytest.warns(UserWarning, match=r"a realize helper \(probtune builder worker\) died \(exit code 3\)"):
             outcomes = realizer.realize(_jobs(space, count=6))
         assert realizer.workers == 0
         assert _summary(outcomes) == _summary(Realizer(space, XGBCostModel()).realize(_jobs(space, count=6)))

@@ -18,6 +18,7 @@ from probtune import Database, Trace, Workload
 from probtune.measure import prepare_reference
 from probtune.measure.builder import BuildResult, LocalBuilder
 from probtune.measure.runner import LocalRunner, RunResult
+from probtune.realize import Realizer
 from probtune.targets import cpu_features
 from probtune.tuning import _confirm_best
 
@@ -159,6 +160,34 @@ def test_a_best_record_that_no_longer_builds_or_runs_is_named_and_the_others_sti
     assert after[best[0].id].latencies == best[0].latencies  # not timed again
     assert len(after[best[1].id].latencies) == len(best[1].latencies) + 3  # the second pass only
     assert len(after[best[2].id].latencies) == len(best[2].latencies) + 6  # both passes
+
+
+def test_the_builders_workers_realize_candidates_for_the_search(tmp_path, monkeypatch):
+    """One set of TVM processes: the search borrows the builder's workers between builds, it starts none."""
+    builders, lent, received = [], [], []
+    original_init, original_lend, original_receive = LocalBuilder.__init__, LocalBuilder.lend_workers, Realizer._receive
+
+    def init(self, *args, **kwargs):
+        builders.append(self)
+        original_init(self, *args, **kwargs)
+
+    def lend(self, count):
+        lent.append(original_lend(self, count))
+        return lent[-1]
+
+    def receive(self, helper, chunk):
+        received.append(helper)
+        return original_receive(self, helper, chunk)
+
+    monkeypatch.setattr(LocalBuilder, "__init__", init)
+    monkeypatch.setattr(LocalBuilder, "lend_workers", lend)
+    monkeypatch.setattr(Realizer, "_receive", receive)
+    options = {"realize_workers": 1, "population_size": 16, "init_samples": 8}
+    result = probtune.tune("matmul", trials=12, seed=0, search_options=options, database=tmp_path / "t.db", **SMALL)
+    assert result.statuses["ok"] == 12
+    assert len(builders) == 1  # the tuning's builder, none of the search's own
+    assert lent and all(len(workers) == 1 for workers in lent)
+    assert received and set(received) <= {worker for workers in lent for worker in workers}
 
 
 def test_same_seed_same_search(tmp_path):

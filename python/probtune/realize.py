@@ -9,12 +9,11 @@ whatever the number of helpers, none included.
 
 from __future__ import annotations
 
+import functools
 import pickle
 import warnings
-import weakref
 from collections import deque
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -23,19 +22,20 @@ import tvm
 from probtune._core import InvalidDecisionError, Rng, Trace
 from probtune.errors import ReplayError
 from probtune.interfaces import CostModel, SpaceContext, TargetSpec, Validator
-from probtune.measure._process import WorkerProcess, WorkerStartError, serve
+from probtune.measure._process import WorkerProcess, WorkerStartError
+from probtune.measure.builder import LocalBuilder
 from probtune.schedule import Schedule
 from probtune.space import REPLAY_FAILED, DesignSpace, program_hash
 from probtune.workload import Workload
 
 __all__ = ["Realized", "Rejected", "Realizer", "REPLAY_FAILED"]
 
-_STARTUP_TIMEOUT = 120.0  # importing TVM takes about a second; minutes mean something is broken
 _MIN_CHUNK = 2  # jobs: a candidate takes ~10 ms to realize, a round trip through the pipe well under 1 ms
 _CHUNKS_IN_FLIGHT = 2  # per helper: the next chunk waits in its pipe while it realizes one
 
 ProgramFeatures = Callable[[tvm.IRModule], np.ndarray]
 Job = tuple[Trace, "Rng | None"]  # a trace, and the generator for its missing decisions (None: all decided)
+Lend = Callable[[int], Sequence[WorkerProcess]]  # up to n ready, idle TVM worker processes (LocalBuilder.lend_workers)
 
 
 @dataclass(frozen=True)
@@ -86,33 +86,39 @@ def realize_in_process(
 class Realizer:
     """Realizes batches of jobs, sharing them between this process and ``workers`` helpers.
 
-    Helpers need the cost model's ``program_features`` (a picklable function of
-    one program) and validators that pickle; without them, or with
-    ``workers=0``, everything is realized here. Helpers start at once (they
-    import TVM while the first batch is measured) and are killed by
-    :meth:`close`. A helper that dies is reported once and its share is
-    realized here from then on.
+    Helpers are TVM processes borrowed for each batch from ``lend`` (the
+    tuning's ``LocalBuilder.lend_workers``: the processes that compile
+    candidates realize them between builds, rather than a set of processes
+    of their own, about 200 MB each); without ``lend``, the Realizer keeps a
+    builder of its own for them, closed by :meth:`close`. Helpers need the
+    cost model's ``program_features`` (a picklable function of one program)
+    and validators that pickle; without them, or with ``workers=0``,
+    everything is realized here. A helper that fails is reported, and from
+    then on everything is realized here.
     """
 
-    def __init__(self, space: DesignSpace, model: CostModel, workers: int = 0) -> None:
+    def __init__(self, space: DesignSpace, model: CostModel, workers: int = 0, lend: Lend | None = None) -> None:
         if workers < 0:
             raise ValueError(f"workers must not be negative, got {workers}")
         self.space = space
         self.model = model
-        self._helpers: list[WorkerProcess] = []
-        self._ready = False
+        self._wanted = 0
+        self._setup = b""
+        self._lend: Lend | None = None
+        self._own_builder: LocalBuilder | None = None
+        self._helpers: list[WorkerProcess] = []  # this batch's
         program_features: ProgramFeatures | None = getattr(model, "program_features", None)
         if workers and program_features is not None:
-            setup = _HelperSetup.of(space, program_features)
+            setup = _HelperSetup.pickled(space, program_features)
             if setup is not None:
-                self._helpers = [
-                    WorkerProcess(_helper_main, (setup,), name=f"probtune realize helper {i}") for i in range(workers)
-                ]
-        self._finalizer = weakref.finalize(self, _kill_all, self._helpers)
+                if lend is None:
+                    self._own_builder = LocalBuilder(workers=workers)
+                    lend = self._own_builder.lend_workers
+                self._setup, self._lend, self._wanted = setup, lend, workers
 
     @property
     def workers(self) -> int:
-        return len(self._helpers)
+        return self._wanted if self._lend is not None else 0
 
     def realize(self, jobs: Sequence[Job]) -> list[Outcome]:
         """One outcome per job, in order.
@@ -123,10 +129,9 @@ class Realizer:
         would leave the helpers idle for part of every batch.
         """
         jobs = list(jobs)
-        if not self._helpers or len(jobs) < 2:
+        self._helpers = self._borrow() if len(jobs) >= 2 else []
+        if not self._helpers:
             return self._realize_here(jobs)
-        if not self._ready:
-            self._wait_ready()
         outcomes: list[Outcome] = [None] * len(jobs)  # type: ignore[list-item] - every slot is filled below
         chunks = _Chunks(len(jobs), processes=len(self._helpers) + 1)
         in_flight: list[tuple[WorkerProcess, deque[slice]]] = [(helper, deque()) for helper in self._helpers]
@@ -141,7 +146,7 @@ class Realizer:
             while spans and helper in self._helpers and (wait or helper.connection.poll()):
                 span = spans.popleft()
                 outcomes[span] = self._receive(helper, jobs[span])
-            if helper not in self._helpers:  # it died: what it still held is realized here
+            if helper not in self._helpers:  # it failed: what it still held is realized here
                 while spans:
                     span = spans.popleft()
                     outcomes[span] = self._realize_here(jobs[span])
@@ -155,22 +160,25 @@ class Realizer:
             dispatch()
         for helper, spans in in_flight:
             collect(helper, spans, wait=True)
+        self._helpers = []
         return outcomes
 
     def close(self) -> None:
-        self._finalizer()
+        if self._own_builder is not None:
+            self._own_builder.close()
 
-    def _wait_ready(self) -> None:
-        for helper in list(self._helpers):
-            try:
-                helper.wait_ready(_STARTUP_TIMEOUT)
-            except WorkerStartError as exc:
-                self._drop(helper, f"did not start ({exc})")
-        self._ready = True
+    def _borrow(self) -> list[WorkerProcess]:
+        if self._lend is None:
+            return []
+        try:
+            return list(self._lend(self._wanted))
+        except WorkerStartError as exc:
+            self._give_up(f"a realize helper did not start ({exc})")
+            return []
 
     def _send(self, helper: WorkerProcess, chunk: list[Job]) -> None:
         try:
-            helper.connection.send(chunk)
+            helper.connection.send(_RealizeTask(self._setup, chunk))
         except OSError:  # a broken pipe: the helper is gone
             self._drop(helper, f"died ({helper.kill()})")
 
@@ -192,9 +200,14 @@ class Realizer:
         return realize_in_process(self.space, chunk, self.model.featurize)
 
     def _drop(self, helper: WorkerProcess, why: str) -> None:
-        warnings.warn(f"{helper.name} {why}; its share of candidates is realized in the tuning process", stacklevel=4)
-        helper.kill()
+        helper.kill()  # a lent worker: its builder replaces it
         self._helpers.remove(helper)
+        self._give_up(f"a realize helper ({helper.name}) {why}")
+
+    def _give_up(self, what: str) -> None:
+        if self._lend is not None:
+            warnings.warn(f"{what}; candidates are realized in the tuning process from now on", stacklevel=2)
+        self._lend = None
 
 
 class _Chunks:
@@ -233,8 +246,8 @@ class _HelperSetup:
     program_features: ProgramFeatures
 
     @classmethod
-    def of(cls, space: DesignSpace, program_features: ProgramFeatures) -> _HelperSetup | None:
-        """The setup, or None if a piece of it does not pickle (a validator defined inside a function, say)."""
+    def pickled(cls, space: DesignSpace, program_features: ProgramFeatures) -> bytes | None:
+        """The setup, pickled, or None if a piece of it does not pickle (a validator defined inside a function, say)."""
         context, work = space.context, space.workload
         setup = cls(
             {"name": work.name, "shape": work.shape, "dtype": work.dtype, "num_inputs": work.num_inputs, "flops": work.flops},
@@ -246,10 +259,9 @@ class _HelperSetup:
             program_features,
         )
         try:
-            pickle.dumps(setup)
+            return pickle.dumps(setup)
         except Exception:  # noqa: BLE001 - any pickling failure means: realize in this process
             return None
-        return setup
 
 
 @dataclass(frozen=True)
@@ -257,23 +269,27 @@ class _HelperError:
     message: str
 
 
-def _helper_main(connection: Connection, setup: _HelperSetup) -> None:
-    """Realize job lists until the parent goes away; a Python error is reported, not fatal to the search."""
-    work = Workload(mod=tvm.ir.load_json(setup.mod_json), reference=None, **setup.workload)
-    context = SpaceContext(workload=work, target=setup.target, options=setup.context_options)
-    space = DesignSpace(context, setup.trace, [], setup.validators)
+@dataclass(frozen=True)
+class _RealizeTask:
+    """A chunk of jobs, called in a helper (a builder worker, which calls what it is sent)."""
 
-    def handle(jobs: list[Job]) -> list[Outcome] | _HelperError:
+    setup: bytes  # a pickled _HelperSetup: the same bytes with every chunk, unpickled once per helper
+    jobs: list[Job]
+
+    def __call__(self) -> list[Outcome] | _HelperError:
+        """The outcomes, without programs; a Python error is reported, not fatal to the search."""
         try:
-            outcomes = realize_in_process(space, jobs, lambda mods: [setup.program_features(m) for m in mods])
+            space, program_features = _helper_space(self.setup)
+            outcomes = realize_in_process(space, self.jobs, lambda mods: [program_features(m) for m in mods])
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which realizes the share itself
             return _HelperError(f"{type(exc).__name__}: {exc}")
         return [o if isinstance(o, Rejected) else Realized(o.trace, o.program_hash, o.features) for o in outcomes]
 
-    serve(connection, handle)
 
-
-def _kill_all(helpers: list[WorkerProcess]) -> None:
-    for helper in helpers:
-        helper.kill()
-    helpers.clear()
+@functools.lru_cache(maxsize=1)
+def _helper_space(setup_bytes: bytes) -> tuple[DesignSpace, ProgramFeatures]:
+    """The space a helper realizes candidates in, made once per setup."""
+    setup: _HelperSetup = pickle.loads(setup_bytes)
+    work = Workload(mod=tvm.ir.load_json(setup.mod_json), reference=None, **setup.workload)
+    context = SpaceContext(workload=work, target=setup.target, options=setup.context_options)
+    return DesignSpace(context, setup.trace, [], setup.validators), setup.program_features

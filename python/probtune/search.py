@@ -17,7 +17,7 @@ import numpy as np
 from probtune._core import DecisionSet, InvalidDecisionError, Rng, Trace, evolve
 from probtune.errors import ReplayError
 from probtune.interfaces import CostModel, Mutator
-from probtune.realize import Realized, Realizer
+from probtune.realize import Lend, Realized, Realizer
 from probtune.space import Candidate, DesignSpace, program_hash
 
 __all__ = ["SearchStrategy", "RandomSearch", "EvolutionarySearch", "INIT_MEASURED"]
@@ -120,8 +120,9 @@ class EvolutionarySearch:
     drops the oldest (a fresh sample costs more to realize than a mutant and
     is itself almost never chosen; it gives the mutations new material).
     Candidates are realized by a :class:`~probtune.realize.Realizer` that
-    shares the work with ``realize_workers`` helper processes; :meth:`close`
-    stops them.
+    shares the work with ``realize_workers`` helper processes, lent by
+    ``realize_helpers`` (the builder's ``lend_workers``) or else its own,
+    which :meth:`close` stops.
     """
 
     def __init__(
@@ -146,6 +147,7 @@ class EvolutionarySearch:
         untrained_share: float = 0.5,
         max_cached: int = 16384,
         realize_workers: int = 0,
+        realize_helpers: Lend | None = None,
     ) -> None:
         if not 0 < untrained_share <= 1:
             raise ValueError(f"untrained_share must be in (0, 1], got {untrained_share}")
@@ -180,7 +182,7 @@ class EvolutionarySearch:
         self._samples: deque[Trace] = deque(maxlen=init_samples)  # the pool of random samples, newest last
         self._carried: list[Trace] = []  # the last batch's best unmeasured candidates, best first
         self._batch_scores: dict[int, tuple[float, Trace]] = {}  # this batch's valid candidates by decision hash
-        self._realizer = Realizer(space, model, realize_workers)
+        self._realizer = Realizer(space, model, realize_workers, realize_helpers)
 
     def next_batch(self, size: int) -> list[Candidate]:
         if self.model.num_samples == 0:

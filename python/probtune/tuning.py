@@ -163,56 +163,59 @@ def tune(
         db_path = Path(database) if database is not None else Path(scratch) / "tuning.db"
         with Database(db_path) as db:
             workload_id = db.commit_workload(work.key, work.mod)
-            search = _make_search(model, search_options or {}, db, workload_id, work, spec, space, rng.fork())
+            builder = stack.enter_context(builder_factory(timeout=build_timeout))
+            runner = stack.enter_context(runner_factory(timeout=run_timeout))
+            # the builder's workers, idle while the search runs, realize candidates for it
+            search_options = {"realize_helpers": getattr(builder, "lend_workers", None), **(search_options or {})}
+            search = _make_search(model, search_options, db, workload_id, work, spec, space, rng.fork())
             stack.callback(search.close)
             reference = prepare_reference(work, scratch, seed=seed)
             statuses: Counter[str] = Counter()
             best = db.best(workload_id, spec.name)
             best_latency = best[0].mean_latency if best else None
             measured = 0
-            with builder_factory(timeout=build_timeout) as builder, runner_factory(timeout=run_timeout) as runner:
-                search_seconds = measure_seconds = 0.0
-                while measured < trials:
-                    search_started = time.perf_counter()
-                    batch = search.next_batch(min(batch_size, trials - measured))
-                    search_seconds += time.perf_counter() - search_started
-                    if not batch:
-                        break  # the space has no new program left to offer
-                    observed = []
-                    measure_started = time.perf_counter()
-                    for candidate, status, latencies, error, build_s, run_s in _measure(
-                        batch, builder, runner, reference, spec, scratch, best_latency
-                    ):
-                        db.add_record(
-                            workload_id,
-                            spec.name,
-                            candidate.trace.to_json(),
-                            candidate.decision_hash,
-                            status,
-                            latencies,
-                            error,
-                            program_hash=candidate.program_hash,
-                            build_seconds=build_s,
-                            run_seconds=run_s,
-                        )
-                        measured += 1
-                        statuses[status] += 1
-                        latency = sum(latencies) / len(latencies) if status == "ok" and latencies else None
-                        observed.append((candidate, latency))
-                        if latency is not None and (best_latency is None or latency < best_latency):
-                            best_latency = latency
-                        if progress is not None:
-                            progress(TrialOutcome(measured, trials, status, latency, best_latency, error, work.flops))
-                    measure_seconds += time.perf_counter() - measure_started
-                    search_started = time.perf_counter()
-                    search.observe(observed)
-                    if model is not None:
-                        db.save_cost_model(model.name, spec.name, model.save())
-                    search_seconds += time.perf_counter() - search_started
-                if measured and confirm:
-                    measure_started = time.perf_counter()
-                    _confirm_best(db, workload_id, spec, space, builder, runner, reference, scratch, confirm)
-                    measure_seconds += time.perf_counter() - measure_started
+            search_seconds = measure_seconds = 0.0
+            while measured < trials:
+                search_started = time.perf_counter()
+                batch = search.next_batch(min(batch_size, trials - measured))
+                search_seconds += time.perf_counter() - search_started
+                if not batch:
+                    break  # the space has no new program left to offer
+                observed = []
+                measure_started = time.perf_counter()
+                for candidate, status, latencies, error, build_s, run_s in _measure(
+                    batch, builder, runner, reference, spec, scratch, best_latency
+                ):
+                    db.add_record(
+                        workload_id,
+                        spec.name,
+                        candidate.trace.to_json(),
+                        candidate.decision_hash,
+                        status,
+                        latencies,
+                        error,
+                        program_hash=candidate.program_hash,
+                        build_seconds=build_s,
+                        run_seconds=run_s,
+                    )
+                    measured += 1
+                    statuses[status] += 1
+                    latency = sum(latencies) / len(latencies) if status == "ok" and latencies else None
+                    observed.append((candidate, latency))
+                    if latency is not None and (best_latency is None or latency < best_latency):
+                        best_latency = latency
+                    if progress is not None:
+                        progress(TrialOutcome(measured, trials, status, latency, best_latency, error, work.flops))
+                measure_seconds += time.perf_counter() - measure_started
+                search_started = time.perf_counter()
+                search.observe(observed)
+                if model is not None:
+                    db.save_cost_model(model.name, spec.name, model.save())
+                search_seconds += time.perf_counter() - search_started
+            if measured and confirm:
+                measure_started = time.perf_counter()
+                _confirm_best(db, workload_id, spec, space, builder, runner, reference, scratch, confirm)
+                measure_seconds += time.perf_counter() - measure_started
             best = db.best(workload_id, spec.name)
     return TuneResult(
         workload=work,

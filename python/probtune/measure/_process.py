@@ -72,6 +72,11 @@ class WorkerProcess:
         except (EOFError, ConnectionResetError):
             raise WorkerStartError(f"{self.name} failed to start ({self.kill()})") from None
 
+    @property
+    def finished(self) -> bool:
+        """Whether it was killed (its connection is closed then)."""
+        return self._reaped
+
     def kill(self) -> str:
         """Kill the child and its process group, reap it, and say how it ended."""
         if self._reaped:

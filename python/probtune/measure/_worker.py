@@ -75,7 +75,13 @@ class RunReply:
 
 
 def build_worker_main(connection: Connection) -> None:
-    """Compile candidates and export each as a shared library."""
+    """Compile candidates and export each as a shared library.
+
+    Any other task is a picklable callable, called here and answered with
+    what it returns: the builder lends its idle workers to the search, which
+    has them realize candidates (one set of TVM processes for both, each
+    about 200 MB).
+    """
     import psutil
     import tvm
 
@@ -95,7 +101,7 @@ def build_worker_main(connection: Connection) -> None:
             shutil.rmtree(task.scratch_dir, ignore_errors=True)
         return BuildReply(None, time.perf_counter() - started, me.memory_info().rss)
 
-    serve(connection, build)
+    serve(connection, lambda task: build(task) if isinstance(task, BuildTask) else task())
 
 
 def run_worker_main(connection: Connection, num_threads: int | None) -> None:

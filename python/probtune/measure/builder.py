@@ -54,7 +54,8 @@ class LocalBuilder:
     """Builds candidates for a target in ``workers`` long-lived processes on this machine.
 
     Workers start at the first :meth:`build` and stay for the next ones (they
-    wait idle, using no CPU, while the caller times the results); a worker that
+    wait idle, using no CPU, while the caller times the results, or realize
+    candidates for the search: :meth:`lend_workers`); a worker that
     has grown past ``max_worker_mb`` of memory is replaced after its build, as
     memory LLVM once took is not given back.  Artifacts are
     left in ``workdir`` for the caller to delete.
@@ -89,6 +90,35 @@ class LocalBuilder:
         workdir = Path(workdir).resolve()
         workdir.mkdir(parents=True, exist_ok=True)
         return self._build(list(mods), dict(target), workdir)
+
+    def lend_workers(self, count: int) -> list[WorkerProcess]:
+        """Up to ``count`` of the workers, started if need be and ready, for other tasks between builds.
+
+        A worker answers any picklable callable it is sent with what that
+        returns (see ``build_worker_main``). The borrower must have read every
+        reply before the next build, and may kill a worker that fails it: the
+        builder replaces it. Raises ``WorkerStartError`` (that worker dropped)
+        if one does not start.
+        """
+        if not self._finalizer.alive:
+            raise RuntimeError("this LocalBuilder is closed")
+        if self._building:
+            raise RuntimeError("LocalBuilder.build is running: its workers are busy")
+        for slot in self._slots:
+            if slot.worker.finished:
+                self._replace(slot)
+        while len(self._slots) < min(count, self.workers):
+            self._slots.append(self._start_slot())
+        lent = self._slots[:count]
+        for slot in lent:
+            if not slot.ready:
+                try:
+                    slot.worker.wait_ready(_STARTUP_TIMEOUT)
+                except WorkerStartError:
+                    self._slots.remove(slot)
+                    raise
+                slot.ready = True
+        return [slot.worker for slot in lent]
 
     def close(self) -> None:
         """Kill the workers; the builder cannot be used afterwards."""
@@ -136,7 +166,8 @@ class LocalBuilder:
                 return
             if not slot.ready or slot.index is not None:
                 continue
-            if slot.worker.connection.poll():  # an idle worker says nothing unless it died
+            # an idle worker says nothing unless it died (or a borrower left a reply unread, or killed it)
+            if slot.worker.finished or slot.worker.connection.poll():
                 self._replace(slot)
                 continue
             index = pending.popleft()
