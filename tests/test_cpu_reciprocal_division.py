@@ -15,8 +15,8 @@ from conftest import run_module, softmax_samples_with
 
 _TINY = float(np.finfo(np.float32).tiny)
 _SPECIAL_DIVISORS = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -3e-39, 2.0**126, -3e38, 2.0**-126, 1.0, -1.0]
-_REWRITTEN = "div_biased_exponent"  # a variable of the rewritten quotient
 _SPECIAL_DIVIDENDS = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-40, 3e38, -3.4e38, 1.0]
+_REWRITTEN = "div_biased_exponent"  # a variable of the rewritten quotient
 
 
 def _rows_over_vector(rows: int, cols: int) -> tvm.tirx.PrimFunc:
