@@ -308,7 +308,7 @@ def _worker_pid() -> int:
     return os.getpid()
 
 
-def test_lent_workers_answer_callables_and_one_killed_by_its_borrower_is_replaced(workdir: Path) -> None:
+def test_lent_workers_answer_callables_and_one_killed_by_its_borrower_is_replaced_before_use(workdir: Path) -> None:
     before = spawned_children()
     with LocalBuilder(workers=2, timeout=60.0) as builder:
         (lent,) = builder.lend_workers(1)  # only as many as asked are started
@@ -317,10 +317,15 @@ def test_lent_workers_answer_callables_and_one_killed_by_its_borrower_is_replace
         assert lent.connection.recv() == pid
         all_of_them = builder.lend_workers(3)
         assert len(all_of_them) == 2 and all_of_them[0] is lent  # at most `workers`, the same ones again
-        lent.kill()  # a borrower gave up on it
+        lent.kill()  # a borrower gave up on it: the next lend replaces it
+        (fresh,) = builder.lend_workers(1)
+        assert fresh is not lent and not fresh.finished and not alive(pid)
+        fresh.connection.send(_worker_pid)
+        assert fresh.connection.recv() != pid
+        fresh.kill()  # and so does the next build
         results = dict(builder.build([scheduled_matmul()] * 3, TARGET, workdir))
         assert all(r.error is None and os.path.isfile(r.artifact) for r in results.values())
-        assert builder.lend_workers(1)[0] is not lent and not alive(pid)
+        assert builder.lend_workers(1)[0] is not fresh
         building = builder.build([scheduled_matmul()], TARGET, workdir)
         next(building)  # suspended while building
         with pytest.raises(RuntimeError, match="busy"):
