@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -46,6 +47,24 @@ def _shared_loops(sch: tvm.s_tir.Schedule, block: str, other: str) -> list[tvm.t
             break
         shared.append(sch.get(a))
     return shared
+
+
+def _realize_accepted(space, decisions: dict[int, object], count: int, first_seed: int = 0) -> list:
+    """``count`` schedules that no validator rejects, drawn with ``decisions`` kept and seeds from ``first_seed`` on.
+
+    Some draws make fewer parallel jobs than the cores can share, which
+    ``rewrite-parallel-vectorize-unroll`` rejects; nothing else may.
+    """
+    accepted = []
+    for seed in range(first_seed, first_seed + 16):
+        sch, rejected = space.realize(space.trace.with_decisions(decisions), Rng(seed))
+        if rejected is None:
+            accepted.append(sch)
+            if len(accepted) == count:
+                return accepted
+        else:
+            assert rejected.validator == "rewrite-parallel-vectorize-unroll" and "cores busy" in rejected.reason
+    raise AssertionError(f"fewer than {count} of 16 draws were accepted")
 
 
 def _spatial_tile_product(trace, level: int) -> int:
@@ -185,8 +204,7 @@ def test_an_input_walked_with_a_stride_by_the_reduction_may_be_packed_in_panels(
     space = generate_space(workload, host)
     index = _annotation_sample(space.trace, PANEL_KEY)
     for pack in (0, 1):
-        sch, rejected = space.realize(space.trace.with_decisions({index: pack}), Rng(pack))
-        assert rejected is None
+        (sch,) = _realize_accepted(space, {index: pack}, 1, first_seed=pack)
         raw = sch.tvm
         copies = [name for name in block_names(raw.mod["main"]) if name == f"{input_name}_global"]
         if pack:
@@ -217,6 +235,47 @@ def test_a_panel_copy_under_an_outer_tile_of_one_leaves_the_row_tiles_parallel(h
     parallel = [raw.get(loop) for loop in raw.get_loops(raw.get_sblock("C_update"))[1:]]
     assert parallel[0].kind == tvm.tirx.ForKind.PARALLEL and int(parallel[0].extent) > 1
     assert_program_correct(workload, sch.mod, host)
+
+
+@pytest.mark.parametrize("i_tiles, level, jobs, rejected", [
+    ([3, 2, 2, 4], 0, 3, True),  # 3 jobs keep 2 cores busy 75% of the time; the next tile level offered 6
+    ([3, 2, 2, 4], 1, 6, False),  # the write-back one level deeper: both levels are fused, 3 x 2 jobs
+    ([6, 1, 2, 4], 0, 6, False),
+])
+def test_a_parallel_loop_that_leaves_cores_idle_is_rejected(host, i_tiles, level, jobs, rejected):
+    two_cores = dataclasses.replace(host, tvm_target={**host.tvm_target, "num-cores": 2})
+    workload = CATALOG["matmul"].instantiate((48, 64, 64))
+    space = generate_space(workload, two_cores)
+    tile_indices = [i for i in space.trace.sampling_indices() if space.trace.instructions[i].kind == "sample_perfect_tile"]
+    decisions = {**_matmul_decisions(space.trace, level, host.vector_width), tile_indices[0]: i_tiles}
+    decisions[tile_indices[1]] = [1, 1, 64 // host.vector_width, 1]  # the jobs come from i alone
+    sch, rejection = space.realize(space.trace.with_decisions(decisions))
+    if rejected:
+        assert rejection.validator == "rewrite-parallel-vectorize-unroll"
+        assert f"{jobs} parallel jobs keep 2 cores busy 75% of the time" in rejection.reason
+        return
+    assert rejection is None
+    parallel = [loop for loop in sch.tvm.get_loops(sch.tvm.get_sblock("C_update")) if sch.tvm.get(loop).kind == tvm.tirx.ForKind.PARALLEL]
+    assert [int(sch.tvm.get(loop).extent) for loop in parallel] == [jobs]
+    assert_program_correct(workload, sch.mod, host)
+
+
+def test_few_jobs_are_kept_when_the_workload_offers_no_more(host):
+    """A sum over 3 rows can only have 3 jobs: its programs are not rejected for them."""
+    two_cores = dataclasses.replace(host, tvm_target={**host.tvm_target, "num-cores": 2})
+    a = te.placeholder((3, 1024), name="A")
+    k = te.reduce_axis((0, 1024), name="k")
+    row_sum = te.compute((3,), lambda i: te.sum(a[i, k], axis=k), name="row_sum")
+    workload = Workload.from_module(tvm.IRModule({"main": te.create_prim_func([a, row_sum])}))
+    space = generate_space(workload, two_cores, modules=["parallel-vectorize"])
+    sch, rejection = space.realize(space.trace)
+    assert rejection is None
+    (outer, _) = [sch.tvm.get(loop) for loop in sch.tvm.get_loops(sch.tvm.get_sblock("row_sum_update"))]
+    assert outer.kind == tvm.tirx.ForKind.PARALLEL and int(outer.extent) == 3
+    rows = np.random.default_rng(0).standard_normal((3, 1024), dtype=np.float32)
+    lib = tvm.compile(sch.mod, target=tvm.target.Target(host.tvm_target))
+    _, sums = run_module(lib, [rows, np.zeros(3, np.float32)])
+    np.testing.assert_allclose(sums, rows.sum(axis=1), rtol=1e-4, atol=1e-3)
 
 
 @pytest.mark.parametrize("name", ["conv2d_nchw", "conv2d_nhwc"])
@@ -279,9 +338,7 @@ def test_every_write_back_level_compiles_and_matches_numpy(host, name):
     expected = workload.reference(*inputs)
     rtol, atol = workload.tolerance()
     target = tvm.target.Target(host.tvm_target)
-    for level, seed in [(0, 1), (0, 2), (1, 3), (1, 4)]:
-        sch, rejected = space.realize(space.trace.with_decisions({index: level}), Rng(seed))
-        assert rejected is None
+    for level, sch in [(level, sch) for level in (0, 1) for sch in _realize_accepted(space, {index: level}, 2, 1 + 2 * level)]:
         raw = sch.tvm
         tiled = next(block for block in block_names(raw.mod["main"]) if block.endswith("_update"))
         (write_back,) = raw.get_consumers(raw.get_sblock(tiled))
@@ -403,9 +460,10 @@ def test_normal_samples_pass_every_validator(host, name):
     assert set(VERIFIERS) <= set(host.validators)
     rng = Rng(5)
     samples = [space.sample(rng) for _ in range(24)]
-    # Only the size limit prunes the space's own output (big unrolled bodies, never the fastest), and rarely.
-    assert set(space.rejections) <= {"verify-unroll-size"}
-    assert sum(s is None for s in samples) == space.rejections["verify-unroll-size"] <= 6
+    # Only the size limit (big unrolled bodies, never the fastest) and too few parallel jobs for the cores prune
+    # the space's own output, and rarely.
+    assert set(space.rejections) <= {"verify-unroll-size", "rewrite-parallel-vectorize-unroll"}
+    assert sum(s is None for s in samples) == sum(space.rejections.values()) <= 6
 
 
 def test_unroll_estimate_follows_tvm_unroll_rule(host):
