@@ -205,7 +205,9 @@ class RewriteParallelVectorizeUnroll:
             leading += 1
             if not isinstance(fors[leading - 1].body, tvm.tirx.For):
                 break  # fuse needs a perfect nest: a loop holding more than one statement ends the fused prefix
-        offered = math.prod(sizes[: kinds.index(REDUCTION) if REDUCTION in kinds[:-1] else len(sizes) - 1])
+        # the jobs all spatial loops before the first reduction could make; the innermost loop is never fused
+        spatial_prefix = kinds.index(REDUCTION) if REDUCTION in kinds else len(kinds)
+        offered = math.prod(sizes[: min(spatial_prefix, len(sizes) - 1)])
         outer = loops[0]
         if jobs > 1:
             outer = sch.fuse(*loops[first:leading]) if leading - first > 1 else loops[first]
