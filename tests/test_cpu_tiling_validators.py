@@ -26,6 +26,12 @@ VERIFIERS = ["verify-static-loops", "verify-vectorize", "verify-parallel", "veri
 CATALOG = {spec.name: spec for spec in BUILTIN_WORKLOADS}
 
 
+@pytest.fixture(scope="module")
+def two_cores(host):
+    """The host target with 2 cores: which programs leave cores idle, and so are rejected, depends on the count."""
+    return dataclasses.replace(host, tvm_target={**host.tvm_target, "num-cores": 2})
+
+
 def _annotation_sample(trace, key: str) -> int:
     """Index of the instruction that samples the value of the (single) annotation ``key``."""
     insts = trace.instructions
@@ -196,12 +202,12 @@ def _outer_tile_of_last_spatial_loop(trace) -> int:
 
 
 @pytest.mark.parametrize(("name", "input_name", "kernel"), [("matmul", "B", "C_update"), ("batch_matmul", "B", "C_update")])
-def test_an_input_walked_with_a_stride_by_the_reduction_may_be_packed_in_panels(host, name, input_name, kernel):
+def test_an_input_walked_with_a_stride_by_the_reduction_may_be_packed_in_panels(host, two_cores, name, input_name, kernel):
     """``B[k, j]``: packed, its copy is laid out ``[j // w, ..., k, j % w]`` for a kernel vector tile of w; or not."""
     lanes = host.vector_width  # j spans whole vectors: 5 or 3 of them
     shape = {"matmul": (24, 5 * lanes, 56), "batch_matmul": (3, 16, 3 * lanes, 40)}[name]
     workload = CATALOG[name].instantiate(shape)
-    space = generate_space(workload, host)
+    space = generate_space(workload, two_cores)
     index = _annotation_sample(space.trace, PANEL_KEY)
     for pack in (0, 1):
         (sch,) = _realize_accepted(space, {index: pack}, 1, first_seed=pack)
@@ -242,8 +248,7 @@ def test_a_panel_copy_under_an_outer_tile_of_one_leaves_the_row_tiles_parallel(h
     ([3, 2, 2, 4], 1, 6, False),  # the write-back one level deeper: both levels are fused, 3 x 2 jobs
     ([6, 1, 2, 4], 0, 6, False),
 ])
-def test_a_parallel_loop_that_leaves_cores_idle_is_rejected(host, i_tiles, level, jobs, rejected):
-    two_cores = dataclasses.replace(host, tvm_target={**host.tvm_target, "num-cores": 2})
+def test_a_parallel_loop_that_leaves_cores_idle_is_rejected(host, two_cores, i_tiles, level, jobs, rejected):
     workload = CATALOG["matmul"].instantiate((48, 64, 64))
     space = generate_space(workload, two_cores)
     tile_indices = [i for i in space.trace.sampling_indices() if space.trace.instructions[i].kind == "sample_perfect_tile"]
@@ -260,9 +265,8 @@ def test_a_parallel_loop_that_leaves_cores_idle_is_rejected(host, i_tiles, level
     assert_program_correct(workload, sch.mod, host)
 
 
-def test_few_jobs_are_kept_when_the_workload_offers_no_more(host):
+def test_few_jobs_are_kept_when_the_workload_offers_no_more(host, two_cores):
     """A sum over 3 rows can only have 3 jobs: its programs are not rejected for them."""
-    two_cores = dataclasses.replace(host, tvm_target={**host.tvm_target, "num-cores": 2})
     a = te.placeholder((3, 1024), name="A")
     k = te.reduce_axis((0, 1024), name="k")
     row_sum = te.compute((3,), lambda i: te.sum(a[i, k], axis=k), name="row_sum")
@@ -329,10 +333,10 @@ def test_no_write_back_for_an_intermediate_read_by_a_broadcast(host):
 
 
 @pytest.mark.parametrize("name", ["matmul", "batch_matmul", "dense_bias_relu", "conv2d_nchw", "conv2d_nhwc"])
-def test_every_write_back_level_compiles_and_matches_numpy(host, name):
+def test_every_write_back_level_compiles_and_matches_numpy(host, two_cores, name):
     spec = CATALOG[name]
     workload = spec.instantiate(spec.small_shape, "float32")
-    space = generate_space(workload, host, seed=0)
+    space = generate_space(workload, two_cores, seed=0)
     index = _write_back_sample(space.trace)
     inputs = workload.random_inputs(0)
     expected = workload.reference(*inputs)
@@ -454,9 +458,9 @@ def test_hand_written_programs_are_rejected_and_counted(host, func, validator, r
 
 
 @pytest.mark.parametrize("name", ["matmul", "dense_bias_relu", "conv2d_nhwc"])
-def test_normal_samples_pass_every_validator(host, name):
+def test_normal_samples_pass_every_validator(host, two_cores, name):
     spec = CATALOG[name]
-    space = generate_space(spec.instantiate(spec.small_shape), host, seed=0)
+    space = generate_space(spec.instantiate(spec.small_shape), two_cores, seed=0)
     assert set(VERIFIERS) <= set(host.validators)
     rng = Rng(5)
     samples = [space.sample(rng) for _ in range(24)]
