@@ -73,6 +73,11 @@ def _realize_accepted(space, decisions: dict[int, object], count: int, first_see
     raise AssertionError(f"fewer than {count} of 16 draws were accepted")
 
 
+def _perfect_tile_sites(trace) -> list[int]:
+    """Indices of the trace's ``sample_perfect_tile`` instructions, in trace order."""
+    return [i for i in trace.sampling_indices() if trace.instructions[i].kind == "sample_perfect_tile"]
+
+
 def _spatial_tile_product(trace, level: int) -> int:
     """Iterations of the spatial tile levels above the write-back: the product of the first ``level`` factors."""
     decisions = trace.decisions
@@ -88,7 +93,7 @@ def _matmul_decisions(trace, level: int, lanes: int) -> dict[int, object]:
 
     j is first split into whole vectors of the host's lanes, so its tiles cover 64 / lanes.
     """
-    tile_indices = [i for i in trace.sampling_indices() if trace.instructions[i].kind == "sample_perfect_tile"]
+    tile_indices = _perfect_tile_sites(trace)
     decisions: dict[int, object] = dict(zip(tile_indices, [[2, 2, 4, 4], [2, 2, 64 // lanes // 4, 1], [8, 8]]))
     decisions[_write_back_sample(trace)] = level
     return decisions
@@ -231,7 +236,7 @@ def test_a_panel_copy_under_an_outer_tile_of_one_leaves_the_row_tiles_parallel(h
     workload = CATALOG["matmul"].instantiate((64, 64, 64))
     space = generate_space(workload, host)
     decisions = {**_matmul_decisions(space.trace, 0, host.vector_width), _annotation_sample(space.trace, PANEL_KEY): 1}
-    j_tiling = [i for i in space.trace.sampling_indices() if space.trace.instructions[i].kind == "sample_perfect_tile"][1]
+    j_tiling = _perfect_tile_sites(space.trace)[1]
     decisions[j_tiling] = [1, 2, 64 // host.vector_width // 2, 1]
     sch, rejected = space.realize(space.trace.with_decisions(decisions))
     assert rejected is None
@@ -251,7 +256,7 @@ def test_a_panel_copy_under_an_outer_tile_of_one_leaves_the_row_tiles_parallel(h
 def test_a_parallel_loop_that_leaves_cores_idle_is_rejected(host, two_cores, i_tiles, level, jobs, rejected):
     workload = CATALOG["matmul"].instantiate((48, 64, 64))
     space = generate_space(workload, two_cores)
-    tile_indices = [i for i in space.trace.sampling_indices() if space.trace.instructions[i].kind == "sample_perfect_tile"]
+    tile_indices = _perfect_tile_sites(space.trace)
     decisions = {**_matmul_decisions(space.trace, level, host.vector_width), tile_indices[0]: i_tiles}
     decisions[tile_indices[1]] = [1, 1, 64 // host.vector_width, 1]  # the jobs come from i alone
     sch, rejection = space.realize(space.trace.with_decisions(decisions))

@@ -161,26 +161,22 @@ class RewriteParallelVectorizeUnroll:
                 wanted.pop(PARALLEL_KEY, None)
                 wanted.pop(UNROLL_KEY, None)
             try:
-                jobs, offered = self._rewrite(sch, block, wanted)
+                reason = self._rewrite(sch, block, wanted, ctx.target.num_cores)
             except RuntimeError as exc:  # TVM schedule errors
                 return f"block {name}: {last_line(exc)}"
-            cores = ctx.target.num_cores
-            core_use = jobs / (-(-jobs // cores) * cores)
-            if 1 < jobs < offered and core_use < self.min_core_use:
-                return (
-                    f"block {name}: {jobs} parallel jobs keep {cores} cores busy {core_use:.0%} of the time "
-                    f"(its leading spatial loops offer {offered})"
-                )
+            if reason is not None:
+                return f"block {name}: {reason}"
         return None
 
-    @staticmethod
-    def _rewrite(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, wanted: dict[str, int]) -> tuple[int, int]:
-        """Rewrite the block's nest; (parallel jobs made, jobs its leading spatial loops offered)."""
+    def _rewrite(
+        self, sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, wanted: dict[str, int], cores: int
+    ) -> str | None:
+        """Rewrite the block's nest, or say why its parallel loop would leave the cores idle (before fusing it)."""
         loops = sch.get_loops(block)
         kinds = loop_kinds(sch, block, loops)
         extents = [sch.get(loop).extent for loop in loops]
         if any(not isinstance(e, tvm.tirx.IntImm) for e in extents):
-            return 1, 1
+            return None
         lanes = wanted.get(VECTORIZE_KEY, 0)
         split = wanted.get(VECTOR_SPLIT_KEY, 0)
         vectorizable = (
@@ -208,6 +204,12 @@ class RewriteParallelVectorizeUnroll:
         # the jobs all spatial loops before the first reduction could make; the innermost loop is never fused
         spatial_prefix = kinds.index(REDUCTION) if REDUCTION in kinds else len(kinds)
         offered = math.prod(sizes[: min(spatial_prefix, len(sizes) - 1)])
+        core_use = jobs / (math.ceil(jobs / cores) * cores)
+        if 1 < jobs < offered and core_use < self.min_core_use:
+            return (
+                f"{jobs} parallel jobs keep {cores} cores busy {core_use:.0%} of the time "
+                f"(its leading spatial loops offer {offered})"
+            )
         outer = loops[0]
         if jobs > 1:
             outer = sch.fuse(*loops[first:leading]) if leading - first > 1 else loops[first]
@@ -217,7 +219,7 @@ class RewriteParallelVectorizeUnroll:
             sch.annotate(outer, "pragma_unroll_explicit", 1)
             if wanted[UNROLL_KEY] > MAX_UNROLLED_EXTREMUM_STEPS:
                 _cap_extremum_unrolling(sch, outer)
-        return jobs, offered
+        return None
 
 
 def _cap_extremum_unrolling(sch: s_tir.Schedule, outer: s_tir.schedule.LoopRV) -> None:
