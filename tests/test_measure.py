@@ -139,8 +139,11 @@ def reference(workdir: Path) -> MeasureReference:
 @pytest.fixture(scope="module")
 def built(workdir: Path) -> dict[str, BuildResult]:
     names = list(CANDIDATES)
+    programs = [CANDIDATES[name]() for name in names]
+    names.append("good as text")  # what a search helper sends back
+    programs.append(tvm.ir.save_json(CANDIDATES["good"]()))
     with LocalBuilder(workers=2, timeout=60.0) as builder:
-        results = dict(builder.build([CANDIDATES[name]() for name in names], TARGET, workdir))
+        results = dict(builder.build(programs, TARGET, workdir))
     return {name: results[index] for index, name in enumerate(names)}
 
 
@@ -198,6 +201,13 @@ def test_correct_candidate_is_timed(
     assert result.error is None
     assert len(result.latencies) == 3 and all(latency > 0 for latency in result.latencies)
     assert result.seconds > 0
+
+
+def test_a_program_given_as_its_json_text_builds_and_runs(
+    built: dict[str, BuildResult], runner: LocalRunner, reference: MeasureReference
+) -> None:
+    (result,) = run_all(runner, reference, [built["good as text"].artifact])
+    assert result.status == "ok", result.error
 
 
 def test_wrong_result_is_caught(

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 import pytest
+import tvm
 import tvm_ffi
 
 from probtune import Rng
@@ -89,6 +90,39 @@ def test_helpers_realize_what_this_process_would(host):
     assert helped_space.rejections["reject-by-hash"] == sum(o == Rejected("reject-by-hash") for o in serial)
     # Programs realized here are kept for building; the helper's are not sent back.
     assert all(o.mod is not None for o in serial if isinstance(o, Realized))
+
+
+def test_helpers_keep_their_programs_for_those_chosen_and_forget_the_rest(host):
+    space = _space(host)
+    realizer = Realizer(space, XGBCostModel(), workers=1)
+    try:
+        outcomes = realizer.realize(_jobs(space, count=16))
+        elsewhere = [o.trace for o in outcomes if isinstance(o, Realized) and o.mod is None]
+        assert len(elsewhere) >= 3, "the helper realized too few of the jobs for this test"
+        chosen, carried, dropped = elsewhere[0], elsewhere[1], elsewhere[2]
+        texts = realizer.programs([chosen.decision_hash(), 12345], keep=[carried.decision_hash()])
+        assert list(texts) == [chosen.decision_hash()]  # a key no helper holds is left for the caller
+        assert tvm_ffi.structural_equal(tvm.ir.load_json(texts[chosen.decision_hash()]), space.program(chosen))
+        assert realizer.programs([dropped.decision_hash()], keep=[carried.decision_hash()]) == {}  # not kept
+        texts = realizer.programs([carried.decision_hash()])
+        assert tvm_ffi.structural_equal(tvm.ir.load_json(texts[carried.decision_hash()]), space.program(carried))
+    finally:
+        realizer.close()
+
+
+def test_programs_of_a_replaced_helper_are_missing_not_wrong(host):
+    space = _space(host)
+    realizer = Realizer(space, XGBCostModel(), workers=1)
+    try:
+        outcomes = realizer.realize(_jobs(space, count=16))
+        keys = [o.trace.decision_hash() for o in outcomes if isinstance(o, Realized) and o.mod is None]
+        assert keys, "the helper realized none of the jobs"
+        for helper in realizer._borrow():
+            helper.kill()  # the builder replaces it at the next loan, without the programs it kept
+        assert realizer.programs(keys) == {}
+        assert realizer.workers == 1  # a replaced helper is not a failed one
+    finally:
+        realizer.close()
 
 
 def test_a_trace_that_does_not_replay_is_rejected_as_such(host):
@@ -180,6 +214,9 @@ def test_search_is_the_same_with_and_without_helpers(host):
             search.close()
         assert all(batches)
         runs.append(([[c.decision_hash for c in b] for b in batches], dict(space.rejections)))
-        for candidate in batches[-1]:  # chosen programs are finished, whoever realized them
+        candidates = [c for batch in batches for c in batch]
+        for candidate in candidates:  # chosen programs are finished, whoever realized them
             assert tvm_ffi.structural_equal(candidate.mod, space.program(candidate.trace))
+        # the programs the helper realized come back as text, not realized again here
+        assert any(isinstance(c.program, str) for c in candidates) == (workers == 1)
     assert runs[0] == runs[1]

@@ -145,12 +145,16 @@ class CostModel(Protocol):
 
 @runtime_checkable
 class Builder(Protocol):
-    """Compiles candidates into artifacts a runner can load; yields (index, result) as each finishes."""
+    """Compiles candidates into artifacts a runner can load; yields (index, result) as each finishes.
+
+    Each program comes as an ``IRModule`` or as its ``tvm.ir.save_json`` text
+    (what a search helper process sends back).
+    """
 
     name: str
 
     def build(
-        self, mods: Sequence[tvm.IRModule], target: dict[str, Any], workdir: str | os.PathLike[str]
+        self, programs: Sequence[tvm.IRModule | str], target: dict[str, Any], workdir: str | os.PathLike[str]
     ) -> Iterator[tuple[int, BuildResult]]: ...
 
     def close(self) -> None: ...

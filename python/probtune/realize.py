@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import pickle
 import warnings
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -32,6 +32,7 @@ __all__ = ["Realized", "Rejected", "Realizer", "REPLAY_FAILED"]
 
 _MIN_CHUNK = 2  # jobs: a candidate takes ~10 ms to realize, a round trip through the pipe well under 1 ms
 _CHUNKS_IN_FLIGHT = 2  # per helper: the next chunk waits in its pipe while it realizes one
+_MAX_KEPT = 512  # programs a helper keeps for :meth:`Realizer.programs`: a batch's share is about 100
 
 ProgramFeatures = Callable[[tvm.IRModule], np.ndarray]
 Job = tuple[Trace, "Rng | None"]  # a trace, and the generator for its missing decisions (None: all decided)
@@ -107,6 +108,7 @@ class Realizer:
         self._lend: Lend | None = None
         self._own_builder: LocalBuilder | None = None
         self._helpers: list[WorkerProcess] = []  # this batch's
+        self._holders: dict[int, WorkerProcess] = {}  # decision hash -> the helper that kept its program
         program_features: ProgramFeatures | None = getattr(model, "program_features", None)
         if workers and program_features is not None:
             setup = _HelperSetup.pickled(space, program_features)
@@ -163,6 +165,40 @@ class Realizer:
         self._helpers = []
         return outcomes
 
+    def programs(self, keys: Sequence[int], keep: Sequence[int] = ()) -> dict[int, str]:
+        """The ``tvm.ir.save_json`` text of programs that helpers realized, by decision hash.
+
+        A helper keeps the programs it realizes, so that the few the search
+        chooses need not be realized again here (a conv2d: 7 ms each, against
+        1 ms for the text). Each helper then forgets all but those of
+        ``keep`` (what the next batch may still choose). A key no helper holds,
+        or whose helper was replaced or fails, is missing from the answer: the
+        caller realizes that one itself.
+        """
+        wanted: dict[WorkerProcess, list[int]] = {}
+        for key in keys:
+            if key in self._holders:
+                wanted.setdefault(self._holders[key], []).append(key)
+        kept = set(keep)
+        self._holders = {key: helper for key, helper in self._holders.items() if key in kept}
+        helpers = [helper for helper in self._borrow() if helper in wanted or helper in self._holders.values()]
+        keep_here = {helper: [k for k, h in self._holders.items() if h is helper] for helper in helpers}
+        texts: dict[int, str] = {}
+        for helper in helpers:
+            try:
+                helper.connection.send(_ProgramsTask(wanted.get(helper, []), keep_here[helper]))
+                reply = helper.connection.recv()
+            except (EOFError, OSError):
+                self._drop(helper, f"died ({helper.kill()})")
+                continue
+            if isinstance(reply, _HelperError):
+                self._drop(helper, f"failed: {reply.message}")
+                continue
+            texts.update(reply)
+        lent = set(helpers)
+        self._holders = {key: helper for key, helper in self._holders.items() if helper in lent}
+        return texts
+
     def close(self) -> None:
         if self._own_builder is not None:
             self._own_builder.close()
@@ -194,6 +230,8 @@ class Realizer:
         for outcome in reply:
             if isinstance(outcome, Rejected):
                 self.space.rejections[outcome.by] += 1
+            else:
+                self._holders[outcome.trace.decision_hash()] = helper
         return reply
 
     def _realize_here(self, chunk: list[Job]) -> list[Outcome]:
@@ -201,7 +239,8 @@ class Realizer:
 
     def _drop(self, helper: WorkerProcess, why: str) -> None:
         helper.kill()  # a lent worker: its builder replaces it
-        self._helpers.remove(helper)
+        if helper in self._helpers:
+            self._helpers.remove(helper)
         self._give_up(f"a realize helper ({helper.name}) {why}")
 
     def _give_up(self, what: str) -> None:
@@ -277,13 +316,40 @@ class _RealizeTask:
     jobs: list[Job]
 
     def __call__(self) -> list[Outcome] | _HelperError:
-        """The outcomes, without programs; a Python error is reported, not fatal to the search."""
+        """The outcomes, without programs (kept here instead); a Python error is reported, not fatal to the search."""
         try:
             space, program_features = _helper_space(self.setup)
             outcomes = realize_in_process(space, self.jobs, lambda mods: [program_features(m) for m in mods])
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which realizes the share itself
             return _HelperError(f"{type(exc).__name__}: {exc}")
+        for outcome in outcomes:
+            if isinstance(outcome, Realized):
+                _KEPT[outcome.trace.decision_hash()] = outcome.mod
+                _KEPT.move_to_end(outcome.trace.decision_hash())
+        while len(_KEPT) > _MAX_KEPT:
+            _KEPT.popitem(last=False)
         return [o if isinstance(o, Rejected) else Realized(o.trace, o.program_hash, o.features) for o in outcomes]
+
+
+_KEPT: OrderedDict[int, tvm.IRModule] = OrderedDict()  # in a helper: the programs it realized, oldest first
+
+
+@dataclass(frozen=True)
+class _ProgramsTask:
+    """Called in a helper: the text of the ``send`` programs it kept; it keeps only ``keep`` from now on."""
+
+    send: list[int]
+    keep: list[int]
+
+    def __call__(self) -> dict[int, str] | _HelperError:
+        try:
+            texts = {key: tvm.ir.save_json(_KEPT[key]) for key in self.send if key in _KEPT}
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which realizes them itself
+            return _HelperError(f"{type(exc).__name__}: {exc}")
+        kept = {key: _KEPT[key] for key in self.keep if key in _KEPT}
+        _KEPT.clear()
+        _KEPT.update(kept)
+        return texts
 
 
 @functools.lru_cache(maxsize=1)

@@ -178,7 +178,7 @@ class EvolutionarySearch:
             if getattr(m, "core_mutator", None) is None
         }
         self._scored: OrderedDict[int, _Scored | None] = OrderedDict()  # decision hash -> None: invalid
-        self._realized: dict[int, Realized] = {}  # this batch's valid candidates not yet scored or chosen
+        self._realized: dict[int, Realized] = {}  # this batch's valid candidates, and the carried ones realized here
         self._samples: deque[Trace] = deque(maxlen=init_samples)  # the pool of random samples, newest last
         self._carried: list[Trace] = []  # the last batch's best unmeasured candidates, best first
         self._batch_scores: dict[int, tuple[float, Trace]] = {}  # this batch's valid candidates by decision hash
@@ -205,15 +205,20 @@ class EvolutionarySearch:
             num_select=size,
             eps_greedy=self.eps_greedy,
         )
+        self._carry_best_unmeasured()
+        keys = [trace.decision_hash() for trace in chosen]
+        elsewhere = [key for key in keys if key not in self._realized or self._realized[key].mod is None]
+        carried = {trace.decision_hash() for trace in self._carried}
+        texts = self._realizer.programs(elsewhere, keep=carried)
         batch = []
         for trace in chosen:
-            candidate = self._candidate(trace)
+            candidate = self._candidate(trace, texts)
             if candidate is None or candidate.program_hash in self.seen_programs:
                 continue
             self.seen_programs.add(candidate.program_hash)
             batch.append(candidate)
-        self._realized.clear()
-        self._carry_best_unmeasured()
+        # the programs of the carried candidates realized here are kept: the next batch may choose them
+        self._realized = {key: r for key, r in self._realized.items() if key in carried and r.mod is not None}
         return batch
 
     def observe(self, results: Sequence[tuple[Candidate, float | None]]) -> None:
@@ -264,13 +269,16 @@ class EvolutionarySearch:
                     samples.append(outcome.trace)
         return samples
 
-    def _candidate(self, trace: Trace) -> Candidate | None:
-        """A chosen trace's program: kept from scoring if it was realized here, else realized again."""
+    def _candidate(self, trace: Trace, texts: dict[int, str]) -> Candidate | None:
+        """A chosen trace's program: kept from scoring here or by a helper (``texts``), else realized again."""
         key = trace.decision_hash()
         realized = self._realized.get(key)
         if realized is not None and realized.mod is not None:
             return Candidate(trace, realized.mod, key, realized.program_hash)
-        try:  # realized by a helper, or scored in an earlier batch
+        scored = self._scored.get(key)
+        if key in texts and scored is not None:
+            return Candidate(trace, texts[key], key, scored.program_hash)
+        try:  # scored in an earlier batch, or its helper is gone
             sch, rejected = self.space.realize(trace)
         except (ReplayError, InvalidDecisionError):  # a mutation upstream made a later decision illegal
             return None

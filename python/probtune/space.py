@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Sequence
 
 import tvm
@@ -34,12 +35,22 @@ def program_hash(mod: tvm.IRModule) -> int:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One point of the space: its trace and the finished program it gives."""
+    """One point of the space: its trace and the finished program it gives.
+
+    ``program`` is the program, or its ``tvm.ir.save_json`` text when a
+    realize helper made it: the builder sends text to its workers anyway, and
+    loading it here would cost half as much as realizing it again.
+    """
 
     trace: Trace
-    mod: tvm.IRModule
+    program: tvm.IRModule | str
     decision_hash: int
     program_hash: int
+
+    @cached_property
+    def mod(self) -> tvm.IRModule:
+        """The finished program, loaded from its text if that is what was kept."""
+        return tvm.ir.load_json(self.program) if isinstance(self.program, str) else self.program
 
 
 def _pick(kind: str, table: dict[str, object], wanted: Sequence[str | object]) -> list:

@@ -303,7 +303,7 @@ def _measure(
 
     A candidate whose first timing is far slower than the best so far is not timed again.
     """
-    built, runnable = _build([c.mod for c in batch], builder, spec, workdir)
+    built, runnable = _build([c.program for c in batch], builder, spec, workdir)
     for index in range(len(batch)):
         if built[index].artifact is None:
             yield batch[index], "build_error", (), built[index].error, built[index].seconds, None
@@ -315,10 +315,12 @@ def _measure(
         Path(artifacts[position]).unlink(missing_ok=True)
 
 
-def _build(mods: list[tvm.IRModule], builder: Any, spec: TargetSpec, workdir: str) -> tuple[dict[int, Any], list[int]]:
-    """Build ``mods``: each one's build result by index, and the indices of those that gave an artifact."""
-    built = dict(builder.build(mods, spec.tvm_target, workdir))
-    return built, [i for i in range(len(mods)) if built[i].artifact is not None]
+def _build(
+    programs: list[tvm.IRModule | str], builder: Any, spec: TargetSpec, workdir: str
+) -> tuple[dict[int, Any], list[int]]:
+    """Build ``programs``: each one's build result by index, and the indices of those that gave an artifact."""
+    built = dict(builder.build(programs, spec.tvm_target, workdir))
+    return built, [i for i in range(len(programs)) if built[i].artifact is not None]
 
 
 def _confirm_best(

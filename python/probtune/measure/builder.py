@@ -78,9 +78,11 @@ class LocalBuilder:
         self._finalizer = weakref.finalize(self, _kill_all, self._slots)
 
     def build(
-        self, mods: Sequence[tvm.IRModule], target: dict[str, Any], workdir: str | os.PathLike[str]
+        self, programs: Sequence[tvm.IRModule | str], target: dict[str, Any], workdir: str | os.PathLike[str]
     ) -> Iterator[tuple[int, BuildResult]]:
-        """Yield ``(index into mods, result)`` for every candidate, in the order they finish.
+        """Yield ``(index into programs, result)`` for every candidate, in the order they finish.
+
+        A program is an ``IRModule`` or its ``tvm.ir.save_json`` text.
 
         Stopping the iteration early kills the workers still compiling.
         """
@@ -89,7 +91,7 @@ class LocalBuilder:
         tvm.target.Target(target)  # a bad target fails here once, not once per candidate
         workdir = Path(workdir).resolve()
         workdir.mkdir(parents=True, exist_ok=True)
-        return self._build(list(mods), dict(target), workdir)
+        return self._build(list(programs), dict(target), workdir)
 
     def lend_workers(self, count: int) -> list[WorkerProcess]:
         """Up to ``count`` of the workers, started if need be and ready, for other tasks between builds.
@@ -131,23 +133,23 @@ class LocalBuilder:
         self.close()
 
     def _build(
-        self, mods: list[tvm.IRModule], target: dict[str, Any], workdir: Path
+        self, programs: list[tvm.IRModule | str], target: dict[str, Any], workdir: Path
     ) -> Iterator[tuple[int, BuildResult]]:
         if self._building:
             raise RuntimeError("LocalBuilder.build is already running: finish or close it first")
         self._building = True
-        pending = deque(range(len(mods)))
+        pending = deque(range(len(programs)))
         try:
-            while len(self._slots) < min(self.workers, len(mods)):
+            while len(self._slots) < min(self.workers, len(programs)):
                 self._slots.append(self._start_slot())
             while pending or any(slot.index is not None for slot in self._slots):
-                self._dispatch(pending, mods, target, workdir)
+                self._dispatch(pending, programs, target, workdir)
                 self._wait_for_news()
                 for slot in self._slots:
                     outcome = self._collect(slot)
                     if outcome is not None:
                         # Keep the workers busy while the caller records the result.
-                        self._dispatch(pending, mods, target, workdir)
+                        self._dispatch(pending, programs, target, workdir)
                         yield outcome
         finally:
             self._building = False
@@ -158,7 +160,7 @@ class LocalBuilder:
         return _Slot(worker, since=time.perf_counter())
 
     def _dispatch(
-        self, pending: deque[int], mods: list[tvm.IRModule], target: dict[str, Any], workdir: Path
+        self, pending: deque[int], programs: list[tvm.IRModule | str], target: dict[str, Any], workdir: Path
     ) -> None:
         """Give each idle worker the next pending candidate."""
         for slot in self._slots:
@@ -172,7 +174,9 @@ class LocalBuilder:
                 continue
             index = pending.popleft()
             stem = workdir / f"candidate-{uuid.uuid4().hex}"
-            task = BuildTask(tvm.ir.save_json(mods[index]), target, f"{stem}.so", f"{stem}.tmp")
+            program = programs[index]
+            text = program if isinstance(program, str) else tvm.ir.save_json(program)
+            task = BuildTask(text, target, f"{stem}.so", f"{stem}.tmp")
             slot.worker.connection.send(task)
             slot.index, slot.task, slot.since = index, task, time.perf_counter()
 
