@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -212,6 +214,23 @@ def test_untrained_model_gives_seeded_scores():
     assert first.num_samples == 0 and first.predict([]).shape == (0,)
     first.update(features[:2], [1e-3, 1e-3], ["w", "w"])  # one distinct latency: nothing to rank by yet
     assert first.num_samples == 2 and np.isfinite(first.predict(features)).all()
+
+
+def test_making_a_model_starts_importing_xgboost_on_a_thread():
+    """In a fresh interpreter, where nothing imported xgboost yet; the model then trains as usual."""
+    check = """
+import sys
+import numpy as np
+from probtune_xgb import model
+assert "xgboost" not in sys.modules
+xgb = model.XGBCostModel()
+assert model._importing is not None and model._importing.name == "probtune-xgb import"
+model._importing.join()
+assert "xgboost" in sys.modules
+xgb.update([np.array([1.0, 0.0]), np.array([0.0, 1.0])], [1e-3, 2e-3], ["w", "w"])
+assert xgb.predict([np.array([1.0, 0.0])]).shape == (1,)
+"""
+    subprocess.run([sys.executable, "-c", check], check=True, timeout=120)
 
 
 def test_model_learns_a_synthetic_relationship():

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import io
 import json
+import sys
+import threading
 import zipfile
 import zlib
 from typing import TYPE_CHECKING, Any, Sequence
@@ -31,9 +33,28 @@ FEATURE_LAYOUT = zlib.crc32("\n".join(PROGRAM_FEATURE_NAMES).encode())
 
 
 def _xgboost() -> Any:
-    import xgboost  # imported when first needed: it takes about a second, and most commands never train
+    import xgboost  # imported when first needed: it takes a quarter to a whole second, and most commands never train
 
     return xgboost
+
+
+_importing: threading.Thread | None = None
+
+
+def _start_importing_xgboost() -> None:
+    """Import xgboost on a thread of its own, once: a model is made before a tuning's first batch and
+    trains only after it is measured, so the import is done by then instead of delaying the search."""
+    global _importing
+    if _importing is None and "xgboost" not in sys.modules:
+        _importing = threading.Thread(target=_import_quietly, name="probtune-xgb import")
+        _importing.start()
+
+
+def _import_quietly() -> None:
+    try:
+        _xgboost()
+    except Exception:  # noqa: BLE001 - the first training imports it again and reports the error there
+        pass
 
 
 def _rng_state(rng: np.random.Generator) -> str:
@@ -110,6 +131,7 @@ class XGBCostModel:
         self._groups = np.zeros(0, dtype=np.int64)  # index into _group_names
         self._group_names: list[str] = []
         self._booster: xgboost.Booster | None = None
+        _start_importing_xgboost()
 
     @property
     def num_samples(self) -> int:
