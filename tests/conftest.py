@@ -8,10 +8,11 @@ import tvm
 import tvm_ffi
 from tvm import te
 
-from probtune import Rng, generate_space
+from probtune import Rng, SpaceContext, generate_space
 from probtune.catalog import BUILTIN_WORKLOADS
 from probtune.search import RandomSearch
 from probtune.targets import resolve_target
+from probtune.workload import Workload
 
 
 def matmul_module(m: int = 64, n: int = 64, k: int = 64) -> tvm.IRModule:
@@ -30,6 +31,11 @@ def matmul_mod() -> tvm.IRModule:
 @pytest.fixture(scope="session")
 def host():
     return resolve_target("host")
+
+
+def context_of(sch, target) -> SpaceContext:
+    """What a validator is given when the schedule's program is the workload itself."""
+    return SpaceContext(workload=Workload.from_module(sch.mod), target=target)
 
 
 def run_module(lib, arrays: list[np.ndarray]) -> list[np.ndarray]:

@@ -11,9 +11,10 @@ from probtune import SpaceContext
 from probtune.catalog import BUILTIN_WORKLOADS
 from probtune.targets import resolve_target
 from probtune_cpu.llvm_features import llvm_target_has
-from probtune_cpu.polynomial_exp import RewriteExpPolynomial
+from probtune_cpu.polynomial_exp import RewriteExpPolynomial, _is_float32_exp
+from probtune_cpu.stored_values import workload_stores_any
 
-from conftest import run_module, softmax_samples_with
+from conftest import context_of, run_module, softmax_samples_with
 
 CATALOG = {spec.name: spec for spec in BUILTIN_WORKLOADS}
 _SPECIAL = [0.0, -0.0, 1e-30, -1e-30, 1.0, -1.0, 88.7, 88.72, 88.73, 89.0, -87.3, -87.4, -100.0, -103.9, -104.5,
@@ -28,7 +29,7 @@ def _exp_function(n: int, dtype: str = "float32") -> tvm.tirx.PrimFunc:
 
 def _compiled_rewritten_exp(target, n: int, lanes: int):
     sch = s_tir.Schedule(_exp_function(n))
-    assert RewriteExpPolynomial().check(sch, SpaceContext(workload=None, target=target)) is None
+    assert RewriteExpPolynomial().check(sch, context_of(sch, target)) is None
     if lanes > 1:
         _, inner = sch.split(sch.get_loops(sch.get_sblock("y"))[0], [None, lanes])
         sch.vectorize(inner)
@@ -78,7 +79,7 @@ def test_rewrite_reaches_exp_under_casts_and_selects(host):
         name="y",
     )
     sch = s_tir.Schedule(te.create_prim_func([x, y]))
-    assert RewriteExpPolynomial().check(sch, SpaceContext(workload=None, target=host)) is None
+    assert RewriteExpPolynomial().check(sch, context_of(sch, host)) is None
     assert "T.exp(" not in sch.mod.script()
     inputs = np.linspace(-3, 3, 64).astype(np.float32)
     (got,) = run_module(tvm.compile(sch.mod, target=tvm.target.Target(host.tvm_target)),
@@ -90,8 +91,19 @@ def test_rewrite_leaves_float64_exp_and_exp_free_blocks_alone(host):
     for func in (_exp_function(16, "float64"), CATALOG["matmul"].instantiate((8, 8, 8)).prim_func):
         sch = s_tir.Schedule(func)
         before = sch.mod
-        assert RewriteExpPolynomial().check(sch, SpaceContext(workload=None, target=host)) is None
+        assert RewriteExpPolynomial().check(sch, context_of(sch, host)) is None
         assert sch.mod.same_as(before)
+
+
+def test_rewrite_walks_no_program_of_a_workload_without_exp(host):
+    """Scheduling makes no new arithmetic: the workload is asked once, and a program is not walked."""
+    softmax, matmul = CATALOG["softmax"].instantiate((4, 16)), CATALOG["matmul"].instantiate((8, 8, 8))
+    assert workload_stores_any(softmax.mod, _is_float32_exp)
+    assert not workload_stores_any(matmul.mod, _is_float32_exp)
+    sch = s_tir.Schedule(_exp_function(16))
+    before = sch.mod
+    assert RewriteExpPolynomial().check(sch, SpaceContext(workload=matmul, target=host)) is None
+    assert sch.mod.same_as(before)
 
 
 def test_softmax_space_uses_the_polynomial_and_stays_correct(host):

@@ -8,10 +8,12 @@ import tvm
 from tvm import s_tir, te
 
 from probtune import SpaceContext
+from probtune.catalog import BUILTIN_WORKLOADS
 from probtune.targets import resolve_target
-from probtune_cpu.reciprocal_division import RewriteInvariantDivision
+from probtune_cpu.reciprocal_division import RewriteInvariantDivision, _is_float32_division
+from probtune_cpu.stored_values import workload_stores_any
 
-from conftest import run_module, softmax_samples_with
+from conftest import context_of, run_module, softmax_samples_with
 
 _TINY = float(np.finfo(np.float32).tiny)
 _SPECIAL_DIVISORS = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -3e-39, 2.0**126, -3e38, 2.0**-126, 1.0, -1.0]
@@ -28,7 +30,7 @@ def _rows_over_vector(rows: int, cols: int) -> tvm.tirx.PrimFunc:
 
 def _rewritten(func: tvm.tirx.PrimFunc, target) -> s_tir.Schedule:
     sch = s_tir.Schedule(func)
-    assert RewriteInvariantDivision().check(sch, SpaceContext(workload=None, target=target)) is None
+    assert RewriteInvariantDivision().check(sch, context_of(sch, target)) is None
     return sch
 
 
@@ -88,9 +90,22 @@ def test_only_divisors_shared_along_the_last_index_are_rewritten(host):
     for func in (elementwise, double):
         sch = s_tir.Schedule(func)
         before = sch.mod
-        assert RewriteInvariantDivision().check(sch, SpaceContext(workload=None, target=host)) is None
+        assert RewriteInvariantDivision().check(sch, context_of(sch, host)) is None
         assert sch.mod.same_as(before)
     assert _REWRITTEN in _rewritten(column, host).mod.script()
+
+
+def test_rewrite_walks_no_program_of_a_workload_without_a_float_division(host):
+    """Scheduling makes no new arithmetic: the workload is asked once, and a program is not walked."""
+    catalog = {spec.name: spec for spec in BUILTIN_WORKLOADS}
+    softmax = catalog["softmax"].instantiate((4, 16))
+    conv2d = catalog["conv2d_nchw"].instantiate((1, 4, 6, 6, 4, 3, 3, 1, 1))
+    assert workload_stores_any(softmax.mod, _is_float32_division)
+    assert not workload_stores_any(conv2d.mod, _is_float32_division)
+    sch = s_tir.Schedule(_rows_over_vector(4, 32))
+    before = sch.mod
+    assert RewriteInvariantDivision().check(sch, SpaceContext(workload=conv2d, target=host)) is None
+    assert sch.mod.same_as(before)
 
 
 def test_every_cpu_target_gets_the_reciprocal():

@@ -31,7 +31,7 @@ from tvm import s_tir, tirx
 from probtune import SpaceContext
 
 from probtune_cpu.llvm_features import llvm_target_has
-from probtune_cpu.stored_values import map_bottom_up, rewrite_stored_values
+from probtune_cpu.stored_values import map_bottom_up, rewrite_stored_values, workload_stores_any
 
 __all__ = ["RewriteExpPolynomial", "polynomial_exp"]
 
@@ -89,12 +89,16 @@ class RewriteExpPolynomial:
     name: str = "rewrite-exp-polynomial"
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
+        if not workload_stores_any(ctx.workload.mod, _is_float32_exp):
+            return None
         scale_with_ldexp = llvm_target_has(ctx.target.tvm_target, "avx512f")
 
         def replace(expr: tirx.Expr) -> tirx.Expr:
-            if isinstance(expr, tvm.ir.expr.Call) and expr.op.same_as(_EXP) and str(expr.ty) == "float32":
-                return polynomial_exp(expr.args[0], scale_with_ldexp)
-            return expr
+            return polynomial_exp(expr.args[0], scale_with_ldexp) if _is_float32_exp(expr) else expr
 
         rewrite_stored_values(sch, lambda store: map_bottom_up(store.value, replace))
         return None
+
+
+def _is_float32_exp(expr: tirx.Expr) -> bool:
+    return isinstance(expr, tvm.ir.expr.Call) and expr.op.same_as(_EXP) and str(expr.ty) == "float32"

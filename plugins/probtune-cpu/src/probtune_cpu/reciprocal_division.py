@@ -33,7 +33,7 @@ from tvm import s_tir, tirx
 from probtune import SpaceContext
 from probtune.tir import variable_ids
 
-from probtune_cpu.stored_values import map_bottom_up, rewrite_stored_values
+from probtune_cpu.stored_values import map_bottom_up, rewrite_stored_values, workload_stores_any
 
 __all__ = ["RewriteInvariantDivision", "reciprocal_quotient"]
 
@@ -60,7 +60,8 @@ class RewriteInvariantDivision:
     name: str = "rewrite-invariant-division"
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
-        rewrite_stored_values(sch, self._rewrite)
+        if workload_stores_any(ctx.workload.mod, _is_float32_division):
+            rewrite_stored_values(sch, self._rewrite)
         return None
 
     @staticmethod
@@ -70,8 +71,12 @@ class RewriteInvariantDivision:
             return store.value
 
         def replace(expr: tirx.Expr) -> tirx.Expr:
-            if isinstance(expr, tirx.Div) and str(expr.ty) == "float32" and not lane_vars & variable_ids(expr.b):
+            if _is_float32_division(expr) and not lane_vars & variable_ids(expr.b):
                 return reciprocal_quotient(expr.a, expr.b)
             return expr
 
         return map_bottom_up(store.value, replace)
+
+
+def _is_float32_division(expr: tirx.Expr) -> bool:
+    return isinstance(expr, tirx.Div) and str(expr.ty) == "float32"

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import tvm
 from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
 
-from probtune.tir import sblock_names
+from probtune.tir import iter_stmts, sblock_names
 
-__all__ = ["map_bottom_up", "replace_block", "rewrite_stored_values"]
+__all__ = ["map_bottom_up", "replace_block", "rewrite_stored_values", "workload_stores_any"]
 
 _BINARY = (
     tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Mod, tirx.FloorDiv, tirx.FloorMod, tirx.Min, tirx.Max,
@@ -61,6 +62,29 @@ def rewrite_stored_values(sch: s_tir.Schedule, rewrite: Callable[[tirx.BufferSto
         if value.same_as(store.value):
             continue
         replace_block(sch, block_rv, body=tirx.BufferStore(store.buffer, value, store.indices))
+
+
+@functools.lru_cache(maxsize=32)
+def workload_stores_any(mod: tvm.IRModule, test: Callable[[tirx.Expr], bool]) -> bool:
+    """Whether a value that the unscheduled ``mod`` stores has a node for which ``test`` holds.
+
+    Schedule primitives move, copy and split stores but make no new arithmetic,
+    so a rewrite of some node kind (``exp``, a float division) has nothing to do
+    in any program of a workload without one; asking once per workload spares
+    the walk over every candidate's stores (0.2-0.6 ms of the 4-6 ms it takes
+    to realize one). ``test`` is a module-level function, so that it is a key.
+    """
+    found = False
+
+    def visit(expr: tirx.Expr) -> tirx.Expr:
+        nonlocal found
+        found = found or test(expr)
+        return expr
+
+    for stmt in iter_stmts(mod["main"].body):
+        if isinstance(stmt, tirx.BufferStore):
+            map_bottom_up(stmt.value, visit)
+    return found
 
 
 def replace_block(sch: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, **changes: Any) -> None:
