@@ -73,6 +73,8 @@ def workload_stores_any(mod: tvm.IRModule, test: Callable[[tirx.Expr], bool]) ->
     in any program of a workload without one; asking once per workload spares
     the walk over every candidate's stores (0.2-0.6 ms of the 4-6 ms it takes
     to realize one). ``test`` is a module-level function, so that it is a key.
+    A validator that made such nodes itself would have to run after the
+    rewrites that ask this (the CPU targets' validators make none before them).
     """
     found = False
 
