@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import tvm
 import tvm_ffi
@@ -155,6 +157,22 @@ def test_unknown_instruction_kind_is_a_format_error(matmul_mod):
     trace.append("teleport", [{"rv": 0}], {}, [])
     with pytest.raises(TraceFormatError, match="teleport"):
         Schedule.replay(matmul_mod, trace)
+
+
+@pytest.mark.parametrize(
+    ("n", "shown"),
+    [("4.5", "4.5"), ("123456789012345678901234", "1.23456789"), ('"4"', "'4'")],  # too large: read as a float
+)
+def test_a_tile_count_that_is_not_an_integer_is_a_format_error(matmul_mod, n, shown):
+    sch = Schedule(matmul_mod, rng=Rng(0))
+    i, _, _ = sch.get_loops(sch.get_sblock("C"))
+    sch.sample_perfect_tile(i, n=2, max_innermost_factor=16)
+    text = sch.trace.to_json()
+    assert text.count('"n":2') == 1
+    damaged = Trace.from_json(text.replace('"n":2', f'"n":{n}'))
+    named = rf"instruction 2 \(sample_perfect_tile\): attribute 'n' must be an integer, got {re.escape(shown)}"
+    with pytest.raises(TraceFormatError, match=named):
+        Schedule.replay(matmul_mod, damaged)
 
 
 def test_malformed_trace_json_is_rejected():

@@ -325,6 +325,44 @@ def test_unreadable_cost_model_state_is_replaced_with_a_warning(tmp_path):
     assert _saved_model_samples(db) == 5
 
 
+def _damage_best_record(db_path, damage) -> int:
+    """Replace the best record's trace JSON by ``damage`` of it, as a hand edit or a bad disk might; its id."""
+    with contextlib.closing(sqlite3.connect(db_path)) as conn, conn:
+        record_id, text = conn.execute(
+            "SELECT id, trace_json FROM records WHERE status = 'ok' ORDER BY mean_latency LIMIT 1"
+        ).fetchone()
+        damaged = damage(text)
+        assert damaged != text
+        conn.execute("UPDATE records SET trace_json = ? WHERE id = ?", (damaged, record_id))
+    return record_id
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda text: text[:60],
+        lambda text: text.replace('"kind":"split"', '"kind":"splitt"', 1),
+        lambda text: text.replace('"n":4', '"n":123456789012345678901234', 1),  # JSON reads it as a float
+    ],
+    ids=["cut-short", "unknown-instruction", "integer-too-large"],
+)
+def test_a_damaged_best_record_is_named_left_out_and_kept(damage, tmp_path):
+    db = tmp_path / "tuning.db"
+    probtune.tune("matmul", trials=4, database=db, seed=0, **SMALL)
+    damaged = _damage_best_record(db, damage)
+    with pytest.warns(UserWarning, match=f"record {damaged} is left out: its trace is malformed or does not replay"):
+        result = probtune.tune("matmul", trials=4, database=db, seed=0, **SMALL)
+    assert result.measured == 4 and result.best is not None and result.best.id != damaged
+    with Database(db) as database:
+        records = database.records(database.workloads()[0].id)
+    assert len(records) == 8 and damaged in {r.id for r in records}  # kept as it is: nothing recorded is lost
+    with pytest.warns(UserWarning, match=f"record {damaged} is left out"):
+        lib = probtune.compile_best("matmul", "host", db, shape=(64, 64, 64))
+    a, b = result.workload.random_inputs(1)
+    out = run_module(lib, [a, b, np.zeros((64, 64), "float32")])[2]
+    np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

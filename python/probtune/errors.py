@@ -18,6 +18,7 @@ __all__ = [
     "ReplayError",
     "InvalidDecisionError",
     "TraceFormatError",
+    "NOT_REPLAYABLE",
 ]
 
 
@@ -66,6 +67,12 @@ class TuningConfigError(ProbtuneError, ValueError):
 
 class ReplayError(ProbtuneError):
     """A trace instruction that TVM refused while replaying (the program it names is illegal)."""
+
+
+NOT_REPLAYABLE = (ReplayError, InvalidDecisionError, TraceFormatError)
+"""What replaying a trace raises when the trace cannot be followed: TVM refused an
+instruction, a decision does not fit, or the trace itself is malformed (a bad
+database row). Whoever replays traces it did not just make catches all three."""
 
 
 def last_line(exc: BaseException) -> str:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from probtune._core import InvalidDecisionError, Rng, Trace, mutate_categorical, mutate_tile_size
-from probtune.errors import ReplayError
+from probtune._core import Rng, Trace, mutate_categorical, mutate_tile_size
+from probtune.errors import NOT_REPLAYABLE
 from probtune.interfaces import SpaceContext
 from probtune.schedule import BlockRV, Schedule, tvm_compute_location
 
@@ -54,7 +54,7 @@ class ComputeLocationMutator:
         decisions = trace.decisions
         try:
             sch = Schedule.replay(ctx.workload.mod, trace, until=index)
-        except (ReplayError, InvalidDecisionError):
+        except NOT_REPLAYABLE:
             return None
         block = sch.resolve(BlockRV(trace.instruction(index).inputs[0]["rv"]))
         for _ in range(self.attempts):

@@ -19,8 +19,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import tvm
 
-from probtune._core import InvalidDecisionError, Rng, Trace
-from probtune.errors import ReplayError
+from probtune._core import Rng, Trace
+from probtune.errors import NOT_REPLAYABLE
 from probtune.interfaces import CostModel, SpaceContext, TargetSpec, Validator
 from probtune.measure._process import WorkerProcess, WorkerStartError
 from probtune.measure.builder import LocalBuilder
@@ -68,7 +68,7 @@ def realize_in_process(
     for trace, rng in jobs:
         try:
             sch, rejected = space.realize(trace, 0 if rng is None else rng)
-        except (ReplayError, InvalidDecisionError):
+        except NOT_REPLAYABLE:
             space.rejections[REPLAY_FAILED] += 1
             outcomes.append(Rejected(REPLAY_FAILED))
             continue

@@ -101,6 +101,20 @@ def _compute_at(s: s_tir.Schedule, ins: list[Any], at: dict[str, Any]) -> None:
     s.compute_at(ins[0], ins[1], preserve_unit_loops=at.get("preserve_unit_loops", True))
 
 
+def _int_attr(attrs: dict[str, Any], name: str, default: int | None = None) -> int:
+    """An integer attribute of an instruction; a trace from JSON may hold anything there.
+
+    JSON integers too large for 64 bits arrive as floats, and ``int()`` would
+    truncate a fraction, so anything but an int is a malformed trace.
+    """
+    value = attrs.get(name, default)
+    if value is None:
+        raise TraceFormatError(f"attribute {name!r} is missing")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TraceFormatError(f"attribute {name!r} must be an integer, got {value!r}")
+    return value
+
+
 def _known_compute_location(s: s_tir.Schedule, block: Any, decision: int) -> Any:
     """The location a recorded decision names, without TVM's search for every legal one.
 
@@ -319,7 +333,7 @@ class Schedule:
             extent = self._sch.get(inputs[0]).extent
             if not isinstance(extent, tvm.tirx.IntImm):
                 raise InvalidDecisionError(f"sample_perfect_tile needs a constant loop extent, got {extent}")
-            n, max_inner = int(attrs["n"]), int(attrs.get("max_innermost_factor", 0))
+            n, max_inner = _int_attr(attrs, "n"), _int_attr(attrs, "max_innermost_factor", 0)
             if decision is None:
                 decision = sample_perfect_tile(self._rng, int(extent), n, max_inner)
             else:
@@ -356,7 +370,7 @@ class Schedule:
                 raise InvalidDecisionError(f"instruction {index} ({inst.kind}): {exc}") from None
             except TraceFormatError as exc:
                 raise TraceFormatError(f"instruction {index} ({inst.kind}): {exc}") from None
-            except (RuntimeError, KeyError, IndexError, TypeError, ValueError) as exc:  # TVM errors are RuntimeErrors
+            except (RuntimeError, KeyError, IndexError, TypeError, ValueError, OverflowError) as exc:  # TVM: RuntimeError
                 raise ReplayError(f"instruction {index} ({inst.kind}) cannot be applied: {last_line(exc)}") from exc
         return sch
 

@@ -14,8 +14,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from probtune._core import DecisionSet, InvalidDecisionError, Rng, Trace, evolve
-from probtune.errors import ReplayError
+from probtune._core import DecisionSet, Rng, Trace, evolve
+from probtune.errors import NOT_REPLAYABLE
 from probtune.interfaces import CostModel, Mutator
 from probtune.realize import Lend, Realized, Realizer
 from probtune.space import Candidate, DesignSpace, program_hash
@@ -280,7 +280,7 @@ class EvolutionarySearch:
             return Candidate(trace, texts[key], key, scored.program_hash)
         try:  # scored in an earlier batch, or its helper is gone
             sch, rejected = self.space.realize(trace)
-        except (ReplayError, InvalidDecisionError):  # a mutation upstream made a later decision illegal
+        except NOT_REPLAYABLE:  # a mutation upstream made a later decision illegal
             return None
         if rejected:
             return None

@@ -14,12 +14,13 @@ from typing import Any, Callable, Sequence
 
 import tvm
 
-from probtune._core import InvalidDecisionError, Rng, Trace, TraceFormatError
+from probtune._core import Rng, Trace
 from probtune.database import Database, Record
-from probtune.errors import PluginError, ReplayError, TuningConfigError
+from probtune.errors import NOT_REPLAYABLE, PluginError, TuningConfigError
 from probtune.interfaces import CostModel, SpaceModule, TargetSpec
 from probtune.measure import prepare_reference
 from probtune.plugins import get_registry
+from probtune.schedule import Schedule
 from probtune.search import INIT_MEASURED, EvolutionarySearch, RandomSearch, SearchStrategy
 from probtune.space import Candidate, DesignSpace, generate_space
 from probtune.targets import check_runs_here, resolve_target
@@ -216,13 +217,13 @@ def tune(
                 measure_started = time.perf_counter()
                 _confirm_best(db, workload_id, spec, space, builder, runner, reference, scratch, confirm)
                 measure_seconds += time.perf_counter() - measure_started
-            best = db.best(workload_id, spec.name)
+            best = _best_replayable(db, workload_id, spec, space)
     return TuneResult(
         workload=work,
         target=spec,
         database=db_path,
         space=space,
-        best=best[0] if best else None,
+        best=best,
         measured=measured,
         statuses=statuses,
         seconds=time.perf_counter() - started,
@@ -235,6 +236,7 @@ _STRATEGIES = ("evolutionary", "random")
 _CLEARLY_SLOWER = 2.0  # a first timing this many times the best so far ends a candidate's timing
 _CONFIRM_PASSES = 2
 _CONFIRM_ROUNDS = 3
+_BEST_CANDIDATES = 8  # the best records tried, fastest first, for one whose trace replays
 
 
 def _cost_model(model: str | CostModel, factories: dict[str, Callable[..., Any]], seed: int) -> CostModel:
@@ -275,13 +277,36 @@ def _make_search(
                 f"({exc}); starting from an untrained model, whose state will replace it",
                 stacklevel=3,
             )
-    measured = [
-        (Trace.from_json(record.trace_json), record.mean_latency)
-        for record in db.best(workload_id, spec.name, k=options.get("init_measured", INIT_MEASURED))
-    ]
+    best = db.best(workload_id, spec.name, k=options.get("init_measured", INIT_MEASURED))
+    measured = [(trace, record.mean_latency) for record, trace in _replayable(best, space, db.path)]
     mutators = list(get_registry().mutators.values())
     options = {"realize_workers": _spare_cores(), **options}
     return EvolutionarySearch(space, rng, model, mutators, group=work.key, measured=measured, **seen, **options)
+
+
+def _replayable(records: list[Record], space: DesignSpace, db_path: Path) -> list[tuple[Record, Trace]]:
+    """The records whose traces parse and replay on the workload, each with its trace.
+
+    A record that does not (a hand-edited or damaged row) is left out with a
+    warning that names it, and stays in the database as it is: one bad row
+    must not stop the tuning of its workload.
+    """
+    replayable = []
+    for record in records:
+        try:
+            trace = Trace.from_json(record.trace_json)
+            Schedule.replay(space.workload.mod, trace)
+        except NOT_REPLAYABLE as exc:
+            warnings.warn(f"{db_path}: record {record.id} is left out: its trace is malformed or does not replay ({exc})", stacklevel=3)
+            continue
+        replayable.append((record, trace))
+    return replayable
+
+
+def _best_replayable(db: Database, workload_id: int, spec: TargetSpec, space: DesignSpace) -> Record | None:
+    """The fastest correct record whose trace replays (among the best few), if any."""
+    replayable = _replayable(db.best(workload_id, spec.name, k=_BEST_CANDIDATES), space, db.path)
+    return replayable[0][0] if replayable else None
 
 
 def _spare_cores() -> int:
@@ -347,7 +372,7 @@ def _confirm_best(
         for record in records:
             try:
                 replayed.append((record, space.program(Trace.from_json(record.trace_json))))
-            except (ReplayError, InvalidDecisionError, TraceFormatError):
+            except NOT_REPLAYABLE:
                 continue
         if not replayed:
             return
@@ -399,11 +424,11 @@ def compile_best(
     """Compile ``workload`` with the best schedule recorded for ``target`` in ``database``."""
     spec = resolve_target(target)
     work = resolve_workload(workload, shape, dtype, get_registry().workloads)
+    space = generate_space(work, spec)
     with Database(database) as db:
         row = db.find_workload(work.mod)
-        best = db.best(row.id, spec.name) if row else []
-    if not best:
-        raise LookupError(f"{database} holds no correct record of {work.key} on {spec.name}")
-    space = generate_space(work, spec)
-    program = space.program(Trace.from_json(best[0].trace_json))
+        best = _best_replayable(db, row.id, spec, space) if row else None
+    if best is None:
+        raise LookupError(f"{database} holds no correct record of {work.key} on {spec.name} that replays")
+    program = space.program(Trace.from_json(best.trace_json))
     return tvm.compile(program, target=tvm.target.Target(spec.tvm_target))
