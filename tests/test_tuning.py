@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from probtune.measure.builder import BuildResult, LocalBuilder
 from probtune.measure.runner import LocalRunner, RunResult
 from probtune.realize import Realizer
 from probtune.targets import cpu_features
-from probtune.tuning import _confirm_best
+from probtune.tuning import _confirm_best, _replayable
 
 from conftest import matmul_module, run_module
 
@@ -325,16 +326,36 @@ def test_unreadable_cost_model_state_is_replaced_with_a_warning(tmp_path):
     assert _saved_model_samples(db) == 5
 
 
-def _damage_best_record(db_path, damage) -> int:
-    """Replace the best record's trace JSON by ``damage`` of it, as a hand edit or a bad disk might; its id."""
+def _damage_best_record(db_path, damage, rank: int = 0) -> int:
+    """Replace the trace JSON of the ``rank``-th best record by ``damage`` of it, as a hand edit or a bad disk
+    might; its id."""
     with contextlib.closing(sqlite3.connect(db_path)) as conn, conn:
         record_id, text = conn.execute(
-            "SELECT id, trace_json FROM records WHERE status = 'ok' ORDER BY mean_latency LIMIT 1"
+            "SELECT id, trace_json FROM records WHERE status = 'ok' ORDER BY mean_latency, id LIMIT 1 OFFSET ?",
+            (rank,),
         ).fetchone()
         damaged = damage(text)
         assert damaged != text
         conn.execute("UPDATE records SET trace_json = ? WHERE id = ?", (damaged, record_id))
     return record_id
+
+
+def test_damaged_records_are_named_in_one_warning(tmp_path):
+    db = tmp_path / "tuning.db"
+    result = probtune.tune("matmul", trials=4, database=db, seed=0, confirm=0, **SMALL)
+    first = _damage_best_record(db, lambda text: text[:60])
+    second = _damage_best_record(db, lambda text: text.replace('"kind":"split"', '"kind":"splitt"', 1), rank=2)
+    with Database(db) as database:
+        records = database.best(database.workloads()[0].id, "host", k=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kept = _replayable(records, result.space, db)
+    (message,) = [str(w.message) for w in caught if "left out" in str(w.message)]
+    assert message.startswith(
+        f"{db}: records {first}, {second} are left out: the trace is malformed or does not replay "
+        f"(record {first}: trace JSON"
+    )
+    assert [record.id for record, _ in kept] == [r.id for r in records if r.id not in (first, second)]
 
 
 @pytest.mark.parametrize(
@@ -350,7 +371,7 @@ def test_a_damaged_best_record_is_named_left_out_and_kept(damage, tmp_path):
     db = tmp_path / "tuning.db"
     probtune.tune("matmul", trials=4, database=db, seed=0, **SMALL)
     damaged = _damage_best_record(db, damage)
-    with pytest.warns(UserWarning, match=f"record {damaged} is left out: its trace is malformed or does not replay"):
+    with pytest.warns(UserWarning, match=f"record {damaged} is left out: the trace is malformed or does not replay"):
         result = probtune.tune("matmul", trials=4, database=db, seed=0, **SMALL)
     assert result.measured == 4 and result.best is not None and result.best.id != damaged
     with Database(db) as database:

@@ -291,15 +291,23 @@ def _replayable(records: list[Record], space: DesignSpace, db_path: Path) -> lis
     warning that names it, and stays in the database as it is: one bad row
     must not stop the tuning of its workload.
     """
-    replayable = []
+    replayable, left_out = [], []
     for record in records:
         try:
             trace = Trace.from_json(record.trace_json)
             Schedule.replay(space.workload.mod, trace)
         except NOT_REPLAYABLE as exc:
-            warnings.warn(f"{db_path}: record {record.id} is left out: its trace is malformed or does not replay ({exc})", stacklevel=3)
+            left_out.append((record.id, exc))
             continue
         replayable.append((record, trace))
+    if left_out:  # one warning for all: a space that changed since the records were made leaves out many
+        ids = ", ".join(str(record_id) for record_id, _ in left_out)
+        named = f"record {ids} is" if len(left_out) == 1 else f"records {ids} are"
+        first_id, first = left_out[0]
+        warnings.warn(
+            f"{db_path}: {named} left out: the trace is malformed or does not replay (record {first_id}: {first})",
+            stacklevel=3,
+        )
     return replayable
 
 
