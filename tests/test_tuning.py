@@ -326,7 +326,7 @@ def test_unreadable_cost_model_state_is_replaced_with_a_warning(tmp_path):
     assert _saved_model_samples(db) == 5
 
 
-def _damage_best_record(db_path, damage, rank: int = 0) -> int:
+def _damage_record(db_path, damage, rank: int = 0) -> int:
     """Replace the trace JSON of the ``rank``-th best record by ``damage`` of it, as a hand edit or a bad disk
     might; its id."""
     with contextlib.closing(sqlite3.connect(db_path)) as conn, conn:
@@ -343,8 +343,8 @@ def _damage_best_record(db_path, damage, rank: int = 0) -> int:
 def test_damaged_records_are_named_in_one_warning(tmp_path):
     db = tmp_path / "tuning.db"
     result = probtune.tune("matmul", trials=4, database=db, seed=0, confirm=0, **SMALL)
-    first = _damage_best_record(db, lambda text: text[:60])
-    second = _damage_best_record(db, lambda text: text.replace('"kind":"split"', '"kind":"splitt"', 1), rank=2)
+    first = _damage_record(db, lambda text: text[:60])
+    second = _damage_record(db, lambda text: text.replace('"kind":"split"', '"kind":"splitt"', 1), rank=2)
     with Database(db) as database:
         records = database.best(database.workloads()[0].id, "host", k=4)
     with warnings.catch_warnings(record=True) as caught:
@@ -370,7 +370,7 @@ def test_damaged_records_are_named_in_one_warning(tmp_path):
 def test_a_damaged_best_record_is_named_left_out_and_kept(damage, tmp_path):
     db = tmp_path / "tuning.db"
     probtune.tune("matmul", trials=4, database=db, seed=0, **SMALL)
-    damaged = _damage_best_record(db, damage)
+    damaged = _damage_record(db, damage)
     with pytest.warns(UserWarning, match=f"record {damaged} is left out: the trace is malformed or does not replay"):
         result = probtune.tune("matmul", trials=4, database=db, seed=0, **SMALL)
     assert result.measured == 4 and result.best is not None and result.best.id != damaged
