@@ -12,6 +12,7 @@ import gc
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,6 +118,18 @@ def spawned_children() -> set[int]:
         if cmdline == own or _BOOTSTRAP in cmdline:
             children.add(child.pid)
     return children
+
+
+def children_started_since(before: set[int], timeout: float = 10.0) -> set[int]:
+    """Measurement children not in ``before``, waiting up to ``timeout`` s for at least one.
+
+    A worker started just now may not show its command line yet (CI once sampled none
+    right after a replacement), so one empty sample is not the answer.
+    """
+    deadline = time.monotonic() + timeout
+    while not (fresh := spawned_children() - before) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return fresh
 
 
 def alive(pid: int) -> bool:
@@ -307,7 +320,7 @@ def test_builder_replaces_a_worker_grown_past_its_memory_limit(workdir: Path) ->
     with LocalBuilder(workers=1, timeout=60.0, max_worker_mb=1.0) as builder:  # every worker is over 1 MB
         for _, result in builder.build([scheduled_matmul()] * 3, TARGET, workdir):
             assert result.error is None and os.path.isfile(result.artifact)
-            workers |= spawned_children() - before
+            workers |= children_started_since(before)
     assert len(workers) == 3  # a fresh worker after each build
     with pytest.raises(ValueError, match="max_worker_mb must be positive"):
         LocalBuilder(max_worker_mb=0)
