@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import sqlite3
@@ -20,7 +21,8 @@ from probtune.measure import prepare_reference
 from probtune.measure.builder import BuildResult, LocalBuilder
 from probtune.measure.runner import LocalRunner, RunResult
 from probtune.realize import Realizer
-from probtune.targets import cpu_features
+from probtune.space import program_hash
+from probtune.targets import cpu_features, resolve_target
 from probtune.tuning import _confirm_best, _replayable
 
 from conftest import matmul_module, run_module
@@ -355,7 +357,7 @@ def test_damaged_records_are_named_in_one_warning(tmp_path):
         f"{db}: records {first}, {second} are left out: the trace is malformed or does not replay "
         f"(record {first}: trace JSON"
     )
-    assert [record.id for record, _ in kept] == [r.id for r in records if r.id not in (first, second)]
+    assert [replayed.record.id for replayed in kept] == [r.id for r in records if r.id not in (first, second)]
 
 
 @pytest.mark.parametrize(
@@ -379,6 +381,29 @@ def test_a_damaged_best_record_is_named_left_out_and_kept(damage, tmp_path):
     assert len(records) == 8 and damaged in {r.id for r in records}  # kept as it is: nothing recorded is lost
     with pytest.warns(UserWarning, match=f"record {damaged} is left out"):
         lib = probtune.compile_best("matmul", "host", db, shape=(64, 64, 64))
+    a, b = result.workload.random_inputs(1)
+    out = run_module(lib, [a, b, np.zeros((64, 64), "float32")])[2]
+    np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_compile_best_passes_over_a_best_record_whose_program_a_validator_now_rejects(tmp_path):
+    db = tmp_path / "tuning.db"
+    result = probtune.tune("matmul", trials=4, database=db, seed=0, confirm=0, **SMALL)
+    with Database(db) as database:
+        best = database.best(database.workloads()[0].id, "host")[0]
+
+    class RejectsTheBest:
+        """A validator added since the records were made: it rejects the best record's program."""
+
+        name = "rejects-the-best"
+
+        def check(self, sch, ctx):
+            return "rejected for the test" if program_hash(sch.mod) == best.program_hash else None
+
+    host = resolve_target("host")
+    stricter = dataclasses.replace(host, validators=(*host.validators, RejectsTheBest()))
+    with pytest.warns(UserWarning, match=f"record {best.id} is left out: .*rejects-the-best"):
+        lib = probtune.compile_best("matmul", stricter, db, shape=(64, 64, 64))
     a, b = result.workload.random_inputs(1)
     out = run_module(lib, [a, b, np.zeros((64, 64), "float32")])[2]
     np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)

@@ -20,7 +20,6 @@ from probtune.errors import NOT_REPLAYABLE, PluginError, TuningConfigError
 from probtune.interfaces import CostModel, SpaceModule, TargetSpec
 from probtune.measure import prepare_reference
 from probtune.plugins import get_registry
-from probtune.schedule import Schedule
 from probtune.search import INIT_MEASURED, EvolutionarySearch, RandomSearch, SearchStrategy
 from probtune.space import Candidate, DesignSpace, generate_space
 from probtune.targets import check_runs_here, resolve_target
@@ -223,7 +222,7 @@ def tune(
         target=spec,
         database=db_path,
         space=space,
-        best=best,
+        best=best.record if best else None,
         measured=measured,
         statuses=statuses,
         seconds=time.perf_counter() - started,
@@ -278,28 +277,40 @@ def _make_search(
                 stacklevel=3,
             )
     best = db.best(workload_id, spec.name, k=options.get("init_measured", INIT_MEASURED))
-    measured = [(trace, record.mean_latency) for record, trace in _replayable(best, space, db.path)]
+    measured = [(replayed.trace, replayed.record.mean_latency) for replayed in _replayable(best, space, db.path)]
     mutators = list(get_registry().mutators.values())
     options = {"realize_workers": _spare_cores(), **options}
     return EvolutionarySearch(space, rng, model, mutators, group=work.key, measured=measured, **seen, **options)
 
 
-def _replayable(records: list[Record], space: DesignSpace, db_path: Path) -> list[tuple[Record, Trace]]:
-    """The records whose traces parse and replay on the workload, each with its trace.
+@dataclass(frozen=True)
+class _Replayed:
+    """A record whose trace replays into a program the validators accept."""
 
-    A record that does not (a hand-edited or damaged row) is left out with a
-    warning that names it, and stays in the database as it is: one bad row
-    must not stop the tuning of its workload.
+    record: Record
+    trace: Trace
+    program: tvm.IRModule
+
+
+def _replayable(
+    records: list[Record], space: DesignSpace, db_path: Path, limit: int | None = None
+) -> list[_Replayed]:
+    """The records (up to ``limit`` of them, in order) whose traces parse and replay into a valid program.
+
+    A record that does not (a hand-edited or damaged row, or one from a space
+    or validator that has changed since) is left out with a warning that
+    names it, and stays in the database as it is: one bad row must not stop
+    the tuning of its workload.
     """
     replayable, left_out = [], []
     for record in records:
+        if limit is not None and len(replayable) == limit:
+            break
         try:
             trace = Trace.from_json(record.trace_json)
-            Schedule.replay(space.workload.mod, trace)
+            replayable.append(_Replayed(record, trace, space.program(trace)))
         except NOT_REPLAYABLE as exc:
             left_out.append((record.id, exc))
-            continue
-        replayable.append((record, trace))
     if left_out:  # one warning for all: a space that changed since the records were made leaves out many
         ids = ", ".join(str(record_id) for record_id, _ in left_out)
         named = f"record {ids} is" if len(left_out) == 1 else f"records {ids} are"
@@ -311,10 +322,10 @@ def _replayable(records: list[Record], space: DesignSpace, db_path: Path) -> lis
     return replayable
 
 
-def _best_replayable(db: Database, workload_id: int, spec: TargetSpec, space: DesignSpace) -> Record | None:
+def _best_replayable(db: Database, workload_id: int, spec: TargetSpec, space: DesignSpace) -> _Replayed | None:
     """The fastest correct record whose trace replays (among the best few), if any."""
-    replayable = _replayable(db.best(workload_id, spec.name, k=_BEST_CANDIDATES), space, db.path)
-    return replayable[0][0] if replayable else None
+    replayable = _replayable(db.best(workload_id, spec.name, k=_BEST_CANDIDATES), space, db.path, limit=1)
+    return replayable[0] if replayable else None
 
 
 def _spare_cores() -> int:
@@ -372,19 +383,15 @@ def _confirm_best(
     Once their means have moved, a record ranked below them (one lucky pass)
     may lead; then the new ``top`` are timed in the same way, until the best
     record is one timed again (at most ``_CONFIRM_ROUNDS`` rounds). A record
-    whose program no longer replays (a trace from an older space) is left as it is.
+    whose program no longer replays (a trace from an older space) is not timed,
+    with a warning, and stays as it is.
     """
 
     def time_again(records: list[Record]) -> None:
-        replayed = []
-        for record in records:
-            try:
-                replayed.append((record, space.program(Trace.from_json(record.trace_json))))
-            except NOT_REPLAYABLE:
-                continue
+        replayed = _replayable(records, space, db.path)
         if not replayed:
             return
-        records, programs = [record for record, _ in replayed], [program for _, program in replayed]
+        records, programs = [r.record for r in replayed], [r.program for r in replayed]
         built, runnable = _build(programs, builder, spec, workdir)
         for index in sorted(set(range(len(programs))) - set(runnable)):
             warnings.warn(
@@ -438,5 +445,4 @@ def compile_best(
         best = _best_replayable(db, row.id, spec, space) if row else None
     if best is None:
         raise LookupError(f"{database} holds no correct record of {work.key} on {spec.name} that replays")
-    program = space.program(Trace.from_json(best.trace_json))
-    return tvm.compile(program, target=tvm.target.Target(spec.tvm_target))
+    return tvm.compile(best.program, target=tvm.target.Target(spec.tvm_target))
