@@ -31,6 +31,11 @@ MS_FAILED_SECONDS = 1e9
 _MS_TASK_LOG = "tvm.s_tir.meta_schedule.logging.task_0_main.log"
 
 
+def geomean(values: list[float]) -> float | None:
+    """The geometric mean, rounded to 4 decimals (None for no values): how ratios are summarized."""
+    return round(float(np.exp(np.mean(np.log(values)))), 4) if values else None
+
+
 def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 

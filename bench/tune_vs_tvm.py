@@ -38,6 +38,7 @@ from typing import Any
 from common import (  # first: it sets TVM_NUM_THREADS before TVM is imported
     bench_each,
     tune_guarded,
+    geomean,
     MS_FAILED_SECONDS,
     Contender,
     check_outputs,
@@ -426,10 +427,6 @@ def checkpoint_reaching(medians: dict[str, float], checkpoints: list[int]) -> in
 
 
 # ---------------------------------------------------------------- report
-
-
-def geomean(values: list[float]) -> float | None:
-    return round(float(np.exp(np.mean(np.log(values)))), 4) if values else None
 
 
 def summarize(entries: list[dict], checkpoints: list[int]) -> dict:
