@@ -360,7 +360,7 @@ def test_damaged_records_are_named_in_one_warning(tmp_path):
     assert [replayed.record.id for replayed in kept] == [r.id for r in records if r.id not in (first, second)]
 
 
-@pytest.mark.parametrize(
+DAMAGES = pytest.mark.parametrize(
     "damage",
     [
         lambda text: text[:60],
@@ -369,6 +369,9 @@ def test_damaged_records_are_named_in_one_warning(tmp_path):
     ],
     ids=["cut-short", "unknown-instruction", "integer-too-large"],
 )
+
+
+@DAMAGES
 def test_a_damaged_best_record_is_named_left_out_and_kept(damage, tmp_path):
     db = tmp_path / "tuning.db"
     probtune.tune("matmul", trials=4, database=db, seed=0, **SMALL)
@@ -379,7 +382,14 @@ def test_a_damaged_best_record_is_named_left_out_and_kept(damage, tmp_path):
     with Database(db) as database:
         records = database.records(database.workloads()[0].id)
     assert len(records) == 8 and damaged in {r.id for r in records}  # kept as it is: nothing recorded is lost
-    with pytest.warns(UserWarning, match=f"record {damaged} is left out"):
+
+
+@DAMAGES
+def test_compile_best_passes_over_a_damaged_best_record(damage, tmp_path):
+    db = tmp_path / "tuning.db"
+    result = probtune.tune("matmul", trials=4, database=db, seed=0, confirm=0, **SMALL)
+    damaged = _damage_record(db, damage)
+    with pytest.warns(UserWarning, match=f"record {damaged} is left out: the trace is malformed or does not replay"):
         lib = probtune.compile_best("matmul", "host", db, shape=(64, 64, 64))
     a, b = result.workload.random_inputs(1)
     out = run_module(lib, [a, b, np.zeros((64, 64), "float32")])[2]
