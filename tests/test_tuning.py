@@ -355,7 +355,7 @@ def test_damaged_records_are_named_in_one_warning(tmp_path):
     (message,) = [str(w.message) for w in caught if "left out" in str(w.message)]
     assert message.startswith(
         f"{db}: records {first}, {second} are left out: the trace is malformed or does not replay "
-        f"(record {first}: trace JSON"
+        f"into a valid program (record {first}: trace JSON"
     )
     assert [replayed.record.id for replayed in kept] == [r.id for r in records if r.id not in (first, second)]
 

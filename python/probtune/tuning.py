@@ -316,7 +316,8 @@ def _replayable(
         named = f"record {ids} is" if len(left_out) == 1 else f"records {ids} are"
         first_id, first = left_out[0]
         warnings.warn(
-            f"{db_path}: {named} left out: the trace is malformed or does not replay (record {first_id}: {first})",
+            f"{db_path}: {named} left out: the trace is malformed or does not replay into a valid program "
+            f"(record {first_id}: {first})",
             stacklevel=3,
         )
     return replayable
