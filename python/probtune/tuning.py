@@ -324,7 +324,7 @@ def _replayable(
 
 
 def _best_replayable(db: Database, workload_id: int, spec: TargetSpec, space: DesignSpace) -> _Replayed | None:
-    """The fastest correct record whose trace replays (among the best few), if any."""
+    """The fastest correct record whose trace replays into a valid program (among the best few), with it; or None."""
     replayable = _replayable(db.best(workload_id, spec.name, k=_BEST_CANDIDATES), space, db.path, limit=1)
     return replayable[0] if replayable else None
 
