@@ -50,6 +50,7 @@ import tvm
 import tvm.s_tir.meta_schedule as ms
 
 import probtune
+from probtune.codegen import compile_program
 from probtune.errors import ProbtuneError
 from probtune.targets import resolve_target
 from probtune.workload import Workload
@@ -168,7 +169,11 @@ def bench_workload(work: Workload, tvm_target: tvm.target.Target, args: argparse
     contenders = []
     for system, program in programs.items():
         try:
-            lib = tvm.compile(program, target=tvm_target)
+            # each system's program is compiled as its own builder compiled it when it was measured
+            if system == "probtune":
+                lib = compile_program(program, tvm_target, stack_buffer_bytes=resolve_target(args.target).stack_buffer_bytes)
+            else:
+                lib = tvm.compile(program, target=tvm_target)
         except Exception as error:  # noqa: BLE001
             traceback.print_exc()
             entry[system]["error"] = f"compiling the best program failed: {error}"

@@ -25,8 +25,6 @@ from pathlib import Path
 
 from common import check_outputs, geomean, parse_workload, say, time_interleaved, tvm_contender  # first: sets TVM_NUM_THREADS
 
-import tvm
-
 import probtune
 from probtune.targets import resolve_target
 
@@ -46,7 +44,7 @@ def main() -> int:
     parser.add_argument("--out", default=str(RESULTS / "transfer.json"))
     args = parser.parse_args()
     source, new = parse_workload(args.source, "float32"), parse_workload(args.new, "float32")
-    tvm_target = tvm.target.Target(resolve_target(args.target).tvm_target)
+    resolve_target(args.target)  # an unknown target fails here, before any tuning
 
     report: dict = {"source": source.key, "source_trials": args.source_trials, "new": new.key,
                     "trials": args.trials, "seeds": args.seeds, "tunes": {}}
@@ -81,7 +79,7 @@ def main() -> int:
             if result.best is None:
                 problems.append(f"{name}: no correct program")
                 continue
-            contender = tvm_contender(name, tvm.compile(result.schedule(), target=tvm_target), new, inputs)
+            contender = tvm_contender(name, result.build(), new, inputs)
             check = check_outputs(new, contender.call_once(), expected)
             tunes[name].update(check)
             if check["correct"]:

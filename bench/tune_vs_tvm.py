@@ -61,6 +61,7 @@ from tvm.ir.utils import derived_object
 
 import probtune
 from probtune import Database, Trace
+from probtune.codegen import compile_program
 from probtune.errors import ProbtuneError
 from probtune.targets import resolve_target
 from probtune.workload import Workload
@@ -370,7 +371,11 @@ def bench_workload(work: Workload, tvm_target: tvm.target.Target, args: argparse
         for checkpoint, program in by_checkpoint.items():
             name = f"{system}@{checkpoint}"
             try:
-                lib = tvm.compile(program, target=tvm_target)
+                # each system's program is compiled as its own builder compiled it when it was measured
+                if system == "probtune":
+                    lib = compile_program(program, tvm_target, stack_buffer_bytes=resolve_target(args.target).stack_buffer_bytes)
+                else:
+                    lib = tvm.compile(program, target=tvm_target)
             except Exception as error:  # noqa: BLE001
                 entry["problems"].append(f"{name}: compiling its best program failed: {error}")
                 continue

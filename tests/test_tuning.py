@@ -141,8 +141,8 @@ def test_a_best_record_that_no_longer_builds_or_runs_is_named_and_the_others_sti
         def __init__(self, inner):
             self.inner = inner
 
-        def build(self, mods, target, workdir):
-            rest = dict(self.inner.build(mods[1:], target, workdir))
+        def build(self, mods, target, workdir, **options):
+            rest = dict(self.inner.build(mods[1:], target, workdir, **options))
             yield 0, BuildResult(None, "the compiler is gone", 0.0)
             yield from ((i + 1, built) for i, built in rest.items())
 

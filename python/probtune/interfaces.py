@@ -49,6 +49,12 @@ class TargetSpec:
     required_cpu_features: tuple[str, ...] = ()
     builder: str = "local"
     runner: str = "local"
+    stack_buffer_bytes: int = 1024
+    """Constant-size buffers smaller than this are allocated on the stack, larger ones in a heap workspace.
+
+    1024 is TVM's own cut-off. A target with a larger vector register file
+    raises it, so that an accumulator tile that fits the registers can be kept
+    in them (:mod:`probtune.codegen`)."""
 
     @property
     def num_cores(self) -> int:
@@ -148,13 +154,20 @@ class Builder(Protocol):
     """Compiles candidates into artifacts a runner can load; yields (index, result) as each finishes.
 
     Each program comes as an ``IRModule`` or as its ``tvm.ir.save_json`` text
-    (what a search helper process sends back).
+    (what a search helper process sends back). A builder compiles it as
+    :func:`probtune.codegen.compile_program` does, with the target's
+    ``stack_buffer_bytes``, so that it runs as :func:`probtune.compile_best` will compile it.
     """
 
     name: str
 
     def build(
-        self, programs: Sequence[tvm.IRModule | str], target: dict[str, Any], workdir: str | os.PathLike[str]
+        self,
+        programs: Sequence[tvm.IRModule | str],
+        target: dict[str, Any],
+        workdir: str | os.PathLike[str],
+        *,
+        stack_buffer_bytes: int = 1024,
     ) -> Iterator[tuple[int, BuildResult]]: ...
 
     def close(self) -> None: ...

@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 import tvm
 
 from probtune._core import Rng, Trace
+from probtune.codegen import compile_program
 from probtune.database import Database, Record
 from probtune.errors import NOT_REPLAYABLE, PluginError, TuningConfigError
 from probtune.interfaces import CostModel, SpaceModule, TargetSpec
@@ -87,7 +88,7 @@ class TuneResult:
 
     def build(self) -> Any:
         """The best program compiled for the target: a runnable TVM module (``lib["main"](*tensors)``)."""
-        return tvm.compile(self.schedule(), target=tvm.target.Target(self.target.tvm_target))
+        return compile_program(self.schedule(), self.target.tvm_target, stack_buffer_bytes=self.target.stack_buffer_bytes)
 
 
 def _factory(kind: str, table: dict[str, Callable[..., Any]], name: str, target: str) -> Callable[..., Any]:
@@ -364,7 +365,7 @@ def _build(
     programs: list[tvm.IRModule | str], builder: Any, spec: TargetSpec, workdir: str
 ) -> tuple[dict[int, Any], list[int]]:
     """Build ``programs``: each one's build result by index, and the indices of those that gave an artifact."""
-    built = dict(builder.build(programs, spec.tvm_target, workdir))
+    built = dict(builder.build(programs, spec.tvm_target, workdir, stack_buffer_bytes=spec.stack_buffer_bytes))
     return built, [i for i in range(len(programs)) if built[i].artifact is not None]
 
 
@@ -446,4 +447,4 @@ def compile_best(
         best = _best_replayable(db, row.id, spec, space) if row else None
     if best is None:
         raise LookupError(f"{database} holds no correct record of {work.key} on {spec.name} that replays")
-    return tvm.compile(best.program, target=tvm.target.Target(spec.tvm_target))
+    return compile_program(best.program, spec.tvm_target, stack_buffer_bytes=spec.stack_buffer_bytes)

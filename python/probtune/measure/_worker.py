@@ -42,6 +42,7 @@ _ERROR_CHARS = 2000
 class BuildTask:
     mod_json: str  # tvm.ir.save_json of the candidate: TVM objects do not pickle reliably
     target: dict[str, Any]
+    stack_buffer_bytes: int
     artifact_path: str
     scratch_dir: str  # export_library's object files: removed afterwards (by the parent if we die)
 
@@ -85,13 +86,15 @@ def build_worker_main(connection: Connection) -> None:
     import psutil
     import tvm
 
+    from probtune.codegen import compile_program
+
     me = psutil.Process()
 
     def build(task: BuildTask) -> BuildReply:
         started = time.perf_counter()
         try:
             mod = tvm.ir.load_json(task.mod_json)
-            executable = tvm.compile(mod, target=tvm.target.Target(task.target))
+            executable = compile_program(mod, task.target, stack_buffer_bytes=task.stack_buffer_bytes)
             os.makedirs(task.scratch_dir, exist_ok=True)
             executable.export_library(task.artifact_path, workspace_dir=task.scratch_dir)
         except Exception as error:  # a candidate TVM rejects is a result, not a worker failure

@@ -18,14 +18,22 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import tvm
 
+from probtune.codegen import TVM_STACK_BYTES
 from probtune.measure._process import WorkerProcess, WorkerStartError
 from probtune.measure._worker import BuildReply, BuildTask, build_worker_main
 
 __all__ = ["BuildResult", "LocalBuilder"]
+
+class _Compilation(NamedTuple):
+    """What every candidate of one ``build`` call is compiled for."""
+
+    target: dict[str, Any]
+    stack_buffer_bytes: int
+
 
 _STARTUP_TIMEOUT = 120.0  # importing TVM takes about a second; minutes mean something is broken
 
@@ -78,11 +86,17 @@ class LocalBuilder:
         self._finalizer = weakref.finalize(self, _kill_all, self._slots)
 
     def build(
-        self, programs: Sequence[tvm.IRModule | str], target: dict[str, Any], workdir: str | os.PathLike[str]
+        self,
+        programs: Sequence[tvm.IRModule | str],
+        target: dict[str, Any],
+        workdir: str | os.PathLike[str],
+        *,
+        stack_buffer_bytes: int = TVM_STACK_BYTES,
     ) -> Iterator[tuple[int, BuildResult]]:
         """Yield ``(index into programs, result)`` for every candidate, in the order they finish.
 
-        A program is an ``IRModule`` or its ``tvm.ir.save_json`` text.
+        A program is an ``IRModule`` or its ``tvm.ir.save_json`` text, compiled
+        by :func:`probtune.codegen.compile_program` with ``stack_buffer_bytes``.
 
         Stopping the iteration early kills the workers still compiling.
         """
@@ -91,7 +105,7 @@ class LocalBuilder:
         tvm.target.Target(target)  # a bad target fails here once, not once per candidate
         workdir = Path(workdir).resolve()
         workdir.mkdir(parents=True, exist_ok=True)
-        return self._build(list(programs), dict(target), workdir)
+        return self._build(list(programs), _Compilation(dict(target), stack_buffer_bytes), workdir)
 
     def lend_workers(self, count: int) -> list[WorkerProcess]:
         """Up to ``count`` of the workers, started if need be and ready, for other tasks between builds.
@@ -133,7 +147,7 @@ class LocalBuilder:
         self.close()
 
     def _build(
-        self, programs: list[tvm.IRModule | str], target: dict[str, Any], workdir: Path
+        self, programs: list[tvm.IRModule | str], compilation: _Compilation, workdir: Path
     ) -> Iterator[tuple[int, BuildResult]]:
         if self._building:
             raise RuntimeError("LocalBuilder.build is already running: finish or close it first")
@@ -143,13 +157,13 @@ class LocalBuilder:
             while len(self._slots) < min(self.workers, len(programs)):
                 self._slots.append(self._start_slot())
             while pending or any(slot.index is not None for slot in self._slots):
-                self._dispatch(pending, programs, target, workdir)
+                self._dispatch(pending, programs, compilation, workdir)
                 self._wait_for_news()
                 for slot in self._slots:
                     outcome = self._collect(slot)
                     if outcome is not None:
                         # Keep the workers busy while the caller records the result.
-                        self._dispatch(pending, programs, target, workdir)
+                        self._dispatch(pending, programs, compilation, workdir)
                         yield outcome
         finally:
             self._building = False
@@ -160,7 +174,7 @@ class LocalBuilder:
         return _Slot(worker, since=time.perf_counter())
 
     def _dispatch(
-        self, pending: deque[int], programs: list[tvm.IRModule | str], target: dict[str, Any], workdir: Path
+        self, pending: deque[int], programs: list[tvm.IRModule | str], compilation: _Compilation, workdir: Path
     ) -> None:
         """Give each idle worker the next pending candidate."""
         for slot in self._slots:
@@ -176,7 +190,7 @@ class LocalBuilder:
             stem = workdir / f"candidate-{uuid.uuid4().hex}"
             program = programs[index]
             text = program if isinstance(program, str) else tvm.ir.save_json(program)
-            task = BuildTask(text, target, f"{stem}.so", f"{stem}.tmp")
+            task = BuildTask(text, compilation.target, compilation.stack_buffer_bytes, f"{stem}.so", f"{stem}.tmp")
             slot.worker.connection.send(task)
             slot.index, slot.task, slot.since = index, task, time.perf_counter()
 

@@ -17,6 +17,11 @@ from probtune_cpu.defaults import DEFAULT_MODULES, DEFAULT_VALIDATORS
 __all__ = ["make_targets"]
 
 
+AVX512_REGISTER_FILE_BYTES = 32 * 64
+"""32 zmm registers of 64 bytes: a buffer smaller than this may stay on the stack, and so in registers
+(AVX2's 16 ymm registers hold 512 bytes, under TVM's own 1 KB cut-off)."""
+
+
 def _host_target(cores: int) -> TargetSpec:
     from tvm.target import codegen
 
@@ -29,6 +34,7 @@ def _host_target(cores: int) -> TargetSpec:
         vector_width=width,
         modules=DEFAULT_MODULES,
         validators=DEFAULT_VALIDATORS,
+        stack_buffer_bytes=AVX512_REGISTER_FILE_BYTES if width == 16 else 1024,
     )
 
 
@@ -43,6 +49,7 @@ def make_targets() -> list[TargetSpec]:
             modules=DEFAULT_MODULES,
             validators=DEFAULT_VALIDATORS,
             required_cpu_features=("avx512f", "avx512bw", "avx512vl"),
+            stack_buffer_bytes=AVX512_REGISTER_FILE_BYTES,
         ),
         TargetSpec(
             name="x86-avx2",
