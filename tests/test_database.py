@@ -508,7 +508,7 @@ def test_malformed_records_are_skipped_with_one_warning(
     with pytest.warns(UserWarning) as caught:
         records = db.records(workload_id)
     assert [r.id for r in records] == [good_slow, good_fast]
-    assert len(caught) == 1
+    assert len(caught) == 1 and caught[0].filename == __file__  # the warning points at the call
     message = str(caught[0].message)
     assert str(db_path) in message
     assert f"records row {bad_latencies}: latencies_json is not a JSON list of numbers" in message
@@ -519,7 +519,7 @@ def test_malformed_records_are_skipped_with_one_warning(
     with pytest.warns(UserWarning, match=f"records row {bad_latencies}") as caught:
         best = db.best(workload_id, TARGET, k=2)
     assert [r.id for r in best] == [good_fast, good_slow]
-    assert len(caught) == 1
+    assert len(caught) == 1 and caught[0].filename == __file__
 
     with pytest.warns(UserWarning, match=f"records row {bad_hash}"):
         pairs = db.best_per_workload()

@@ -141,8 +141,10 @@ def test_a_helper_that_dies_is_reported_and_its_share_realized_here(host, monkey
     space = _space(host, [*host.validators, CrashInHelper()])
     realizer = Realizer(space, XGBCostModel(), workers=1)
     try:
-        with pytest.warns(UserWarning, match=r"a realize helper \(probtune builder worker\) died \(exit code 3\)"):
+        died = r"a realize helper \(probtune builder worker\) died \(exit code 3\)"
+        with pytest.warns(UserWarning, match=died) as caught:
             outcomes = realizer.realize(_jobs(space, count=6))
+        assert [w.filename for w in caught if "realize helper" in str(w.message)] == [__file__]  # where it was called
         assert realizer.workers == 0
         assert _summary(outcomes) == _summary(Realizer(space, XGBCostModel()).realize(_jobs(space, count=6)))
     finally:

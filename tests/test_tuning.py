@@ -322,8 +322,9 @@ def test_unreadable_cost_model_state_is_replaced_with_a_warning(tmp_path):
     db = tmp_path / "tuning.db"
     with Database(db) as database:
         database.save_cost_model("xgb", "host", b"not a model")
-    with pytest.warns(UserWarning, match="cost model 'xgb'.*does not load"):
+    with pytest.warns(UserWarning, match="cost model 'xgb'.*does not load") as caught:
         result = probtune.tune("matmul", trials=5, database=db, **SMALL)
+    assert _warned_at_this_call(caught, "does not load")
     assert result.measured == 5
     assert _saved_model_samples(db) == 5
 
@@ -371,13 +372,21 @@ DAMAGES = pytest.mark.parametrize(
 )
 
 
+def _warned_at_this_call(caught, text: str) -> bool:
+    """The warnings saying ``text`` point at this file, where probtune was called, not inside probtune."""
+    lines = [w for w in caught if text in str(w.message)]
+    return bool(lines) and all(w.filename == __file__ for w in lines)
+
+
 @DAMAGES
 def test_a_damaged_best_record_is_named_left_out_and_kept(damage, tmp_path):
     db = tmp_path / "tuning.db"
     probtune.tune("matmul", trials=4, database=db, seed=0, **SMALL)
     damaged = _damage_record(db, damage)
-    with pytest.warns(UserWarning, match=f"record {damaged} is left out: the trace is malformed or does not replay"):
+    left_out = f"record {damaged} is left out: the trace is malformed or does not replay"
+    with pytest.warns(UserWarning, match=left_out) as caught:
         result = probtune.tune("matmul", trials=4, database=db, seed=0, **SMALL)
+    assert _warned_at_this_call(caught, "is left out")
     assert result.measured == 4 and result.best is not None and result.best.id != damaged
     with Database(db) as database:
         records = database.records(database.workloads()[0].id)
@@ -389,8 +398,10 @@ def test_compile_best_passes_over_a_damaged_best_record(damage, tmp_path):
     db = tmp_path / "tuning.db"
     result = probtune.tune("matmul", trials=4, database=db, seed=0, confirm=0, **SMALL)
     damaged = _damage_record(db, damage)
-    with pytest.warns(UserWarning, match=f"record {damaged} is left out: the trace is malformed or does not replay"):
+    left_out = f"record {damaged} is left out: the trace is malformed or does not replay"
+    with pytest.warns(UserWarning, match=left_out) as caught:
         lib = probtune.compile_best("matmul", "host", db, shape=(64, 64, 64))
+    assert _warned_at_this_call(caught, "is left out")
     a, b = result.workload.random_inputs(1)
     out = run_module(lib, [a, b, np.zeros((64, 64), "float32")])[2]
     np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)

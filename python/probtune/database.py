@@ -19,7 +19,6 @@ import re
 import sqlite3
 import statistics
 import time
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -29,7 +28,7 @@ from typing import Any, TypeVar
 import tvm
 import tvm_ffi
 
-from probtune.errors import DatabaseError, DatabaseRowError, SchemaVersionError
+from probtune.errors import DatabaseError, DatabaseRowError, SchemaVersionError, warn_caller
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -500,7 +499,7 @@ class Database:
                     break
             except DatabaseRowError as exc:
                 problems.append(str(exc))
-        self._warn_skipped(problems, stacklevel=4)
+        self._warn_skipped(problems)
         return match
 
     def _best(self, workload_id: int, target: str, k: int) -> tuple[list[Record], list[str]]:
@@ -534,16 +533,13 @@ class Database:
                 hashes.add(_text_to_hash(text, column))
             except ValueError as exc:
                 problems.append(f"records row {row_id}: {exc}")
-        self._warn_skipped(problems, stacklevel=4)
+        self._warn_skipped(problems)
         return hashes
 
-    def _warn_skipped(self, problems: list[str], stacklevel: int = 3) -> None:
-        """One warning per call for all skipped rows (stacklevel: the public caller)."""
+    def _warn_skipped(self, problems: list[str]) -> None:
+        """One warning per call for all skipped rows."""
         if problems:
-            warnings.warn(
-                f"{self._path}: skipped {len(problems)} malformed row(s): " + "; ".join(problems),
-                stacklevel=stacklevel,
-            )
+            warn_caller(f"{self._path}: skipped {len(problems)} malformed row(s): " + "; ".join(problems))
 
     def _connection_or_raise(self) -> sqlite3.Connection:
         if self._connection is None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
+
 from probtune._core import InvalidDecisionError, TraceFormatError
 
 __all__ = [
@@ -19,7 +23,22 @@ __all__ = [
     "InvalidDecisionError",
     "TraceFormatError",
     "NOT_REPLAYABLE",
+    "warn_caller",
 ]
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn_caller(message: str, category: type[Warning] = UserWarning) -> None:
+    """Warn at the line that called into probtune: the first frame outside this package.
+
+    A counted ``stacklevel`` is right for one call path only; the same warning
+    is often reached from ``tune``, ``compile_best`` and helpers at different depths.
+    """
+    frame, level = sys._getframe(1), 2  # level 2: the caller of this function
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 class ProbtuneError(Exception):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import pickle
-import warnings
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -20,7 +19,7 @@ import numpy as np
 import tvm
 
 from probtune._core import Rng, Trace
-from probtune.errors import NOT_REPLAYABLE
+from probtune.errors import NOT_REPLAYABLE, warn_caller
 from probtune.interfaces import CostModel, SpaceContext, TargetSpec, Validator
 from probtune.measure._process import WorkerProcess, WorkerStartError
 from probtune.measure.builder import LocalBuilder
@@ -245,7 +244,7 @@ class Realizer:
 
     def _give_up(self, what: str) -> None:
         if self._lend is not None:
-            warnings.warn(f"{what}; candidates are realized in the tuning process from now on", stacklevel=2)
+            warn_caller(f"{what}; candidates are realized in the tuning process from now on")
         self._lend = None
 
 

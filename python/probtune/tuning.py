@@ -6,7 +6,6 @@ import contextlib
 import os
 import tempfile
 import time
-import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +16,7 @@ import tvm
 from probtune._core import Rng, Trace
 from probtune.codegen import compile_program
 from probtune.database import Database, Record
-from probtune.errors import NOT_REPLAYABLE, PluginError, TuningConfigError
+from probtune.errors import NOT_REPLAYABLE, PluginError, TuningConfigError, warn_caller
 from probtune.interfaces import CostModel, SpaceModule, TargetSpec
 from probtune.measure import prepare_reference
 from probtune.plugins import get_registry
@@ -272,10 +271,9 @@ def _make_search(
         try:
             model.load(state)
         except ValueError as exc:
-            warnings.warn(
+            warn_caller(
                 f"{db.path}: the saved state of cost model {model.name!r} for {spec.name} does not load "
-                f"({exc}); starting from an untrained model, whose state will replace it",
-                stacklevel=3,
+                f"({exc}); starting from an untrained model, whose state will replace it"
             )
     best = db.best(workload_id, spec.name, k=options.get("init_measured", INIT_MEASURED))
     measured = [(replayed.trace, replayed.record.mean_latency) for replayed in _replayable(best, space, db.path)]
@@ -316,10 +314,9 @@ def _replayable(
         ids = ", ".join(str(record_id) for record_id, _ in left_out)
         named = f"record {ids} is" if len(left_out) == 1 else f"records {ids} are"
         first_id, first = left_out[0]
-        warnings.warn(
+        warn_caller(
             f"{db_path}: {named} left out: the trace is malformed or does not replay into a valid program "
-            f"(record {first_id}: {first})",
-            stacklevel=3,
+            f"(record {first_id}: {first})"
         )
     return replayable
 
@@ -396,10 +393,9 @@ def _confirm_best(
         records, programs = [r.record for r in replayed], [r.program for r in replayed]
         built, runnable = _build(programs, builder, spec, workdir)
         for index in sorted(set(range(len(programs))) - set(runnable)):
-            warnings.warn(
+            warn_caller(
                 f"record {records[index].id} measured ok before, but does not build now: {built[index].error}; "
-                "it is not timed again",
-                stacklevel=4,
+                "it is not timed again"
             )
         artifacts = [built[i].artifact for i in runnable]
         timings: dict[int, list[float]] = {i: [] for i in runnable}
@@ -409,10 +405,9 @@ def _confirm_best(
                 if result.status == "ok":
                     timings[index].extend(result.latencies)
                 else:
-                    warnings.warn(
+                    warn_caller(
                         f"record {records[index].id} measured ok before, but {result.status} when timed again: "
-                        f"{result.error}; this timing of it is left out",
-                        stacklevel=4,
+                        f"{result.error}; this timing of it is left out"
                     )
         for path in artifacts:
             Path(path).unlink(missing_ok=True)
