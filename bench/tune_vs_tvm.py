@@ -61,7 +61,7 @@ from tvm.ir.utils import derived_object
 
 import probtune
 from probtune import Database, Trace
-from probtune.codegen import compile_program
+from probtune.codegen import compile_for
 from probtune.errors import ProbtuneError
 from probtune.targets import resolve_target
 from probtune.workload import Workload
@@ -373,7 +373,7 @@ def bench_workload(work: Workload, tvm_target: tvm.target.Target, args: argparse
             try:
                 # each system's program is compiled as its own builder compiled it when it was measured
                 if system == "probtune":
-                    lib = compile_program(program, tvm_target, stack_buffer_bytes=resolve_target(args.target).stack_buffer_bytes)
+                    lib = compile_for(program, resolve_target(args.target))
                 else:
                     lib = tvm.compile(program, target=tvm_target)
             except Exception as error:  # noqa: BLE001

@@ -24,10 +24,9 @@ from typing import Any
 import tvm
 from tvm import tirx
 
-__all__ = ["compile_program", "TVM_STACK_BYTES"]
+from probtune.interfaces import TVM_STACK_BYTES, TargetSpec
 
-TVM_STACK_BYTES = 1024
-"""TVM's own cut-off: it puts a constant-size buffer smaller than this on the stack."""
+__all__ = ["compile_program", "compile_for", "TVM_STACK_BYTES"]
 
 _ON_STACK = "disable_lower_builtin"  # TVM's allocation annotation: leave the buffer to the code generator (an alloca)
 
@@ -78,6 +77,9 @@ def _keep_on_stack(stmt: Any, limit: int) -> Any | None:
     return None
 
 
+_registered: set[str] = set()  # names of the pipelines registered with TVM by this process
+
+
 def _pipeline_name(limit: int) -> str:
     """TVM's lowering (its "s_tir" pipeline, what ``tvm.compile`` uses for CPUs), registered once per ``limit``."""
     name = f"probtune-stack-{limit}"
@@ -98,9 +100,6 @@ def _pipeline_name(limit: int) -> str:
     return name
 
 
-_registered: set[str] = set()
-
-
 def compile_program(
     mod: tvm.IRModule, target: tvm.target.Target | dict[str, Any] | str, *, stack_buffer_bytes: int = TVM_STACK_BYTES
 ) -> Any:
@@ -115,3 +114,8 @@ def compile_program(
     if stack_buffer_bytes <= TVM_STACK_BYTES:
         return tvm.compile(mod, target=target)
     return tvm.compile(mod, target=target, tir_pipeline=_pipeline_name(stack_buffer_bytes))
+
+
+def compile_for(mod: tvm.IRModule, target: TargetSpec) -> Any:
+    """Compile a finished program for a registered target, with its ``stack_buffer_bytes``."""
+    return compile_program(mod, target.tvm_target, stack_buffer_bytes=target.stack_buffer_bytes)

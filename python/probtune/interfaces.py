@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from probtune.workload import Workload
 
 __all__ = [
+    "TVM_STACK_BYTES",
     "TargetSpec",
     "SpaceContext",
     "SpaceModule",
@@ -28,6 +29,10 @@ __all__ = [
     "RunnerFactory",
     "CostModelFactory",
 ]
+
+
+TVM_STACK_BYTES = 1024
+"""TVM's own cut-off: it puts a constant-size buffer smaller than this on the stack, a larger one in a heap workspace."""
 
 
 @dataclass(frozen=True)
@@ -49,10 +54,10 @@ class TargetSpec:
     required_cpu_features: tuple[str, ...] = ()
     builder: str = "local"
     runner: str = "local"
-    stack_buffer_bytes: int = 1024
+    stack_buffer_bytes: int = TVM_STACK_BYTES
     """Constant-size buffers smaller than this are allocated on the stack, larger ones in a heap workspace.
 
-    1024 is TVM's own cut-off. A target with a larger vector register file
+    The default is TVM's own cut-off. A target with a larger vector register file
     raises it, so that an accumulator tile that fits the registers can be kept
     in them (:mod:`probtune.codegen`)."""
 
@@ -167,7 +172,7 @@ class Builder(Protocol):
         target: dict[str, Any],
         workdir: str | os.PathLike[str],
         *,
-        stack_buffer_bytes: int = 1024,
+        stack_buffer_bytes: int = TVM_STACK_BYTES,
     ) -> Iterator[tuple[int, BuildResult]]: ...
 
     def close(self) -> None: ...

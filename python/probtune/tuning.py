@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import tvm
 
 from probtune._core import Rng, Trace
-from probtune.codegen import compile_program
+from probtune.codegen import compile_for
 from probtune.database import Database, Record
 from probtune.errors import NOT_REPLAYABLE, PluginError, TuningConfigError, warn_caller
 from probtune.interfaces import CostModel, SpaceModule, TargetSpec
@@ -87,7 +87,7 @@ class TuneResult:
 
     def build(self) -> Any:
         """The best program compiled for the target: a runnable TVM module (``lib["main"](*tensors)``)."""
-        return compile_program(self.schedule(), self.target.tvm_target, stack_buffer_bytes=self.target.stack_buffer_bytes)
+        return compile_for(self.schedule(), self.target)
 
 
 def _factory(kind: str, table: dict[str, Callable[..., Any]], name: str, target: str) -> Callable[..., Any]:
@@ -442,4 +442,4 @@ def compile_best(
         best = _best_replayable(db, row.id, spec, space) if row else None
     if best is None:
         raise LookupError(f"{database} holds no correct record of {work.key} on {spec.name} that replays")
-    return compile_program(best.program, spec.tvm_target, stack_buffer_bytes=spec.stack_buffer_bytes)
+    return compile_for(best.program, spec)

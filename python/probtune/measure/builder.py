@@ -22,11 +22,12 @@ from typing import Any, NamedTuple
 
 import tvm
 
-from probtune.codegen import TVM_STACK_BYTES
+from probtune.interfaces import TVM_STACK_BYTES
 from probtune.measure._process import WorkerProcess, WorkerStartError
 from probtune.measure._worker import BuildReply, BuildTask, build_worker_main
 
 __all__ = ["BuildResult", "LocalBuilder"]
+
 
 class _Compilation(NamedTuple):
     """What every candidate of one ``build`` call is compiled for."""

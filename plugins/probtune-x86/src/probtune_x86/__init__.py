@@ -11,6 +11,7 @@ import os
 from typing import Any, Callable
 
 from probtune import TargetSpec, hookimpl
+from probtune.interfaces import TVM_STACK_BYTES
 from probtune.targets import cpu_features
 from probtune_cpu.defaults import DEFAULT_MODULES, DEFAULT_VALIDATORS
 
@@ -34,7 +35,7 @@ def _host_target(cores: int) -> TargetSpec:
         vector_width=width,
         modules=DEFAULT_MODULES,
         validators=DEFAULT_VALIDATORS,
-        stack_buffer_bytes=AVX512_REGISTER_FILE_BYTES if width == 16 else 1024,
+        stack_buffer_bytes=AVX512_REGISTER_FILE_BYTES if width == 16 else TVM_STACK_BYTES,
     )
 
 
