@@ -63,6 +63,7 @@ import probtune
 from probtune import Database, Trace
 from probtune.codegen import compile_for
 from probtune.errors import ProbtuneError
+from probtune.search import BATCH_SIZE
 from probtune.targets import resolve_target
 from probtune.workload import Workload
 
@@ -519,7 +520,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target", default="host")
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--batch-size", type=int, default=32, help="probtune's candidates per search round")
+    parser.add_argument("--batch-size", type=int, default=BATCH_SIZE, help="probtune's candidates per search round")
     parser.add_argument("--cost-model", default="xgb", help="probtune's cost model (xgb, random)")
     parser.add_argument("--build-timeout", type=float, default=60.0)
     parser.add_argument("--rounds", type=int, default=20)

@@ -166,7 +166,7 @@ def _parser() -> argparse.ArgumentParser:
     tune_p.add_argument("--dtype", default="float32")
     tune_p.add_argument("--target", default="host", help="target name (see 'probtune targets')")
     tune_p.add_argument("--trials", type=_positive_int, default=64)
-    tune_p.add_argument("--batch-size", type=_positive_int, default=32, help="candidates measured per search round")
+    tune_p.add_argument("--batch-size", type=_positive_int, default=16, help="candidates measured per search round")
     tune_p.add_argument("--strategy", default="evolutionary", choices=["evolutionary", "random"])
     tune_p.add_argument("--cost-model", default="xgb", help="cost model of the evolutionary search (xgb, random)")
     tune_p.add_argument("--seed", type=int, default=0)

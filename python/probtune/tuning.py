@@ -20,7 +20,7 @@ from probtune.errors import NOT_REPLAYABLE, PluginError, TuningConfigError, warn
 from probtune.interfaces import CostModel, SpaceModule, TargetSpec
 from probtune.measure import prepare_reference
 from probtune.plugins import get_registry
-from probtune.search import INIT_MEASURED, EvolutionarySearch, RandomSearch, SearchStrategy
+from probtune.search import BATCH_SIZE, INIT_MEASURED, EvolutionarySearch, RandomSearch, SearchStrategy
 from probtune.space import Candidate, DesignSpace, generate_space
 from probtune.targets import check_runs_here, resolve_target
 from probtune.workload import Workload, resolve_workload
@@ -109,7 +109,7 @@ def tune(
     dtype: str = "float32",
     database: str | Path | None = None,
     seed: int = 0,
-    batch_size: int = 32,
+    batch_size: int = BATCH_SIZE,
     strategy: str = "evolutionary",
     cost_model: str | CostModel = "xgb",
     search_options: dict[str, Any] | None = None,
