@@ -362,10 +362,10 @@ pub fn explore<H: SearchHooks>(
     Ok(scored)
 }
 
-/// Picks up to `num_select` candidates whose hashes are not in `seen`, all distinct:
-/// `num_select - floor(num_select * eps_greedy)` by best score, the rest uniformly at
-/// random from the remaining ones (exploration the cost model cannot bias). Adds them to
-/// `seen` and returns them best first, then the random ones.
+/// Picks up to `num_select` candidates whose hashes are not in `seen`, all distinct: the
+/// best by score, then [`random_share`] of them uniformly at random from the remaining ones
+/// (exploration the cost model cannot bias). Adds them to `seen` and returns them best
+/// first, then the random ones.
 pub fn select(
     candidates: Vec<Scored>,
     seen: &mut DecisionSet,
@@ -379,8 +379,7 @@ pub fn select(
     sort_best_first(&mut pool);
     let mut distinct = DecisionSet::new();
     pool.retain(|candidate| distinct.insert(candidate.decision_hash));
-    let num_random =
-        ((config.num_select as f64 * config.eps_greedy) as usize).min(config.num_select);
+    let num_random = random_share(config, rng);
     let num_best = (config.num_select - num_random).min(pool.len());
     let mut rest = pool.split_off(num_best);
     let num_random = num_random.min(rest.len());
@@ -396,6 +395,15 @@ pub fn select(
             candidate.trace
         })
         .collect()
+}
+
+/// How many of `num_select` are drawn at random: `num_select * eps_greedy` rounded down,
+/// plus one with the probability of its fraction, so that small batches explore too (16 at
+/// 0.05 would otherwise never draw one) and the share is `eps_greedy` on average.
+fn random_share(config: &EvolveConfig, rng: &mut Rng) -> usize {
+    let expected = config.num_select as f64 * config.eps_greedy;
+    let rounded_up = rng.random() < expected.fract();
+    (expected as usize + usize::from(rounded_up)).min(config.num_select)
 }
 
 /// [`explore`] then [`select`]: the traces to measure next.
@@ -826,6 +834,25 @@ mod tests {
             &mut Rng::new(0),
         );
         assert_eq!(ranked(&selected), (0..16).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn small_batches_draw_their_random_share_on_average() {
+        let config = EvolveConfig {
+            num_select: 16,
+            eps_greedy: 0.05,
+            ..small_config()
+        };
+        let mut rng = Rng::new(0);
+        let draws: Vec<usize> = (0..4000).map(|_| random_share(&config, &mut rng)).collect();
+        assert!(draws.iter().all(|&n| n <= 1), "0.8 rounds to 0 or 1");
+        let mean = draws.iter().sum::<usize>() as f64 / draws.len() as f64;
+        assert!((mean - 0.8).abs() < 0.03, "mean {mean}");
+        let whole = EvolveConfig {
+            eps_greedy: 0.25,
+            ..config
+        };
+        assert!((0..100).all(|_| random_share(&whole, &mut rng) == 4));
     }
 
     #[test]

@@ -195,7 +195,7 @@ class DecisionSet:
     def __len__(self) -> int: ...
 
 def mutate_tile_size(trace: Trace, rng: Rng) -> Trace | None:
-    """Move a prime factor of one level of a random ``sample_perfect_tile`` decision to another level.
+    """Move a divisor of one level of a random ``sample_perfect_tile`` decision to another level, or trade it for one of that level's.
 
     The product, the number of levels (attr ``n``) and attr ``max_innermost_factor`` are
     respected; the result shares instructions with ``trace`` and differs in that one
@@ -239,9 +239,10 @@ def evolve(
     called once per generation, one after another, each with a parent and its own ``Rng``.
     The GIL is held only for these calls.
 
-    Of all candidates scored, those whose hash is not in ``seen`` are chosen: the best
-    ``num_select - floor(num_select * eps_greedy)`` by score, then the rest uniformly at
-    random from the others, all with distinct decision hashes. They are added to ``seen`` and
+    Of all candidates scored, those whose hash is not in ``seen`` are chosen: the best by
+    score, then ``num_select * eps_greedy`` of them (rounded down, or up with the probability
+    of its fraction, so the share is ``eps_greedy`` on average) uniformly at random from the
+    others, all with distinct decision hashes. They are added to ``seen`` and
     returned best first, then the random ones. Equal inputs, ``rng`` state and ``score``
     give equal results; ``rng`` advances.
 
