@@ -15,9 +15,17 @@ from tvm.script import tirx as T
 from probtune import Rng, Trace, generate_space
 from probtune.catalog import BUILTIN_WORKLOADS
 from probtune.schedule import BlockRV, Schedule
+from probtune.targets import resolve_target
 from probtune.tir import block_names
 from probtune.workload import Workload
-from probtune_cpu.multi_level_tiling import PACKED_DIM_KEY, PANEL_DIM_KEY, PANEL_KEY, WRITE_BACK_DEPTH_KEY
+from probtune_cpu.multi_level_tiling import (
+    PACKED_DIM_KEY,
+    PANEL_DIM_KEY,
+    PANEL_KEY,
+    WRITE_BACK_DEPTH_KEY,
+    MultiLevelTiling,
+    accumulator_bytes,
+)
 from probtune_cpu.validators import estimate_unrolled_size
 
 from conftest import assert_program_correct, matmul_module, run_module
@@ -487,3 +495,65 @@ def test_unroll_estimate_follows_tvm_unroll_rule(host):
     assert estimate_unrolled_size(nest(32), host.vector_width) == 32  # both loops unrolled: 4 x 8 stores
     assert estimate_unrolled_size(nest(8), host.vector_width) == 8  # only the inner loop fits: 8 stores, once
     assert estimate_unrolled_size(nest(0), host.vector_width) == 1  # nothing unrolled
+
+
+@pytest.mark.parametrize(("k_tiles", "inner_levels"), [([8, 8], 1), ([64, 1], 2)])
+def test_accumulator_is_the_output_tile_under_the_innermost_reduction_loop(host, k_tiles, inner_levels):
+    # i: 2x2x4x4; j: 2x2x(64 / lanes / 4)x(1 vector); a unit inner k tile adds the spatial level above it
+    workload = Workload.from_module(matmul_module(64, 64, 64))
+    space = generate_space(workload, host, modules=[MultiLevelTiling()], validators=[])
+    decisions = _matmul_decisions(space.trace, 0, host.vector_width)
+    decisions[_perfect_tile_sites(space.trace)[2]] = k_tiles
+    sch, _ = space.realize(space.trace.with_decisions(decisions))
+    rows, columns = (4, host.vector_width) if inner_levels == 1 else (4 * 4, 64 // 4)
+    assert accumulator_bytes(sch.tvm, sch.tvm.get_sblock("C")) == rows * columns * 4
+    assert accumulator_bytes(sch.tvm, sch.tvm.get_sblock("C_global")) is None  # the copy-out reduces nothing
+
+
+def test_register_tile_prior_keeps_a_draw_by_its_accumulator_share_of_the_registers(host):
+    workload = Workload.from_module(matmul_module(64, 64, 64))
+    tiling = MultiLevelTiling()
+    space = generate_space(workload, host, modules=[tiling], validators=[])
+    decisions = _matmul_decisions(space.trace, 0, host.vector_width)
+    register_bytes = host.vector_register_bytes
+    for k_tiles in [[8, 8], [64, 1], [1, 64]]:
+        decisions[_perfect_tile_sites(space.trace)[2]] = k_tiles
+        sch, _ = space.realize(space.trace.with_decisions(decisions))
+        tile = accumulator_bytes(sch.tvm, sch.tvm.get_sblock("C"))
+        low, high = (share * register_bytes for share in tiling.register_tile)
+        expected = 1.0 if low <= tile <= high else tiling.off_register_tile_weight
+        assert tiling.prior(sch.tvm, space.context) == expected
+    # a block that is not tiled (softmax's row reductions) leaves every draw as likely as before
+    softmax = CATALOG["softmax"].instantiate(CATALOG["softmax"].small_shape)
+    softmax_space = generate_space(softmax, host)
+    sch, _ = softmax_space.draw(Rng(0))
+    assert tiling.prior(sch.tvm, softmax_space.context) == 1.0
+
+
+@pytest.mark.parametrize("target_name", ["x86-avx2", "x86-avx512"])
+def test_draws_under_the_register_tile_prior_fill_the_registers_more_often(target_name):
+    target = resolve_target(target_name)  # drawn, not run: any x86 machine
+    workload = Workload.from_module(matmul_module(256, 256, 256))
+    tiling = MultiLevelTiling()
+    low, high = (share * target.vector_register_bytes for share in tiling.register_tile)
+
+    def share_in_range(modules) -> float:
+        space = generate_space(workload, target, modules=modules, validators=[])
+        rng, inside = Rng(7), 0
+        for _ in range(40):
+            sch, _ = space.draw(rng)
+            again = Schedule.replay(workload.mod, sch.trace)  # the finished draw's own tiled block
+            inside += low <= accumulator_bytes(again.tvm, again.tvm.get_sblock("C")) <= high
+        return inside / 40
+
+    without = share_in_range([dataclasses.replace(tiling, off_register_tile_weight=1.0)])
+    with_prior = share_in_range([tiling])
+    assert with_prior >= without + 0.3
+
+
+def test_targets_know_their_vector_register_files():
+    assert resolve_target("x86-avx512").vector_register_bytes == 32 * 64
+    assert resolve_target("x86-avx2").vector_register_bytes == 16 * 32
+    assert resolve_target("arm-neon").vector_register_bytes == 32 * 16
+    host = resolve_target("host")
+    assert host.vector_registers == (32 if host.vector_width == 16 else 16)

@@ -47,6 +47,19 @@ def test_replay_gives_structurally_equal_program(matmul_mod):
     assert again.trace == sch.trace
 
 
+@pytest.mark.parametrize("until", [0, 3, 9])
+def test_a_replay_stopped_part_way_goes_on_to_the_same_program(matmul_mod, until):
+    sch = Schedule(matmul_mod, rng=Rng(7))
+    tile_matmul(sch)
+    undecided = sch.trace.with_decisions({})
+    whole = Schedule.replay(matmul_mod, undecided, rng=Rng(3))
+    part = Schedule.replay(matmul_mod, undecided, rng=Rng(3), until=until)
+    assert len(part.trace) == until
+    part.replay_more(undecided, until)
+    assert part.trace == whole.trace  # the decisions drawn after the stop come from the same stream
+    assert tvm_ffi.structural_equal(part.mod, whole.mod)
+
+
 def test_schedules_of_one_program_start_from_it_and_stay_apart(matmul_mod):
     """Schedules of one program are copies of one kept schedule: changing one must not reach the others."""
     first = Schedule(matmul_mod, rng=Rng(1))

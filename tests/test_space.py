@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import pytest
+import tvm_ffi
 
 from probtune import Rng, generate_space
 from probtune.catalog import BUILTIN_WORKLOADS
 from probtune.errors import PluginError
 from probtune.search import RandomSearch
+from probtune.space import MAX_DRAWS
 from probtune.workload import Workload
 from probtune_cpu.multi_level_tiling import MultiLevelTiling
 
@@ -84,3 +87,41 @@ def test_unknown_module_is_named(host):
     workload = Workload.from_module(matmul_module(16, 16, 16))
     with pytest.raises(PluginError, match="unknown design-space module 'warp-drive'.*multi-level-tiling"):
         generate_space(workload, host, modules=["warp-drive"])
+
+
+@dataclass
+class ConstantPrior:
+    """A module that transforms nothing and keeps each draw with probability ``weight``, counting the draws it weighs."""
+
+    weight: float
+    name: str = "constant-prior"
+    calls: int = 0
+
+    def apply(self, sch, block, ctx) -> None:
+        return None
+
+    def prior(self, sch, ctx) -> float:
+        self.calls += 1
+        return self.weight
+
+
+@pytest.mark.parametrize(("weight", "weighed"), [(1.0, 1), (0.0, MAX_DRAWS - 1)])
+def test_a_draw_the_prior_refuses_is_drawn_again_up_to_max_draws(host, weight, weighed):
+    workload = Workload.from_module(matmul_module(64, 64, 64))
+    prior = ConstantPrior(weight)
+    space = generate_space(workload, host, modules=[MultiLevelTiling(off_register_tile_weight=1.0), prior])
+    sch, rejected = space.draw(Rng(4))
+    assert prior.calls == weighed  # the last draw is kept unweighed
+    assert rejected is None and sch.trace.structure_hash() == space.trace.structure_hash()
+    assert set(sch.trace.decisions) == set(space.trace.sampling_indices())
+    assert tvm_ffi.structural_equal(space.program(sch.trace), sch.mod)  # a kept draw replays to itself
+    assert space.draw(Rng(4))[0].trace == sch.trace  # deterministic
+
+
+def test_priors_weigh_a_draw_once_the_modules_that_have_one_are_applied(host):
+    spec = next(s for s in BUILTIN_WORKLOADS if s.name == "conv2d_nchw")
+    space = generate_space(spec.instantiate(spec.small_shape, "float32"), host)
+    kinds = [inst.kind for inst in space.trace.instructions]
+    assert "sample_perfect_tile" not in kinds[space.prior_end :]  # multi-level tiling has a prior, and is done
+    assert "sample_compute_location" in kinds[space.prior_end :]  # the padding's location is drawn only for kept draws
+    assert generate_space(spec.instantiate(spec.small_shape, "float32"), host, modules=["auto-inline"]).prior_end == 0

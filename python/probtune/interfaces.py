@@ -54,12 +54,22 @@ class TargetSpec:
     required_cpu_features: tuple[str, ...] = ()
     builder: str = "local"
     runner: str = "local"
+    vector_registers: int = 16
+    """How many vector registers the target has (x86 AVX2: 16; AVX-512 and AArch64 NEON: 32).
+
+    With ``vector_width`` it gives the register file that a kernel's
+    accumulator tile must share with its inputs."""
     stack_buffer_bytes: int = TVM_STACK_BYTES
     """Constant-size buffers smaller than this are allocated on the stack, larger ones in a heap workspace.
 
     The default is TVM's own cut-off. A target with a larger vector register file
     raises it, so that an accumulator tile that fits the registers can be kept
     in them (:mod:`probtune.codegen`)."""
+
+    @property
+    def vector_register_bytes(self) -> int:
+        """Bytes of the vector register file, counting ``vector_width`` fp32 lanes per register."""
+        return self.vector_registers * self.vector_width * 4
 
     @property
     def num_cores(self) -> int:
@@ -77,7 +87,15 @@ class SpaceContext:
 
 @runtime_checkable
 class SpaceModule(Protocol):
-    """A reusable stochastic transformation applied to one block at a time."""
+    """A reusable stochastic transformation applied to one block at a time.
+
+    Optional: a ``prior(sch, ctx) -> float`` method, given the raw
+    ``tvm.s_tir.Schedule`` of a fresh random draw of the space (replayed,
+    before the validators), returns the probability in ``[0, 1]`` of keeping
+    that draw; a draw not kept is drawn again (:meth:`DesignSpace.draw
+    <probtune.space.DesignSpace.draw>`). It shapes where a search starts, not
+    what it can reach: mutated and recorded traces are never weighed.
+    """
 
     name: str
 

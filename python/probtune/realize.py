@@ -20,7 +20,7 @@ import tvm
 
 from probtune._core import Rng, Trace
 from probtune.errors import NOT_REPLAYABLE, warn_caller
-from probtune.interfaces import CostModel, SpaceContext, TargetSpec, Validator
+from probtune.interfaces import CostModel, SpaceContext, SpaceModule, TargetSpec, Validator
 from probtune.measure._process import WorkerProcess, WorkerStartError
 from probtune.measure.builder import LocalBuilder
 from probtune.schedule import Schedule
@@ -34,7 +34,7 @@ _CHUNKS_IN_FLIGHT = 2  # per helper: the next chunk waits in its pipe while it r
 _MAX_KEPT = 512  # programs a helper keeps for :meth:`Realizer.programs`: a batch's share is about 100
 
 ProgramFeatures = Callable[[tvm.IRModule], np.ndarray]
-Job = tuple[Trace, "Rng | None"]  # a trace, and the generator for its missing decisions (None: all decided)
+Job = tuple[Trace, "Rng | None"]  # a trace, and the generator that draws its missing decisions (DesignSpace.draw; None: all decided)
 Lend = Callable[[int], Sequence[WorkerProcess]]  # up to n ready, idle TVM worker processes (LocalBuilder.lend_workers)
 
 
@@ -66,7 +66,7 @@ def realize_in_process(
     valid: list[Schedule] = []
     for trace, rng in jobs:
         try:
-            sch, rejected = space.realize(trace, 0 if rng is None else rng)
+            sch, rejected = space.realize(trace) if rng is None else space.draw(rng, trace)
         except NOT_REPLAYABLE:
             space.rejections[REPLAY_FAILED] += 1
             outcomes.append(Rejected(REPLAY_FAILED))
@@ -280,6 +280,8 @@ class _HelperSetup:
     context_options: dict[str, Any]
     target: TargetSpec
     trace: Trace
+    modules: list[SpaceModule]  # their priors weigh fresh draws
+    prior_end: int
     validators: list[Validator]
     program_features: ProgramFeatures
 
@@ -293,6 +295,8 @@ class _HelperSetup:
             dict(context.options),
             context.target,
             space.trace,
+            list(space.modules),
+            space.prior_end,
             list(space.validators),
             program_features,
         )
@@ -357,4 +361,5 @@ def _helper_space(setup_bytes: bytes) -> tuple[DesignSpace, ProgramFeatures]:
     setup: _HelperSetup = pickle.loads(setup_bytes)
     work = Workload(mod=tvm.ir.load_json(setup.mod_json), reference=None, **setup.workload)
     context = SpaceContext(workload=work, target=setup.target, options=setup.context_options)
-    return DesignSpace(context, setup.trace, [], setup.validators), setup.program_features
+    space = DesignSpace(context, setup.trace, setup.modules, setup.validators, prior_end=setup.prior_end)
+    return space, setup.program_features

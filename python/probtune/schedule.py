@@ -362,17 +362,25 @@ class Schedule:
         ``until`` stops before that instruction index (a mutator replays up to the decision it changes).
         """
         sch = cls(mod, rng=rng)
+        sch.replay_more(trace, 0, until)
+        return sch
+
+    def replay_more(self, trace: Trace, start: int, until: int | None = None) -> None:
+        """Go on replaying ``trace`` from instruction ``start`` (up to ``until``) on this schedule, replayed that far.
+
+        A draw can then be judged half-way (:meth:`DesignSpace.draw
+        <probtune.space.DesignSpace.draw>`) and finished only if it is kept.
+        """
         decisions = trace.decisions
-        for index, inst in enumerate(trace.instructions[:until]):
+        for index, inst in enumerate(trace.instructions[start:until], start):
             try:
-                sch.apply(inst.kind, inst.inputs, inst.attrs, decision=decisions.get(index), output_ids=inst.outputs)
+                self.apply(inst.kind, inst.inputs, inst.attrs, decision=decisions.get(index), output_ids=inst.outputs)
             except InvalidDecisionError as exc:
                 raise InvalidDecisionError(f"instruction {index} ({inst.kind}): {exc}") from None
             except TraceFormatError as exc:
                 raise TraceFormatError(f"instruction {index} ({inst.kind}): {exc}") from None
             except (RuntimeError, KeyError, IndexError, TypeError, ValueError, OverflowError) as exc:  # TVM: RuntimeError
                 raise ReplayError(f"instruction {index} ({inst.kind}) cannot be applied: {last_line(exc)}") from exc
-        return sch
 
     # ---- primitives ------------------------------------------------------------
     def get_sblock(self, name: str, func_name: str = "main") -> BlockRV:

@@ -31,6 +31,7 @@ def make_targets() -> list[TargetSpec]:
                 "num-cores": 4,
             },
             vector_width=4,
+            vector_registers=32,
             modules=DEFAULT_MODULES,
             validators=DEFAULT_VALIDATORS,
             runner="rpc",
