@@ -34,7 +34,7 @@ _CHUNKS_IN_FLIGHT = 2  # per helper: the next chunk waits in its pipe while it r
 _MAX_KEPT = 512  # programs a helper keeps for :meth:`Realizer.programs`: a batch's share is about 100
 
 ProgramFeatures = Callable[[tvm.IRModule], np.ndarray]
-Job = tuple[Trace, "Rng | None"]  # a trace, and the generator that draws its missing decisions (DesignSpace.draw; None: all decided)
+Job = tuple[Trace, "Rng | None"]  # a trace, and the generator that draws what it lacks (DesignSpace.draw; None: decided)
 Lend = Callable[[int], Sequence[WorkerProcess]]  # up to n ready, idle TVM worker processes (LocalBuilder.lend_workers)
 
 

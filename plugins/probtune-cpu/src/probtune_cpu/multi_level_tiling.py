@@ -51,12 +51,12 @@ from probtune_cpu.parallel_vectorize import PARALLEL_KEY, UNROLL_KEY, VECTORIZE_
 __all__ = [
     "MultiLevelTiling",
     "RewriteWriteBackLocation",
-    "accumulator_bytes",
     "RewritePackedLayout",
     "WRITE_BACK_DEPTH_KEY",
     "PACKED_DIM_KEY",
     "PANEL_DIM_KEY",
     "PANEL_KEY",
+    "accumulator_bytes",
 ]
 
 WRITE_BACK_DEPTH_KEY = "probtune.write_back_depth"
