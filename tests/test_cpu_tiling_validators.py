@@ -516,13 +516,16 @@ def test_register_tile_prior_keeps_a_draw_by_its_accumulator_share_of_the_regist
     space = generate_space(workload, host, modules=[tiling], validators=[])
     decisions = _matmul_decisions(space.trace, 0, host.vector_width)
     register_bytes = host.vector_register_bytes
+    weights = set()
     for k_tiles in [[8, 8], [64, 1], [1, 64]]:
         decisions[_perfect_tile_sites(space.trace)[2]] = k_tiles
         sch, _ = space.realize(space.trace.with_decisions(decisions))
         tile = accumulator_bytes(sch.tvm, sch.tvm.get_sblock("C"))
         low, high = (share * register_bytes for share in tiling.register_tile)
         expected = 1.0 if low <= tile <= high else tiling.off_register_tile_weight
+        weights.add(tiling.prior(sch.tvm, space.context))
         assert tiling.prior(sch.tvm, space.context) == expected
+    assert weights == {1.0, tiling.off_register_tile_weight}  # these tiles fall on both sides, AVX2 or AVX-512
     # a block that is not tiled (softmax's row reductions) leaves every draw as likely as before
     softmax = CATALOG["softmax"].instantiate(CATALOG["softmax"].small_shape)
     softmax_space = generate_space(softmax, host)

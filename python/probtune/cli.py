@@ -52,6 +52,7 @@ def _numpy_seconds(workload, repeat: int = 10) -> float | None:  # type: ignore[
 def _cmd_tune(args: argparse.Namespace) -> int:
     from probtune import tune
     from probtune.plugins import get_registry
+    from probtune.search import BATCH_SIZE
     from probtune.targets import resolve_target
     from probtune.workload import resolve_workload
 
@@ -67,7 +68,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         trials=args.trials,
         database=args.database,
         seed=args.seed,
-        batch_size=args.batch_size,
+        batch_size=BATCH_SIZE if args.batch_size is None else args.batch_size,
         strategy=args.strategy,
         cost_model=args.cost_model,
         modules=args.modules.split(",") if args.modules else None,
@@ -166,7 +167,7 @@ def _parser() -> argparse.ArgumentParser:
     tune_p.add_argument("--dtype", default="float32")
     tune_p.add_argument("--target", default="host", help="target name (see 'probtune targets')")
     tune_p.add_argument("--trials", type=_positive_int, default=64)
-    tune_p.add_argument("--batch-size", type=_positive_int, default=16, help="candidates measured per search round")
+    tune_p.add_argument("--batch-size", type=_positive_int, help="candidates measured per search round (default: tune's)")
     tune_p.add_argument("--strategy", default="evolutionary", choices=["evolutionary", "random"])
     tune_p.add_argument("--cost-model", default="xgb", help="cost model of the evolutionary search (xgb, random)")
     tune_p.add_argument("--seed", type=int, default=0)

@@ -136,6 +136,11 @@ def _repays_copy(sch: s_tir.Schedule, sblock: s_tir.SBlock, index: int, reused_o
     )
 
 
+def _tileable(kinds: list[str], sblock: s_tir.SBlock) -> bool:
+    """Whether a block whose loops are of ``kinds`` is one multi-level tiling tiles: a reduction over data it reuses."""
+    return REDUCTION in kinds and SPATIAL in kinds and not set(kinds) - {SPATIAL, REDUCTION} and reuses_data(sblock)
+
+
 def accumulator_bytes(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int | None:
     """Bytes of output a data-reusing reduction block updates inside its innermost reduction loop: its register tile.
 
@@ -147,10 +152,8 @@ def accumulator_bytes(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> in
     """
     loops = sch.get_loops(block)
     kinds = loop_kinds(sch, block, loops)
-    if REDUCTION not in kinds or SPATIAL not in kinds or set(kinds) - {SPATIAL, REDUCTION}:
-        return None
     sblock = sch.get(block)
-    if not reuses_data(sblock):
+    if not _tileable(kinds, sblock):
         return None
     elements = 1
     for loop, kind in zip(reversed(loops), reversed(kinds)):
@@ -238,9 +241,7 @@ class MultiLevelTiling:
     def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
         loops = sch.get_loops(block)
         kinds = loop_kinds(sch.tvm, sch.resolve(block), [sch.resolve(loop) for loop in loops])
-        if REDUCTION not in kinds or SPATIAL not in kinds or set(kinds) - {SPATIAL, REDUCTION}:
-            return
-        if any(sch.loop_extent(loop) is None for loop in loops) or not reuses_data(sch.tvm.get(sch.resolve(block))):
+        if not _tileable(kinds, sch.tvm.get(sch.resolve(block))) or any(sch.loop_extent(loop) is None for loop in loops):
             return
         levels: dict[str, list[list[LoopRV]]] = {
             SPATIAL: [[] for _ in range(self.structure.count("S"))],
