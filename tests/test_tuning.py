@@ -23,7 +23,8 @@ from probtune.measure.runner import LocalRunner, RunResult
 from probtune.realize import Realizer
 from probtune.space import program_hash
 from probtune.targets import cpu_features, resolve_target
-from probtune.tuning import _confirm_best, _replayable
+from probtune.pipeline import confirm_best as _confirm_best
+from probtune.session import replayable as _replayable
 
 from conftest import matmul_module, run_module
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import warnings
@@ -27,6 +28,12 @@ __all__ = [
 ]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_CONTEXTLIB = os.path.abspath(contextlib.__file__)  # probtune's context managers are entered through it
+
+
+def _inside_probtune(filename: str) -> bool:
+    path = os.path.abspath(filename)
+    return path.startswith(_PACKAGE_DIR) or path == _CONTEXTLIB
 
 
 def warn_caller(message: str, category: type[Warning] = UserWarning) -> None:
@@ -36,7 +43,7 @@ def warn_caller(message: str, category: type[Warning] = UserWarning) -> None:
     is often reached from ``tune``, ``compile_best`` and helpers at different depths.
     """
     frame, level = sys._getframe(1), 2  # level 2: the caller of this function
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+    while frame is not None and _inside_probtune(frame.f_code.co_filename):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)
 

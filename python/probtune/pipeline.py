@@ -1,0 +1,296 @@
+"""The measurement pipeline every task of a run shares: build, time, record, learn, report.
+
+One builder and one runner (their worker processes), one database, one cost
+model. :meth:`MeasurePipeline.round` takes a batch from a task's session,
+measures it and records each result as it arrives (a run killed at any
+moment loses no measured record), then lets the session learn and saves the
+cost model's state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import tvm
+
+from probtune.database import Database, Record
+from probtune.errors import PluginError, warn_caller
+from probtune.interfaces import CostModel, TargetSpec
+from probtune.measure import MeasureReference
+from probtune.plugins import get_registry
+from probtune.session import TaskSession, replayable
+from probtune.space import Candidate, DesignSpace
+from probtune.targets import check_runs_here
+
+__all__ = ["MeasurePipeline", "TrialOutcome", "Progress", "open_pipeline", "resolve_cost_model"]
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """One measured candidate, as reported to a progress callback."""
+
+    trial: int  # 1-based within this run
+    trials: int
+    status: str
+    latency: float | None
+    best_latency: float | None  # the task's
+    error: str | None
+    flops: float | None
+    task: str = ""  # the workload's key
+
+
+Progress = Callable[[TrialOutcome], None]
+
+CLEARLY_SLOWER = 2.0  # a first timing this many times the best so far ends a candidate's timing
+CONFIRM_PASSES = 2
+CONFIRM_ROUNDS = 3
+
+
+class MeasurePipeline:
+    """Builds and times candidates of any task, records every result, trains and saves the cost model."""
+
+    def __init__(
+        self,
+        db: Database,
+        target: TargetSpec,
+        builder: Any,
+        runner: Any,
+        model: CostModel | None,
+        workdir: str,
+        *,
+        trials: int,
+        progress: Progress | None = None,
+    ) -> None:
+        self.db = db
+        self.target = target
+        self.builder = builder
+        self.runner = runner
+        self.model = model
+        self.workdir = workdir
+        self.trials = trials  # of the whole run, for progress
+        self.progress = progress
+        self.measured = 0
+        self.measure_seconds = 0.0
+
+    @property
+    def realize_helpers(self) -> Any:
+        """The builder's workers, idle while a search runs, lent to realize its candidates (or None)."""
+        return getattr(self.builder, "lend_workers", None)
+
+    def round(self, session: TaskSession, size: int) -> int:
+        """One round of ``session``: up to ``size`` candidates measured, recorded and learned from; how many."""
+        batch = session.next_batch(size)
+        if not batch:
+            return 0
+        started = time.perf_counter()
+        observed = list(self._measure(session, batch))
+        self.measure_seconds += time.perf_counter() - started
+        session.observe(observed)
+        if self.model is not None:
+            search_started = time.perf_counter()
+            self.db.save_cost_model(self.model.name, self.target.name, self.model.save())
+            session.search_seconds += time.perf_counter() - search_started
+        return len(observed)
+
+    def confirm(self, session: TaskSession, top: int) -> None:
+        """Time the session's best records again (:func:`confirm_best`)."""
+        started = time.perf_counter()
+        confirm_best(
+            self.db, session.workload_id, self.target, session.space, self.builder, self.runner,
+            session.reference, self.workdir, top,
+        )
+        self.measure_seconds += time.perf_counter() - started
+
+    def _measure(self, session: TaskSession, batch: list[Candidate]) -> Iterator[tuple[Candidate, float | None]]:
+        """Measure ``batch``, recording each outcome as soon as it is known."""
+        for candidate, status, latencies, error, build_s, run_s in measure(
+            batch, self.builder, self.runner, session.reference, self.target, self.workdir, session.best_latency
+        ):
+            self.db.add_record(
+                session.workload_id,
+                self.target.name,
+                candidate.trace.to_json(),
+                candidate.decision_hash,
+                status,
+                latencies,
+                error,
+                program_hash=candidate.program_hash,
+                build_seconds=build_s,
+                run_seconds=run_s,
+            )
+            latency = sum(latencies) / len(latencies) if status == "ok" and latencies else None
+            session.record(status, latency)
+            self.measured += 1
+            if self.progress is not None:
+                self.progress(
+                    TrialOutcome(
+                        self.measured, self.trials, status, latency, session.best_latency, error,
+                        session.workload.flops, session.name,
+                    )
+                )
+            yield candidate, latency
+
+
+@contextlib.contextmanager
+def open_pipeline(
+    target: TargetSpec,
+    database: str | Path | None,
+    model: CostModel | None,
+    *,
+    trials: int,
+    build_timeout: float,
+    run_timeout: float,
+    progress: Progress | None = None,
+) -> Iterator[MeasurePipeline]:
+    """A pipeline for ``target`` with the target's builder and runner, recording into ``database``.
+
+    ``database`` None records into a temporary file. The cost model's saved
+    state, if the database holds one, is loaded into ``model``.
+    """
+    registry = get_registry()
+    builder_factory = _factory("builder", registry.builders, target.builder, target.name)
+    runner_factory = _factory("runner", registry.runners, target.runner, target.name)
+    if target.runner == "local":
+        check_runs_here(target)
+    with contextlib.ExitStack() as stack:
+        scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="probtune-"))
+        db_path = Path(database) if database is not None else Path(scratch) / "tuning.db"
+        db = stack.enter_context(Database(db_path))
+        if model is not None:
+            _load_state(model, db, target)
+        builder = stack.enter_context(builder_factory(timeout=build_timeout))
+        runner = stack.enter_context(runner_factory(timeout=run_timeout))
+        yield MeasurePipeline(db, target, builder, runner, model, scratch, trials=trials, progress=progress)
+
+
+def resolve_cost_model(model: str | CostModel, seed: int) -> CostModel:
+    """A cost model object: ``model`` itself, or a new one from the plugin that registers that name."""
+    if not isinstance(model, str):
+        return model
+    factories = get_registry().cost_models
+    if model not in factories:
+        raise PluginError(
+            f"unknown cost model {model!r}; registered: {', '.join(sorted(factories)) or 'none'} "
+            f"(the built-in ones come with the probtune-xgb plugin)"
+        )
+    return factories[model](seed=seed)
+
+
+def _load_state(model: CostModel, db: Database, target: TargetSpec) -> None:
+    state = db.load_cost_model(model.name, target.name)
+    if state is None:
+        return
+    try:
+        model.load(state)
+    except ValueError as exc:
+        warn_caller(
+            f"{db.path}: the saved state of cost model {model.name!r} for {target.name} does not load "
+            f"({exc}); starting from an untrained model, whose state will replace it"
+        )
+
+
+def _factory(kind: str, table: dict[str, Callable[..., Any]], name: str, target: str) -> Callable[..., Any]:
+    if name not in table:
+        raise PluginError(
+            f"target {target!r} uses the {kind} {name!r}, which no installed plugin registers "
+            f"(registered {kind}s: {', '.join(sorted(table)) or 'none'}); install a plugin that provides it, "
+            f"or tune for a target this machine can measure, such as 'host'"
+        )
+    return table[name]
+
+
+def measure(
+    batch: list[Candidate],
+    builder: Any,
+    runner: Any,
+    reference: MeasureReference,
+    spec: TargetSpec,
+    workdir: str,
+    best_latency: float | None,
+) -> Iterator[tuple[Candidate, str, tuple[float, ...], str | None, float | None, float | None]]:
+    """Build the batch, then time what built; yield each candidate's outcome as soon as it is known.
+
+    A candidate whose first timing is far slower than the best so far is not timed again.
+    """
+    built, runnable = build([candidate.program for candidate in batch], builder, spec, workdir)
+    for index in range(len(batch)):
+        if built[index].artifact is None:
+            yield batch[index], "build_error", (), built[index].error, built[index].seconds, None
+    artifacts = [built[i].artifact for i in runnable]
+    stop_above = best_latency * CLEARLY_SLOWER if best_latency is not None else None
+    for position, result in runner.run(reference, artifacts, spec.tvm_target, stop_above=stop_above):
+        index = runnable[position]
+        yield batch[index], result.status, result.latencies, result.error, built[index].seconds, result.seconds
+        Path(artifacts[position]).unlink(missing_ok=True)
+
+
+def build(
+    programs: list[tvm.IRModule | str], builder: Any, spec: TargetSpec, workdir: str
+) -> tuple[dict[int, Any], list[int]]:
+    """Build ``programs``: each one's build result by index, and the indices of those that gave an artifact."""
+    built = dict(builder.build(programs, spec.tvm_target, workdir, stack_buffer_bytes=spec.stack_buffer_bytes))
+    return built, [i for i in range(len(programs)) if built[i].artifact is not None]
+
+
+def confirm_best(
+    db: Database,
+    workload_id: int,
+    spec: TargetSpec,
+    space: DesignSpace,
+    builder: Any,
+    runner: Any,
+    reference: MeasureReference,
+    workdir: str,
+    top: int,
+) -> None:
+    """Time the ``top`` best records again, in passes over all of them; the timings join their records.
+
+    Once their means have moved, a record ranked below them (one lucky pass)
+    may lead; then the new ``top`` are timed in the same way, until the best
+    record is one timed again (at most ``CONFIRM_ROUNDS`` rounds). A record
+    whose program no longer replays (a trace from an older space) is not timed,
+    with a warning, and stays as it is.
+    """
+
+    def time_again(records: list[Record]) -> None:
+        replayed = replayable(records, space, db.path)
+        if not replayed:
+            return
+        records, programs = [r.record for r in replayed], [r.program for r in replayed]
+        built, runnable = build(list(programs), builder, spec, workdir)
+        for index in sorted(set(range(len(programs))) - set(runnable)):
+            warn_caller(
+                f"record {records[index].id} measured ok before, but does not build now: {built[index].error}; "
+                "it is not timed again"
+            )
+        artifacts = [built[i].artifact for i in runnable]
+        timings: dict[int, list[float]] = {i: [] for i in runnable}
+        for _ in range(CONFIRM_PASSES):
+            for position, result in runner.run(reference, artifacts, spec.tvm_target):
+                index = runnable[position]
+                if result.status == "ok":
+                    timings[index].extend(result.latencies)
+                else:
+                    warn_caller(
+                        f"record {records[index].id} measured ok before, but {result.status} when timed again: "
+                        f"{result.error}; this timing of it is left out"
+                    )
+        for path in artifacts:
+            Path(path).unlink(missing_ok=True)
+        for index, latencies in timings.items():
+            if latencies:
+                db.add_latencies(records[index].id, latencies)
+
+    tried: set[int] = set()
+    for _ in range(CONFIRM_ROUNDS):
+        best = db.best(workload_id, spec.name, k=top)
+        if not best or best[0].id in tried:
+            return
+        records = [record for record in best if record.id not in tried]
+        tried.update(record.id for record in records)
+        time_again(records)

@@ -1,0 +1,185 @@
+"""One task's search session: its workload, design space, search strategy, reference outputs and progress.
+
+A session owns what is particular to one task; the measurement pipeline
+(:mod:`probtune.pipeline`) that builds, times and records its candidates is
+shared by every task of a run. ``tune`` drives one session, ``tune_model``
+many, under a task scheduler.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import tvm
+
+from probtune._core import Rng, Trace
+from probtune.database import Database, Record
+from probtune.errors import NOT_REPLAYABLE, warn_caller
+from probtune.interfaces import CostModel, SpaceModule, TargetSpec
+from probtune.measure import MeasureReference, prepare_reference
+from probtune.plugins import get_registry
+from probtune.search import INIT_MEASURED, EvolutionarySearch, RandomSearch, SearchStrategy
+from probtune.space import Candidate, DesignSpace, generate_space
+from probtune.workload import Workload
+
+__all__ = ["TaskSession", "Replayed", "replayable", "best_replayable"]
+
+BEST_CANDIDATES = 8  # the best records tried, fastest first, for one whose trace replays
+
+
+@dataclass
+class TaskSession:
+    """One task under search: what it proposes next, what it has measured, and its best latency so far."""
+
+    workload: Workload
+    target: TargetSpec
+    workload_id: int
+    space: DesignSpace
+    search: SearchStrategy
+    reference: MeasureReference
+    best_latency: float | None
+    measured: int = 0
+    statuses: Counter[str] = field(default_factory=Counter)
+    exhausted: bool = False  # the space had no new program left to offer
+    search_seconds: float = 0.0  # choosing candidates and learning from them
+
+    @classmethod
+    def open(
+        cls,
+        workload: Workload,
+        target: TargetSpec,
+        db: Database,
+        model: CostModel | None,
+        *,
+        workdir: str,
+        seed: int = 0,
+        modules: Sequence[str | SpaceModule] | None = None,
+        search_options: dict[str, Any] | None = None,
+    ) -> TaskSession:
+        """A session for ``workload``, primed with what ``db`` holds of it (measured programs are not offered again).
+
+        ``model`` None searches at random; otherwise the evolutionary search
+        is guided by it (one model may serve many sessions: it groups its
+        samples by workload).
+        """
+        space = generate_space(workload, target, modules=modules, seed=seed)
+        workload_id = db.commit_workload(workload.key, workload.mod)
+        rng = Rng(seed).fork()
+        search = _make_search(model, search_options or {}, db, workload_id, workload, target, space, rng)
+        try:
+            reference = prepare_reference(workload, workdir, seed=seed)
+        except BaseException:
+            search.close()
+            raise
+        best = db.best(workload_id, target.name)
+        return cls(workload, target, workload_id, space, search, reference, best[0].mean_latency if best else None)
+
+    @property
+    def name(self) -> str:
+        return self.workload.key
+
+    def next_batch(self, size: int) -> list[Candidate]:
+        """Up to ``size`` new candidates; an empty batch marks the session exhausted."""
+        started = time.perf_counter()
+        batch = self.search.next_batch(size)
+        self.search_seconds += time.perf_counter() - started
+        if not batch:
+            self.exhausted = True
+        return batch
+
+    def record(self, status: str, latency: float | None) -> None:
+        """Count one measured candidate; a correct one may be the new best."""
+        self.measured += 1
+        self.statuses[status] += 1
+        if latency is not None and (self.best_latency is None or latency < self.best_latency):
+            self.best_latency = latency
+
+    def observe(self, observed: Sequence[tuple[Candidate, float | None]]) -> None:
+        started = time.perf_counter()
+        self.search.observe(observed)
+        self.search_seconds += time.perf_counter() - started
+
+    def best(self, db: Database) -> Replayed | None:
+        """The fastest correct record of this task whose trace replays, with its program; or None."""
+        return best_replayable(db, self.workload_id, self.target, self.space)
+
+    def close(self) -> None:
+        self.search.close()
+
+
+def _make_search(
+    model: CostModel | None,
+    options: dict[str, Any],
+    db: Database,
+    workload_id: int,
+    work: Workload,
+    spec: TargetSpec,
+    space: DesignSpace,
+    rng: Rng,
+) -> SearchStrategy:
+    """The search, primed with what the database holds: what was measured (the cost model's state is the caller's)."""
+    seen = {
+        "seen_decisions": db.seen_decision_hashes(workload_id, spec.name),
+        "seen_programs": db.seen_program_hashes(workload_id, spec.name),
+    }
+    if model is None:
+        return RandomSearch(space, rng, **seen)
+    best = db.best(workload_id, spec.name, k=options.get("init_measured", INIT_MEASURED))
+    measured = [(replayed.trace, replayed.record.mean_latency) for replayed in replayable(best, space, db.path)]
+    mutators = list(get_registry().mutators.values())
+    options = {"realize_workers": _spare_cores(), **options}
+    return EvolutionarySearch(space, rng, model, mutators, group=work.key, measured=measured, **seen, **options)
+
+
+def _spare_cores() -> int:
+    """Helpers that realize candidates beside the tuning process: one per other core, at most three (each holds TVM)."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(0, min(usable - 1, 3))
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """A record whose trace replays into a program the validators accept."""
+
+    record: Record
+    trace: Trace
+    program: tvm.IRModule
+
+
+def replayable(records: list[Record], space: DesignSpace, db_path: Path, limit: int | None = None) -> list[Replayed]:
+    """The records (up to ``limit`` of them, in order) whose traces parse and replay into a valid program.
+
+    A record that does not (a hand-edited or damaged row, or one from a space
+    or validator that has changed since) is left out with a warning that
+    names it, and stays in the database as it is: one bad row must not stop
+    the tuning of its workload.
+    """
+    kept, left_out = [], []
+    for record in records:
+        if limit is not None and len(kept) == limit:
+            break
+        try:
+            trace = Trace.from_json(record.trace_json)
+            kept.append(Replayed(record, trace, space.program(trace)))
+        except NOT_REPLAYABLE as exc:
+            left_out.append((record.id, exc))
+    if left_out:  # one warning for all: a space that changed since the records were made leaves out many
+        ids = ", ".join(str(record_id) for record_id, _ in left_out)
+        named = f"record {ids} is" if len(left_out) == 1 else f"records {ids} are"
+        first_id, first = left_out[0]
+        warn_caller(
+            f"{db_path}: {named} left out: the trace is malformed or does not replay into a valid program "
+            f"(record {first_id}: {first})"
+        )
+    return kept
+
+
+def best_replayable(db: Database, workload_id: int, spec: TargetSpec, space: DesignSpace) -> Replayed | None:
+    """The fastest correct record whose trace replays into a valid program (among the best few), with it; or None."""
+    found = replayable(db.best(workload_id, spec.name, k=BEST_CANDIDATES), space, db.path, limit=1)
+    return found[0] if found else None
