@@ -21,6 +21,8 @@ if TYPE_CHECKING:
         InvalidDecisionError,
         PluginError,
         ProbtuneError,
+        ModelCheckError,
+        ModelImportError,
         ReplayError,
         SchemaVersionError,
         TraceFormatError,
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     )
     from probtune.hookspecs import hookimpl
     from probtune.interfaces import SpaceContext, TargetSpec
+    from probtune.model import CompiledModel, Model, ModelTuneResult, load_model, tune_model
     from probtune.schedule import BlockRV, ExprRV, LoopRV, Schedule
     from probtune.space import DesignSpace, generate_space
     from probtune.tuning import TrialOutcome, TuneResult, compile_best, tune
@@ -43,6 +46,11 @@ __all__ = [
     "__version__",
     "tune",
     "compile_best",
+    "load_model",
+    "tune_model",
+    "Model",
+    "ModelTuneResult",
+    "CompiledModel",
     "TuneResult",
     "TrialOutcome",
     "Schedule",
@@ -71,6 +79,8 @@ __all__ = [
     "PluginError",
     "TuningConfigError",
     "ReplayError",
+    "ModelImportError",
+    "ModelCheckError",
     "InvalidDecisionError",
     "TraceFormatError",
 ]
@@ -82,7 +92,12 @@ _SOURCE_OF = {
     "tune": "probtune.tuning",
     "compile_best": "probtune.tuning",
     "TuneResult": "probtune.tuning",
-    "TrialOutcome": "probtune.tuning",
+    "TrialOutcome": "probtune.pipeline",
+    "load_model": "probtune.model",
+    "tune_model": "probtune.model",
+    "Model": "probtune.model",
+    "ModelTuneResult": "probtune.model",
+    "CompiledModel": "probtune.model",
     "Schedule": "probtune.schedule",
     "BlockRV": "probtune.schedule",
     "LoopRV": "probtune.schedule",

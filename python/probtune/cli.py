@@ -1,4 +1,4 @@
-"""The ``probtune`` command: tune, best, plugins, workloads, targets."""
+"""The ``probtune`` command: tune, tune-model, run-model, best, plugins, workloads, targets."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import warnings
 from typing import Sequence
 
 import numpy as np
+
+from probtune.cli_model import add_model_commands
 
 __all__ = ["main"]
 
@@ -176,6 +178,8 @@ def _parser() -> argparse.ArgumentParser:
     tune_p.add_argument("--confirm", type=_non_negative_int, default=4,
                         help="best records timed again at the end, to rank them on more than one pass (0: none)")
     tune_p.set_defaults(run=_cmd_tune)
+
+    add_model_commands(sub, _positive_int, _non_negative_int, DEFAULT_DATABASE)
 
     best_p = sub.add_parser("best", help="show the best record per workload and target")
     best_p.add_argument("--database", default=DEFAULT_DATABASE)

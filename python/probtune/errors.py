@@ -21,6 +21,8 @@ __all__ = [
     "PluginError",
     "TuningConfigError",
     "ReplayError",
+    "ModelImportError",
+    "ModelCheckError",
     "InvalidDecisionError",
     "TraceFormatError",
     "NOT_REPLAYABLE",
@@ -93,6 +95,14 @@ class TuningConfigError(ProbtuneError, ValueError):
 
 class ReplayError(ProbtuneError):
     """A trace instruction that TVM refused while replaying (the program it names is illegal)."""
+
+
+class ModelImportError(ProbtuneError, ValueError):
+    """A model that cannot be imported: not a file, not ONNX, an unsupported operator, an input without a shape."""
+
+
+class ModelCheckError(ProbtuneError):
+    """A compiled model whose outputs differ from the reference's (onnxruntime, or the untuned build)."""
 
 
 NOT_REPLAYABLE = (ReplayError, InvalidDecisionError, TraceFormatError)

@@ -1,0 +1,177 @@
+"""The model commands of ``probtune``: tune-model (tune, compile, check, export) and run-model (time, compare)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["add_model_commands"]
+
+ONNXRUNTIME_THREADS = 2  # onnxruntime's intra-op threads in run-model's comparison: the machine's cores
+
+
+def add_model_commands(sub: Any, positive_int: Any, non_negative_int: Any, default_database: str) -> None:
+    """Register ``tune-model`` and ``run-model`` on the ``probtune`` parser's subcommands."""
+    tune_p = sub.add_parser("tune-model", help="tune every task of a model, compile it, check it, export it")
+    tune_p.add_argument("model", help="an ONNX file")
+    _input_shape_option(tune_p)
+    tune_p.add_argument("--target", default="host", help="target name (see 'probtune targets')")
+    tune_p.add_argument("--trials", type=positive_int, default=1000, help="new measurements over all tasks")
+    tune_p.add_argument("--batch-size", type=positive_int, help="candidates measured per round (default: tune's)")
+    tune_p.add_argument("--scheduler", default="gradient", choices=["gradient", "round-robin"])
+    tune_p.add_argument("--seed", type=int, default=0)
+    tune_p.add_argument("--database", default=default_database)
+    tune_p.add_argument("--confirm", type=non_negative_int, help="best records of each task timed again (default: tune's)")
+    tune_p.add_argument("--output", help="write the compiled model here (a shared library; its inputs in OUTPUT.json)")
+    tune_p.set_defaults(run=_cmd_tune_model)
+
+    run_p = sub.add_parser("run-model", help="time a compiled model; with --compare-onnx, check it against onnxruntime")
+    run_p.add_argument("compiled", help="a model written by 'probtune tune-model --output'")
+    run_p.add_argument("--compare-onnx", help="the ONNX model it came from: outputs checked, onnxruntime timed too")
+    _input_shape_option(run_p)
+    run_p.add_argument("--threads", type=positive_int, default=os.cpu_count() or 1)
+    run_p.add_argument("--repeat", type=positive_int, default=10)
+    run_p.set_defaults(run=_cmd_run_model)
+
+
+def _input_shape_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--input-shape", action="append", default=[], metavar="NAME=DIMS",
+                        help="an input's shape, e.g. input=1,3,224,224 (repeat for each input)")
+
+
+def _input_shapes(items: list[str]) -> dict[str, str]:
+    from probtune.errors import ModelImportError
+
+    shapes = {}
+    for item in items:
+        name, sep, dims = item.rpartition("=")
+        if not sep or not name:
+            raise ModelImportError(f"--input-shape {item!r}: expected NAME=DIMS, e.g. input=1,3,224,224")
+        shapes[name] = dims
+    return shapes
+
+
+def _cmd_tune_model(args: argparse.Namespace) -> int:
+    from probtune.model import load_model, tune_model
+    from probtune.search import BATCH_SIZE
+    from probtune.targets import resolve_target
+    from probtune.tuning import CONFIRM
+
+    target = resolve_target(args.target)
+    model = load_model(args.model, _input_shapes(args.input_shape))
+    if args.output:
+        _check_writable(Path(args.output))
+    print(f"tuning model {model.name} on target {target.name}: {args.trials} trials, database {args.database}",
+          flush=True)
+    with _ProgressBar(args.trials) as bar:
+        result = tune_model(
+            model, target, args.trials, database=args.database, seed=args.seed,
+            batch_size=args.batch_size or BATCH_SIZE, scheduler=args.scheduler,
+            confirm=CONFIRM if args.confirm is None else args.confirm, progress=bar.update,
+        )
+    print(result.table())
+    estimate = result.estimated_latency
+    print(f"\n{result.trials} trials in {result.seconds:.1f} s ({result.search_seconds:.1f} s searching); "
+          f"estimated model latency {'-' if estimate is None else f'{estimate * 1e3:.3f} ms'}")
+    compiled = result.compile()
+    print(compiled.check)
+    latency = float(np.median(compiled.time(model.random_inputs(0))))
+    print(f"compiled model: {latency * 1e3:.3f} ms per inference on {compiled.num_threads} threads")
+    if args.output:
+        path = compiled.export_library(args.output)
+        _write_inputs(path, model)
+        print(f"written: {path} (inputs in {path}.json)")
+    return 0
+
+
+def _cmd_run_model(args: argparse.Namespace) -> int:
+    from probtune.model import CompiledModel, InputSpec, check_outputs, load_model
+
+    model = load_model(args.compare_onnx, _input_shapes(args.input_shape)) if args.compare_onnx else None
+    inputs = model.inputs if model else _read_inputs(Path(args.compiled), InputSpec)
+    compiled = CompiledModel.load(args.compiled, inputs, args.threads)
+    arrays = [spec.random(np.random.default_rng(0)) for spec in inputs] if model is None else model.random_inputs(0)
+    latency = float(np.median(compiled.time(arrays, repeat=args.repeat)))
+    print(f"{args.compiled}: {latency * 1e3:.3f} ms per inference on {args.threads} threads")
+    if model is not None:
+        print(check_outputs(model, compiled))
+        reference = _onnxruntime_seconds(model, arrays, args.repeat)
+        print(f"onnxruntime: {reference * 1e3:.3f} ms on {ONNXRUNTIME_THREADS} threads "
+              f"(probtune/onnxruntime speed ratio {reference / latency:.2f}x)")
+    return 0
+
+
+def _onnxruntime_seconds(model: Any, arrays: list[np.ndarray], repeat: int) -> float:
+    import time
+
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = ONNXRUNTIME_THREADS
+    session = onnxruntime.InferenceSession(model.onnx_model.SerializeToString(), options,
+                                           providers=["CPUExecutionProvider"])
+    feeds = {spec.name: array for spec, array in zip(model.inputs, arrays)}
+    session.run(None, feeds)
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        session.run(None, feeds)
+        times.append(time.perf_counter() - started)
+    return float(np.median(times))
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse, before any trial is spent, an output the compiled model could not be written to."""
+    from probtune.errors import TuningConfigError
+
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise TuningConfigError(f"--output {path}: cannot write there (no such folder, not writable, or a folder)")
+
+
+def _write_inputs(path: Path, model: Any) -> None:
+    specs = [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype} for s in model.inputs]
+    Path(f"{path}.json").write_text(json.dumps({"model": model.name, "inputs": specs}, indent=1))
+
+
+def _read_inputs(path: Path, spec_type: Any) -> tuple[Any, ...]:
+    from probtune.errors import ModelImportError
+
+    sidecar = Path(f"{path}.json")
+    if not sidecar.is_file():
+        raise ModelImportError(f"{sidecar} is missing: give the model's inputs with --compare-onnx MODEL.onnx")
+    try:
+        specs = json.loads(sidecar.read_text())["inputs"]
+        return tuple(spec_type(s["name"], tuple(int(d) for d in s["shape"]), str(s["dtype"])) for s in specs)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ModelImportError(f"{sidecar}: not a probtune inputs file ({exc})") from None
+
+
+class _ProgressBar:
+    """One bar over the run's trials (rich), naming the task being measured and its best latency."""
+
+    def __init__(self, trials: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            transient=False,
+        )
+        self._bar = self._progress.add_task("tuning", total=trials)
+
+    def __enter__(self) -> _ProgressBar:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._progress.stop()
+
+    def update(self, outcome: Any) -> None:
+        best = "-" if outcome.best_latency is None else f"{outcome.best_latency * 1e3:.4f} ms"
+        self._progress.update(self._bar, completed=outcome.trial,
+                              description=f"{outcome.task.split(':')[0][:32]:<32} best {best:>12}")

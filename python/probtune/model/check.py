@@ -1,0 +1,99 @@
+"""Check a compiled model against a reference: onnxruntime for an ONNX model, else the untuned Relax build.
+
+A mismatch is an error (:class:`~probtune.errors.ModelCheckError`), never a
+warning: a fast model that computes something else is worth nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from probtune.errors import ModelCheckError
+from probtune.model.compile import outputs_to_numpy
+from probtune.model.importer import Model
+
+__all__ = ["CheckReport", "reference_outputs", "check_outputs"]
+
+RTOL = 1e-3
+"""Outputs agree when ``|got - want| <= RTOL * |want| + ATOL_SCALE * rms(want)``, per output.
+
+Tuned kernels reorder floating-point sums, and a model chains many of them
+(onnxslim also folds batch norms into convolutions): errors of 1e-5 relative
+per layer add up over tens of layers. A wrong program is off by far more."""
+ATOL_SCALE = 1e-3
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """How close the compiled model's outputs came to the reference's, and against what."""
+
+    reference: str  # "onnxruntime" or "untuned build"
+    max_abs_error: float
+    max_rel_error: float  # largest error relative to the output's root-mean-square magnitude
+    rtol: float
+    atol_scale: float
+
+    def __str__(self) -> str:
+        return (
+            f"outputs match {self.reference}: max abs error {self.max_abs_error:.3g}, "
+            f"{self.max_rel_error:.3g} of the output's RMS (tolerance rtol {self.rtol:g}, "
+            f"atol {self.atol_scale:g} x RMS)"
+        )
+
+
+def reference_outputs(model: Model, inputs: Sequence[np.ndarray]) -> tuple[str, list[np.ndarray]]:
+    """What the model should compute on ``inputs``, and what computed it."""
+    if model.onnx_model is not None:
+        return "onnxruntime", _onnxruntime_outputs(model, inputs)
+    return "untuned build", _untuned_outputs(model, inputs)
+
+
+def check_outputs(model: Model, run: Callable[..., list[np.ndarray]], seed: int = 0) -> CheckReport:
+    """Run ``run`` (a compiled model) and the reference on random inputs; raise if any output differs."""
+    inputs = model.random_inputs(seed)
+    reference, want = reference_outputs(model, inputs)
+    got = run(*inputs)
+    if len(got) != len(want):
+        raise ModelCheckError(f"the compiled model gives {len(got)} outputs, {reference} gives {len(want)}")
+    worst_abs = worst_rel = 0.0
+    for index, (g, w) in enumerate(zip(got, want)):
+        g, w = np.asarray(g), np.asarray(w)
+        if g.shape != w.shape:
+            raise ModelCheckError(f"output {index} has shape {g.shape}, {reference}'s has {w.shape}")
+        scale = math.sqrt(float(np.mean(np.square(w, dtype=np.float64)))) if w.size else 0.0
+        error = np.abs(g.astype(np.float64) - w.astype(np.float64))
+        bad = ~(error <= RTOL * np.abs(w) + ATOL_SCALE * scale)
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ModelCheckError(
+                f"output {index} of the compiled model differs from {reference}'s in {int(bad.sum())} of {w.size} "
+                f"elements (first at {where}: {g[where]!r} against {w[where]!r}; tolerance rtol {RTOL:g}, "
+                f"atol {ATOL_SCALE:g} x RMS {scale:.3g})"
+            )
+        worst_abs = max(worst_abs, float(error.max(initial=0.0)))
+        worst_rel = max(worst_rel, float(error.max(initial=0.0)) / scale if scale else 0.0)
+    return CheckReport(reference, worst_abs, worst_rel, RTOL, ATOL_SCALE)
+
+
+def _onnxruntime_outputs(model: Model, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    session = onnxruntime.InferenceSession(
+        model.onnx_model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    feeds = {spec.name: array for spec, array in zip(model.inputs, inputs)}
+    return [np.asarray(out) for out in session.run(None, feeds)]
+
+
+def _untuned_outputs(model: Model, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    executable = tvm.compile(model.mod, target=tvm.target.Target({"kind": "llvm"}))
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    return outputs_to_numpy(vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in inputs]))

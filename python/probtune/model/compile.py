@@ -1,0 +1,132 @@
+"""Compile a fused model with tuned PrimFuncs into a runnable, exportable module that runs on all the target's cores."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from probtune._core import Rng
+from probtune.codegen import compile_for
+from probtune.errors import NOT_REPLAYABLE
+from probtune.interfaces import TargetSpec
+from probtune.model.importer import InputSpec
+from probtune.space import DesignSpace
+
+if TYPE_CHECKING:
+    from probtune.model.check import CheckReport
+
+__all__ = ["CompiledModel", "compile_model", "default_program", "outputs_to_numpy", "set_num_threads"]
+
+DEFAULT_DRAWS = 64  # draws of a task's space tried for a default program before its plain form is kept
+
+
+def compile_model(fused: tvm.IRModule, programs: Mapping[str, tvm.IRModule], target: TargetSpec) -> Any:
+    """``fused`` with each named PrimFunc replaced by the ``main`` of its program, compiled for ``target``.
+
+    The programs are compiled as the tuner measured them (:func:`probtune.codegen.compile_for`).
+    """
+    mod = fused
+    for name, program in programs.items():
+        func = program["main"].with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True)
+        mod = _replaced(mod, name, func)
+    return compile_for(mod, target)
+
+
+def default_program(space: DesignSpace, seed: int = 0) -> tvm.IRModule | None:
+    """A program for a task with no correct record: the first valid draw of its space (parallel, vectorized).
+
+    Never measured, so never the best program, but never the naive loops an
+    untuned build would run either. None if no draw of the space is valid.
+    """
+    rng = Rng(seed)
+    for _ in range(DEFAULT_DRAWS):
+        try:
+            sch, rejected = space.draw(rng)
+        except NOT_REPLAYABLE:
+            continue
+        if rejected is None:
+            return sch.mod
+    return None
+
+
+def _replaced(mod: tvm.IRModule, name: str, func: tvm.tirx.PrimFunc) -> tvm.IRModule:
+    updated = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    updated[mod.get_global_var(name)] = func
+    return updated
+
+
+def set_num_threads(count: int) -> None:
+    """Size TVM's runtime thread pool in this process (TVM's own default is half the logical CPUs)."""
+    os.environ["TVM_NUM_THREADS"] = str(count)  # for a pool not started yet
+    tvm.get_global_func("runtime.config_threadpool")(1, count)  # 1: big cores, i.e. all of them on one kind
+
+
+class CompiledModel:
+    """A tuned model, runnable: ``compiled(*inputs)`` takes and returns numpy arrays.
+
+    It runs on ``num_threads`` threads (default: the target's cores); TVM's
+    runtime would otherwise use half the logical CPUs.
+    """
+
+    def __init__(self, executable: Any, inputs: Sequence[InputSpec], num_threads: int) -> None:
+        self.executable = executable
+        self.inputs = tuple(inputs)
+        self.num_threads = num_threads
+        self.check: CheckReport | None = None  # set by ModelTuneResult.compile when the outputs were checked
+        set_num_threads(num_threads)
+        self._device = tvm.cpu()
+        self._vm = relax.VirtualMachine(executable, self._device)
+
+    def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        out = self._vm["main"](*self._tensors(inputs))
+        return outputs_to_numpy(out)
+
+    def time(self, inputs: Sequence[np.ndarray], repeat: int = 10, min_repeat_ms: int = 100) -> list[float]:
+        """Seconds per call of the model on ``inputs``, one figure per repeat (TVM's timer)."""
+        tensors = self._tensors(inputs)
+        self._vm.set_input("main", *tensors)
+        timer = self._vm.time_evaluator("invoke_stateful", self._device, repeat=repeat, min_repeat_ms=int(min_repeat_ms))
+        return [float(r) for r in timer("main").results]
+
+    def export_library(self, path: str | os.PathLike[str]) -> Path:
+        """Write the model as a shared library that TVM's runtime loads (:meth:`load`)."""
+        path = Path(path)
+        try:
+            self.executable.export_library(str(path))
+        except Exception as exc:  # noqa: BLE001 - TVM reports an unwritable path as a generic error
+            raise OSError(f"cannot write the compiled model to {path}: {exc}") from None
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], inputs: Sequence[InputSpec], num_threads: int | None = None) -> CompiledModel:
+        """A model exported by :meth:`export_library`."""
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{path}: no such compiled model")
+        return cls(tvm.runtime.load_module(str(path)), inputs, num_threads or os.cpu_count() or 1)
+
+    def _tensors(self, inputs: Sequence[np.ndarray]) -> list[Any]:
+        if len(inputs) != len(self.inputs):
+            names = [spec.name for spec in self.inputs]
+            raise ValueError(f"the model takes {len(self.inputs)} inputs ({names}), got {len(inputs)}")
+        tensors = []
+        for array, spec in zip(inputs, self.inputs):
+            array = np.ascontiguousarray(array)
+            if array.shape != spec.shape or array.dtype != np.dtype(spec.dtype):
+                raise ValueError(
+                    f"input {spec.name!r} must be {spec.dtype}{list(spec.shape)}, got {array.dtype}{list(array.shape)}"
+                )
+            tensors.append(tvm.runtime.tensor(array, self._device))
+        return tensors
+
+
+def outputs_to_numpy(out: Any) -> list[np.ndarray]:
+    """A VM's result (a tensor, or nested tuples of them) as a flat list of arrays."""
+    if isinstance(out, tvm.runtime.Tensor):
+        return [out.numpy()]
+    return [array for item in out for array in outputs_to_numpy(item)]

@@ -1,0 +1,200 @@
+"""Import a model: an ONNX file (through TVM's Relax ONNX frontend) or a Relax IRModule, with static input shapes.
+
+Real exported models often compute shapes at run time (Shape -> Gather ->
+Concat -> Reshape), which the frontend cannot import. With the input shapes
+fixed, onnxslim folds those computations to constants first.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from probtune.errors import ModelImportError, last_line, warn_caller
+from probtune.workload import parse_shape
+
+__all__ = ["InputSpec", "Model", "load_model"]
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One model input: its name, static shape and dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    def random(self, rng: np.random.Generator) -> np.ndarray:
+        """An input array: floats ~ U(-1, 1), integers in [0, 4] (small indices, valid for most embeddings)."""
+        if np.issubdtype(np.dtype(self.dtype), np.floating):
+            return rng.uniform(-1.0, 1.0, size=self.shape).astype(self.dtype)
+        return rng.integers(0, 5, size=self.shape).astype(self.dtype)
+
+
+@dataclass(frozen=True, eq=False)
+class Model:
+    """A model ready to tune: a Relax module with its weights bound as constants, and its inputs.
+
+    ``onnx_model`` is the ONNX model it came from (None for a Relax module):
+    onnxruntime runs it as the reference for the compiled model's outputs.
+    """
+
+    name: str
+    mod: tvm.IRModule
+    inputs: tuple[InputSpec, ...]
+    onnx_model: Any = None
+
+    def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
+        rng = np.random.default_rng(seed)
+        return [spec.random(rng) for spec in self.inputs]
+
+
+ShapeArg = Mapping[str, Sequence[int] | str]
+
+
+def load_model(
+    source: str | os.PathLike[str] | tvm.IRModule, input_shapes: ShapeArg | None = None, *, name: str | None = None
+) -> Model:
+    """Import ``source``: the path of an ONNX file, or a Relax ``IRModule`` (taken as it is).
+
+    ``input_shapes`` gives the shape of an input by name; it is needed for
+    each input whose shape the file leaves open, and overrides a fixed one
+    of the same rank.
+    """
+    if isinstance(source, tvm.IRModule):
+        if input_shapes:
+            raise ModelImportError("input_shapes apply to ONNX files; a Relax module's inputs have their own shapes")
+        return Model(name or "relax_module", source, _relax_inputs(source))
+    path = Path(source)
+    if not path.is_file():
+        raise ModelImportError(f"{path}: no such file (expected an ONNX model file)")
+    onnx_model = _read_onnx(path)
+    inputs = _onnx_inputs(onnx_model, path, dict(input_shapes or {}))
+    mod = _import_onnx(onnx_model, inputs, path)
+    return Model(name or path.stem, mod, inputs, onnx_model)
+
+
+def _read_onnx(path: Path) -> Any:
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    try:
+        model = onnx.load(str(path))
+    except (DecodeError, ValueError, RuntimeError, UnicodeDecodeError) as exc:
+        raise ModelImportError(f"{path}: not an ONNX model ({type(exc).__name__}: {exc})") from None
+    if not model.graph.node:
+        raise ModelImportError(f"{path}: not an ONNX model, or one with an empty graph")
+    return model
+
+
+def _onnx_inputs(model: Any, path: Path, given: dict[str, Sequence[int] | str]) -> tuple[InputSpec, ...]:
+    """The graph inputs that are not weights, with their shapes fixed from the file and ``given``."""
+    from onnx import helper
+
+    weights = {init.name for init in model.graph.initializer}
+    graph_inputs = [value for value in model.graph.input if value.name not in weights]
+    names = [value.name for value in graph_inputs]
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise ModelImportError(f"{path}: input_shapes names {unknown}, but the model's inputs are {names}")
+    specs = []
+    for value in graph_inputs:
+        tensor = value.type.tensor_type
+        dims = [dim.dim_value if dim.HasField("dim_value") and dim.dim_value > 0 else None for dim in tensor.shape.dim]
+        dtype = str(helper.tensor_dtype_to_np_dtype(tensor.elem_type))
+        specs.append(InputSpec(value.name, _fixed_shape(path, value.name, dims, given.get(value.name)), dtype))
+    return tuple(specs)
+
+
+def _fixed_shape(path: Path, name: str, dims: list[int | None], given: Sequence[int] | str | None) -> tuple[int, ...]:
+    if given is None:
+        if None in dims:
+            shown = ",".join("?" if d is None else str(d) for d in dims)
+            raise ModelImportError(
+                f"{path}: input {name!r} has a dynamic shape ({shown}); give it, e.g. "
+                f"input_shapes={{{name!r}: (...)}} or --input-shape {name}=1,..."
+            )
+        return tuple(int(d) for d in dims)  # type: ignore[arg-type]
+    shape = parse_shape(given)
+    if len(shape) != len(dims):
+        raise ModelImportError(
+            f"{path}: input {name!r} has rank {len(dims)} in the model, but the given shape {shape} has rank {len(shape)}"
+        )
+    clash = [(d, s) for d, s in zip(dims, shape) if d is not None and d != s]
+    if clash:
+        raise ModelImportError(f"{path}: input {name!r} is fixed at {dims} in the model; the given shape {shape} differs")
+    return shape
+
+
+def _import_onnx(model: Any, inputs: tuple[InputSpec, ...], path: Path) -> tvm.IRModule:
+    from tvm.relax.frontend.onnx import from_onnx
+
+    _check_operators(model, path)
+    folded = _fold_shapes(model, inputs, path)
+    shapes = {spec.name: list(spec.shape) for spec in inputs}
+    dtypes = {spec.name: spec.dtype for spec in inputs}
+    try:
+        mod = from_onnx(folded, shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=False)
+    except Exception as exc:  # noqa: BLE001 - the frontend raises many kinds; each is reported with its node
+        raise ModelImportError(
+            f"{path}: TVM's ONNX frontend cannot import this model: {_described(exc)}. "
+            "Export it again with static shapes (or a newer opset), or import it with TVM yourself and pass the "
+            "Relax module to probtune"
+        ) from None
+    return mod
+
+
+def _check_operators(model: Any, path: Path) -> None:
+    """An operator the frontend has no converter for is named, with its node, before anything else runs."""
+    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+
+    supported = _get_convert_map()
+    for index, node in enumerate(model.graph.node):
+        if node.op_type not in supported:
+            where = f"node {node.name!r}" if node.name else f"node {index}"
+            domain = f" (domain {node.domain!r})" if node.domain else ""
+            raise ModelImportError(
+                f"{path}: operator {node.op_type}{domain} at {where} is not supported by TVM's ONNX frontend; "
+                "replace it in the model (e.g. export with another opset or without custom operators), or import "
+                "the model with TVM yourself and pass the Relax module to probtune"
+            )
+
+
+def _fold_shapes(model: Any, inputs: tuple[InputSpec, ...], path: Path) -> Any:
+    """The model with its input shapes fixed and the shape computations that follow folded (onnxslim)."""
+    import onnxslim
+
+    shapes = [f"{spec.name}:{','.join(map(str, spec.shape))}" for spec in inputs]
+    try:
+        return onnxslim.slim(model, input_shapes=shapes, no_shape_infer=False)
+    except Exception as exc:  # noqa: BLE001 - a model onnxslim cannot fold is imported as it is
+        warn_caller(f"{path}: shape computations were not folded (onnxslim: {_described(exc)}); importing as it is")
+        return model
+
+
+def _relax_inputs(mod: tvm.IRModule) -> tuple[InputSpec, ...]:
+    if "main" not in [gv.name_hint for gv in mod.get_global_vars()] or not isinstance(mod["main"], relax.Function):
+        raise ModelImportError("a Relax module must have a Relax function 'main', the model's entry point")
+    specs = []
+    for param in mod["main"].params:
+        info = param.struct_info
+        if not isinstance(info, relax.TensorStructInfo) or info.shape is None:
+            raise ModelImportError(f"input {param.name_hint!r} of 'main' is not a tensor of known rank")
+        dims = info.shape.values if hasattr(info.shape, "values") else None
+        if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+            raise ModelImportError(
+                f"input {param.name_hint!r} of 'main' has the dynamic shape {info.shape}; probtune tunes static shapes"
+            )
+        specs.append(InputSpec(param.name_hint, tuple(int(d) for d in dims), str(info.dtype)))
+    return tuple(specs)
+
+
+def _described(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {last_line(exc)}"

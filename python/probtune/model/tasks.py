@@ -1,0 +1,82 @@
+"""A model's tasks: TVM's Relax passes legalize and fuse it; each distinct fused PrimFunc is one task.
+
+A task's weight is the number of call sites of its PrimFuncs: the model spends
+that many calls' worth of the task's latency per inference. Identical
+PrimFuncs (same structure under different names) are one task, and one
+workload in the database, also across models.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from probtune.errors import ModelImportError
+from probtune.interfaces import TargetSpec
+from probtune.model.importer import Model
+from probtune.workload import Workload
+
+__all__ = ["ModelTask", "fuse", "extract_tasks"]
+
+
+@dataclass(frozen=True)
+class ModelTask:
+    """One distinct fused PrimFunc of a model: its workload, call sites, and the names it has in the fused module."""
+
+    workload: Workload
+    weight: int
+    functions: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return self.workload.name
+
+
+def fuse(model: Model, target: TargetSpec) -> tvm.IRModule:
+    """The model legalized and fused by TVM's "zero" pipeline (legalize, fold constants, fuse operators and TIR)."""
+    with tvm.target.Target(target.tvm_target):
+        return relax.get_pipeline("zero")(model.mod)
+
+
+def extract_tasks(fused: tvm.IRModule) -> list[ModelTask]:
+    """One task per distinct PrimFunc called from the fused module's Relax functions, heaviest first.
+
+    Raises :class:`ModelImportError` if nothing in the model is a tunable call.
+    """
+    calls = _call_sites(fused)
+    by_structure: dict[int, list[str]] = {}
+    workloads: dict[int, Workload] = {}
+    for gv in fused.get_global_vars():
+        func = fused[gv]
+        if not isinstance(func, tvm.tirx.PrimFunc) or calls[gv.name_hint] == 0:
+            continue
+        workload = Workload.from_module(func, name=gv.name_hint)
+        key = workload.structural_hash
+        by_structure.setdefault(key, []).append(gv.name_hint)
+        workloads.setdefault(key, workload)
+    if not workloads:
+        raise ModelImportError("the model has no tunable task: no operator of it becomes a TIR function")
+    tasks = [
+        ModelTask(workloads[key], sum(calls[name] for name in names), tuple(sorted(names)))
+        for key, names in by_structure.items()
+    ]
+    return sorted(tasks, key=lambda task: (-task.weight * (task.workload.flops or 0.0), task.name))
+
+
+def _call_sites(fused: tvm.IRModule) -> Counter[str]:
+    """How many times each PrimFunc is called (``call_tir``) from the module's Relax functions."""
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    counts: Counter[str] = Counter()
+
+    def visit(call: relax.Call) -> None:
+        if call.op.same_as(call_tir):
+            counts[call.args[0].name_hint] += 1
+
+    for gv in fused.get_global_vars():
+        if isinstance(fused[gv], relax.Function):
+            tvm_ffi.structural_walk(fused[gv], (relax.Call, visit))
+    return counts

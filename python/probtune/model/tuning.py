@@ -1,0 +1,245 @@
+"""Tune a whole model: its tasks share one trial budget, one measurement pipeline and one cost model."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tvm
+
+from probtune.errors import warn_caller
+from probtune.interfaces import CostModel, TargetSpec
+from probtune.model.check import check_outputs
+from probtune.model.compile import CompiledModel, compile_model, default_program
+from probtune.model.importer import Model, ShapeArg, load_model
+from probtune.model.tasks import ModelTask, extract_tasks, fuse
+from probtune.pipeline import MeasurePipeline, Progress, open_pipeline, resolve_cost_model
+from probtune.search import BATCH_SIZE
+from probtune.session import TaskSession, best_replayable
+from probtune.space import generate_space
+from probtune.targets import resolve_target
+from probtune.task_scheduler import TaskProgress, TaskScheduler, make_scheduler, spend
+from probtune.tuning import BUILD_TIMEOUT, CONFIRM, RUN_TIMEOUT, check_tuning_options
+
+__all__ = ["TaskRow", "ModelTuneResult", "tune_model"]
+
+TUNED, DEFAULT = "tuned", "default"
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """One task in a model's tuning result.
+
+    ``program`` is "tuned" (its best correct record) or "default" (no
+    correct record: a valid draw of its space, never measured).
+    ``best_latency`` is the record's mean in seconds (None for a default);
+    ``share`` its weighted part of the model's estimated time.
+    """
+
+    name: str
+    weight: int
+    flops: float | None
+    trials: int  # this run's
+    total_trials: int  # in the database, this run's included
+    best_latency: float | None
+    share: float | None
+    program: str
+
+
+@dataclass
+class ModelTuneResult:
+    """What tuning a model found: a row per task, and the programs :meth:`compile` puts in the model."""
+
+    model: Model
+    target: TargetSpec
+    database: Path
+    fused: tvm.IRModule
+    tasks: list[TaskRow]
+    trials: int
+    seconds: float
+    search_seconds: float
+    measure_seconds: float
+    programs: dict[str, tvm.IRModule]  # fused PrimFunc name -> its program
+
+    @property
+    def estimated_latency(self) -> float | None:
+        """Sum of weight x best latency over the tuned tasks; None if any task has no measured program."""
+        if any(row.best_latency is None for row in self.tasks):
+            return None
+        return sum(row.weight * row.best_latency for row in self.tasks)  # type: ignore[operator]
+
+    def compile(self, *, check: bool = True, num_threads: int | None = None, seed: int = 0) -> CompiledModel:
+        """The model with every task's program in place, compiled, running on the target's cores.
+
+        With ``check``, its outputs on random inputs are compared with the
+        reference's (onnxruntime for an ONNX model, else the untuned build): a
+        mismatch raises :class:`~probtune.errors.ModelCheckError`; the report is ``compiled.check``.
+        """
+        executable = compile_model(self.fused, self.programs, self.target)
+        compiled = CompiledModel(executable, self.model.inputs, num_threads or self.target.num_cores)
+        compiled.check = check_outputs(self.model, compiled, seed=seed) if check else None
+        return compiled
+
+    def table(self) -> str:
+        """The per-task table, as MetaSchedule's task scheduler prints it."""
+        head = f"{'#':>3}  {'task':<40} {'weight':>6} {'trials':>7} {'total':>6} {'latency (ms)':>13} {'share':>6}  program"
+        lines = [head, "-" * len(head)]
+        for index, row in enumerate(self.tasks):
+            latency = "-" if row.best_latency is None else f"{row.best_latency * 1e3:.4f}"
+            share = "-" if row.share is None else f"{row.share:.1%}"
+            lines.append(
+                f"{index:>3}  {row.name[:40]:<40} {row.weight:>6} {row.trials:>7} {row.total_trials:>6} "
+                f"{latency:>13} {share:>6}  {row.program}"
+            )
+        return "\n".join(lines)
+
+
+def tune_model(
+    model: Model | str | os.PathLike[str] | tvm.IRModule,
+    target: str | TargetSpec = "host",
+    trials: int = 1000,
+    *,
+    input_shapes: ShapeArg | None = None,
+    database: str | Path | None = None,
+    seed: int = 0,
+    batch_size: int = BATCH_SIZE,
+    scheduler: str | TaskScheduler = "gradient",
+    strategy: str = "evolutionary",
+    cost_model: str | CostModel = "xgb",
+    search_options: dict[str, Any] | None = None,
+    build_timeout: float = BUILD_TIMEOUT,
+    run_timeout: float = RUN_TIMEOUT,
+    confirm: int = CONFIRM,
+    progress: Progress | None = None,
+) -> ModelTuneResult:
+    """Tune every task of ``model`` for ``target`` with ``trials`` new measurements in all, recorded in ``database``.
+
+    ``model`` is a :class:`Model`, an ONNX file's path (``input_shapes`` as
+    for :func:`load_model`) or a Relax module. Each task first gets a round
+    (when ``trials`` allows; a task that gets none is compiled with a default
+    program, with a warning), then ``scheduler`` ("gradient" or
+    "round-robin") gives the rest where it cuts the model's latency most. A
+    database that already holds records of a task (from this model or
+    another) is continued, and its cost model goes on learning.
+    """
+    check_tuning_options(trials, batch_size, confirm, strategy)
+    started = time.perf_counter()
+    if not isinstance(model, Model):
+        model = load_model(model, input_shapes)
+    spec = resolve_target(target)
+    chooser = make_scheduler(scheduler)
+    fused = fuse(model, spec)
+    tasks = extract_tasks(fused)
+    cost = resolve_cost_model(cost_model, seed) if strategy == "evolutionary" else None
+    options = search_options or {}
+    with open_pipeline(spec, database, cost, trials=trials, build_timeout=build_timeout,
+                       run_timeout=run_timeout, progress=progress) as pipeline:
+        sessions = _Sessions(pipeline, tasks, cost, seed, options)
+        with contextlib.closing(sessions):
+            progress_rows = [sessions.progress(i) for i in range(len(tasks))]
+            _warn_unreached(tasks, progress_rows, trials)
+            spent = spend(trials, progress_rows, chooser, sessions.run_round, batch_size)
+            if confirm:
+                for session in sessions.opened():
+                    if session.measured:
+                        pipeline.confirm(session, confirm)
+            rows, programs = _results(pipeline, sessions, tasks, progress_rows, seed)
+        database_path = pipeline.db.path
+        search_seconds = sum(s.search_seconds for s in sessions.opened())
+        measure_seconds = pipeline.measure_seconds
+    return ModelTuneResult(
+        model, spec, database_path, fused, rows, spent, time.perf_counter() - started,
+        search_seconds, measure_seconds, programs,
+    )
+
+
+class _Sessions:
+    """The tasks' search sessions, each opened when its task first gets a round."""
+
+    def __init__(
+        self, pipeline: MeasurePipeline, tasks: list[ModelTask], model: CostModel | None, seed: int,
+        options: dict[str, Any],
+    ) -> None:
+        self.pipeline = pipeline
+        self.tasks = tasks
+        self.model = model
+        self.seed = seed
+        self.options = {"realize_helpers": pipeline.realize_helpers, **options}
+        self._open: dict[int, TaskSession] = {}
+
+    def progress(self, index: int) -> TaskProgress:
+        """The task's progress so far, from the database: a task tuned before (in any model) starts where it was."""
+        db, target = self.pipeline.db, self.pipeline.target
+        task = self.tasks[index]
+        workload_id = db.commit_workload(task.workload.key, task.workload.mod)
+        count = db.count(workload_id, target.name)
+        best = db.best(workload_id, target.name)
+        rounds = [(count, best[0].mean_latency if best else None)] if count else []
+        return TaskProgress(task.name, float(task.weight), trials=count, rounds=rounds)
+
+    def session(self, index: int) -> TaskSession:
+        if index not in self._open:
+            self._open[index] = TaskSession.open(
+                self.tasks[index].workload, self.pipeline.target, self.pipeline.db, self.model,
+                workdir=self.pipeline.workdir, seed=self.seed, search_options=self.options,
+            )
+        return self._open[index]
+
+    def run_round(self, index: int, size: int) -> tuple[int, float | None]:
+        session = self.session(index)
+        measured = self.pipeline.round(session, size)
+        return measured, session.best_latency
+
+    def get(self, index: int) -> TaskSession | None:
+        """The task's session, if it was opened."""
+        return self._open.get(index)
+
+    def opened(self) -> list[TaskSession]:
+        return list(self._open.values())
+
+    def close(self) -> None:
+        for session in self._open.values():
+            session.close()
+
+
+def _warn_unreached(tasks: list[ModelTask], rows: list[TaskProgress], trials: int) -> None:
+    untuned = [task.name for task, row in zip(tasks, rows) if not row.rounds]
+    if len(untuned) > trials:
+        warn_caller(
+            f"{trials} trials cannot reach all {len(untuned)} untuned tasks of the model: the lightest "
+            f"{len(untuned) - trials} get none and are compiled with a default program (see the task table)"
+        )
+
+
+def _results(
+    pipeline: MeasurePipeline, sessions: _Sessions, tasks: list[ModelTask], progress: list[TaskProgress], seed: int
+) -> tuple[list[TaskRow], dict[str, tvm.IRModule]]:
+    """A row per task and the program of each fused PrimFunc: its best correct record's, or a default."""
+    db, target = pipeline.db, pipeline.target
+    found: list[tuple[ModelTask, Any, int, int]] = []
+    programs: dict[str, tvm.IRModule] = {}
+    for index, task in enumerate(tasks):
+        opened = sessions.get(index)
+        space = opened.space if opened else generate_space(task.workload, target, seed=seed)
+        workload_id = db.commit_workload(task.workload.key, task.workload.mod)
+        best = best_replayable(db, workload_id, target, space)
+        program = best.program if best else default_program(space, seed)
+        if program is None:
+            raise RuntimeError(f"task {task.name}: no record replays and no draw of its space is valid")
+        programs.update({name: program for name in task.functions})
+        found.append((task, best, opened.measured if opened else 0, db.count(workload_id, target.name)))
+    total = sum(task.weight * best.record.mean_latency for task, best, _, _ in found if best)
+    rows = [
+        TaskRow(
+            task.name, task.weight, task.workload.flops, trials, count,
+            best.record.mean_latency if best else None,
+            task.weight * best.record.mean_latency / total if best and total else None,
+            TUNED if best else DEFAULT,
+        )
+        for task, best, trials, count in found
+    ]
+    return rows, programs
