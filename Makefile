@@ -1,4 +1,4 @@
-# Two entry points for a fresh clone: `make tune` (the main job) and `make test` (every test).
+# Two entry points for a fresh clone: `make tune` (the main job: tune a small model) and `make test` (every test).
 # The environment (.venv) is created and kept up to date on first use.
 
 PYTHON ?= python3
@@ -10,13 +10,15 @@ RUST_SOURCES := Cargo.toml $(wildcard rust/*.rs rust/benches/*.rs)
 PLUGINS := $(wildcard plugins/*)
 PLUGIN_SOURCES := $(wildcard plugins/*/pyproject.toml plugins/*/src/*/*.py)
 
+MODEL ?= small-cnn
+INPUT_SHAPE ?= x=1,3,32,32
 WORKLOAD ?= matmul
 SHAPE ?= 512,512,512
 TARGET ?= host
-TRIALS ?= 48
+TRIALS ?= 96
 DATABASE ?= probtune.db
 
-.PHONY: setup tune test bench bench-space bench-tune bench-transfer clean
+.PHONY: setup tune tune-op test bench bench-space bench-tune bench-transfer clean
 
 setup: $(VENV)/.deps $(VENV)/.core $(VENV)/.plugins
 
@@ -35,7 +37,15 @@ $(VENV)/.plugins: $(VENV)/.core $(PLUGIN_SOURCES)
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation $(addprefix -e ,$(PLUGINS))
 	touch $@
 
+# An example model built in code (no download), tuned, checked against onnxruntime, exported as $(MODEL).so.
 tune: setup
+	$(BIN)/probtune example-model $(MODEL) $(MODEL).onnx
+	$(BIN)/probtune tune-model $(MODEL).onnx --input-shape $(INPUT_SHAPE) --target $(TARGET) --trials $(TRIALS) \
+		--database $(DATABASE) --output $(MODEL).so
+	$(BIN)/probtune run-model $(MODEL).so --compare-onnx $(MODEL).onnx --input-shape $(INPUT_SHAPE)
+
+# One operator from the catalog.
+tune-op: setup
 	$(BIN)/probtune tune --workload $(WORKLOAD) --shape $(SHAPE) --target $(TARGET) --trials $(TRIALS) --database $(DATABASE)
 
 test: setup

@@ -75,3 +75,27 @@ def assert_program_correct(workload, mod: tvm.IRModule, host) -> None:
     results = run_module(lib, [*inputs, *outputs])[workload.num_inputs :]
     for got, want in zip(results, workload.reference(*inputs)):
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+
+
+@pytest.fixture(scope="session")
+def small_cnn_onnx(tmp_path_factory):
+    """A small residual CNN (examples.small_cnn at 8 channels, 16x16) with a dynamic batch, as an ONNX file."""
+    import onnx
+
+    from probtune.model.examples import small_cnn
+
+    path = tmp_path_factory.mktemp("models") / "small_cnn.onnx"
+    onnx.save(small_cnn(channels=8, size=16), path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def encoder_onnx(tmp_path_factory):
+    """One small transformer encoder layer (hidden 32, 2 heads, sequence 16), as an ONNX file."""
+    import onnx
+
+    from probtune.model.examples import encoder_layer
+
+    path = tmp_path_factory.mktemp("models") / "encoder.onnx"
+    onnx.save(encoder_layer(hidden=32, heads=2, ffn=64, seq=16), path)
+    return path

@@ -115,3 +115,21 @@ def test_every_cpu_target_gets_the_reciprocal():
 def test_softmax_uses_the_reciprocal_and_stays_correct(host):
     for candidate in softmax_samples_with("rewrite-invariant-division", host):
         assert _REWRITTEN in candidate.mod.script()
+
+
+def test_a_division_inside_a_call_is_rewritten_and_stays_correct(host):
+    """GELU's erf(x / s): the rewrite rebuilds the call around the new quotient (it once failed on TVM 0.27's Call)."""
+    rows, cols = 8, 64
+    a = te.placeholder((rows, cols), "float32", name="a")
+    b = te.placeholder((rows,), "float32", name="b")
+    q = te.compute((rows, cols), lambda i, j: te.erf(a[i, j] / b[i]), name="q")
+    sch = _rewritten(te.create_prim_func([a, b, q]), host)
+    assert _REWRITTEN in sch.mod.script()
+    lib = tvm.compile(sch.mod, target=tvm.target.Target(host.tvm_target))
+    rng = np.random.default_rng(0)
+    x, s = rng.uniform(-3, 3, (rows, cols)).astype("float32"), rng.uniform(0.5, 2, rows).astype("float32")
+    (got,) = run_module(lib, [x, s, np.zeros_like(x)])[2:]
+    from math import erf
+
+    want = np.vectorize(erf)((x / s[:, None]).astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

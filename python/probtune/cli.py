@@ -196,6 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from probtune.errors import ProbtuneError
 
+    formatwarning = warnings.formatwarning
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.formatwarning = lambda message, category, *rest: f"warning: {message}\n"  # type: ignore[assignment]
@@ -204,6 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ProbtuneError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        finally:
+            warnings.formatwarning = formatwarning  # main() may be called from a program (or a test) that goes on
 
 
 if __name__ == "__main__":

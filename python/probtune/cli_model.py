@@ -1,4 +1,4 @@
-"""The model commands of ``probtune``: tune-model (tune, compile, check, export) and run-model (time, compare)."""
+"""The model commands of ``probtune``: tune-model (tune, compile, check, export), run-model (time, compare), example-model."""
 
 from __future__ import annotations
 
@@ -29,6 +29,11 @@ def add_model_commands(sub: Any, positive_int: Any, non_negative_int: Any, defau
     tune_p.add_argument("--confirm", type=non_negative_int, help="best records of each task timed again (default: tune's)")
     tune_p.add_argument("--output", help="write the compiled model here (a shared library; its inputs in OUTPUT.json)")
     tune_p.set_defaults(run=_cmd_tune_model)
+
+    example_p = sub.add_parser("example-model", help="write a small example model built in code (an ONNX file)")
+    example_p.add_argument("name", choices=["small-cnn", "encoder-layer"])
+    example_p.add_argument("output", help="the ONNX file to write")
+    example_p.set_defaults(run=_cmd_example_model)
 
     run_p = sub.add_parser("run-model", help="time a compiled model; with --compare-onnx, check it against onnxruntime")
     run_p.add_argument("compiled", help="a model written by 'probtune tune-model --output'")
@@ -86,6 +91,16 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
         path = compiled.export_library(args.output)
         _write_inputs(path, model)
         print(f"written: {path} (inputs in {path}.json)")
+    return 0
+
+
+def _cmd_example_model(args: argparse.Namespace) -> int:
+    import onnx
+
+    from probtune.model.examples import EXAMPLES
+
+    onnx.save(EXAMPLES[args.name](), args.output)
+    print(f"written: {args.output}")
     return 0
 
 

@@ -184,15 +184,13 @@ def _relax_inputs(mod: tvm.IRModule) -> tuple[InputSpec, ...]:
         raise ModelImportError("a Relax module must have a Relax function 'main', the model's entry point")
     specs = []
     for param in mod["main"].params:
-        info = param.struct_info
-        if not isinstance(info, relax.TensorStructInfo) or info.shape is None:
-            raise ModelImportError(f"input {param.name_hint!r} of 'main' is not a tensor of known rank")
-        dims = info.shape.values if hasattr(info.shape, "values") else None
-        if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
-            raise ModelImportError(
-                f"input {param.name_hint!r} of 'main' has the dynamic shape {info.shape}; probtune tunes static shapes"
-            )
-        specs.append(InputSpec(param.name_hint, tuple(int(d) for d in dims), str(info.dtype)))
+        name, info = str(param.name), param.ty
+        if not isinstance(info, relax.TensorType) or not isinstance(info.shape, relax.ShapeExpr):
+            raise ModelImportError(f"input {name!r} of 'main' is not a tensor of known shape")
+        dims = list(info.shape.values)
+        if not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+            raise ModelImportError(f"input {name!r} of 'main' has the dynamic shape {info.shape}; probtune tunes static shapes")
+        specs.append(InputSpec(name, tuple(int(d) for d in dims), str(info.dtype)))
     return tuple(specs)
 
 

@@ -39,7 +39,7 @@ def map_bottom_up(expr: tirx.Expr, replace: Callable[[tirx.Expr], tirx.Expr]) ->
     if isinstance(expr, tvm.ir.expr.Call):
         args = [map_bottom_up(arg, replace) for arg in expr.args]
         unchanged = all(n.same_as(o) for n, o in zip(args, expr.args))
-        return replace(expr if unchanged else tirx.Call(str(expr.ty), expr.op, args))
+        return replace(expr if unchanged else tvm.ir.expr.Call(expr.op, args, ret_ty=expr.ty))
     if isinstance(expr, tirx.Let):
         value, body = map_bottom_up(expr.value, replace), map_bottom_up(expr.body, replace)
         return replace(expr if value.same_as(expr.value) and body.same_as(expr.body) else tirx.Let(expr.var, value, body))

@@ -1,0 +1,57 @@
+"""The model commands: example-model, tune-model (tune, check, export), run-model (time, compare); bad input."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+
+from probtune.cli import main
+
+
+def test_example_models_are_written(tmp_path, capsys):
+    for name in ("small-cnn", "encoder-layer"):
+        assert main(["example-model", name, str(tmp_path / f"{name}.onnx")]) == 0
+        onnx.checker.check_model(onnx.load(tmp_path / f"{name}.onnx"))
+
+
+def test_tune_model_exports_and_run_model_compares(small_cnn_onnx, tmp_path, capsys):
+    output = tmp_path / "cnn.so"
+    code = main(["tune-model", str(small_cnn_onnx), "--input-shape", "x=1,3,16,16", "--trials", "8",
+                 "--batch-size", "4", "--confirm", "0", "--database", str(tmp_path / "t.db"), "--output", str(output)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "outputs match onnxruntime" in out and "share" in out and f"written: {output}" in out
+    assert output.is_file() and (tmp_path / "cnn.so.json").is_file()
+
+    assert main(["run-model", str(output), "--compare-onnx", str(small_cnn_onnx), "--input-shape", "x=1,3,16,16",
+                 "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "outputs match onnxruntime" in out and "probtune/onnxruntime speed ratio" in out
+    assert main(["run-model", str(output), "--repeat", "2"]) == 0  # the inputs come from cnn.so.json
+    assert "ms per inference" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--output", "/no/such/folder/m.so"], "--output /no/such/folder/m.so: cannot write there"),
+        (["--input-shape", "1,3,16,16"], "expected NAME=DIMS"),
+        (["--input-shape", "x=1,3,16"], "has rank 4 in the model"),
+    ],
+    ids=["unwritable-output", "shape-without-name", "wrong-rank"],
+)
+def test_bad_input_is_refused_before_any_trial(small_cnn_onnx, tmp_path, capsys, extra, message):
+    database = tmp_path / "t.db"
+    args = ["tune-model", str(small_cnn_onnx), "--trials", "4", "--database", str(database)]
+    if not any(item.startswith("--input-shape") for item in extra):
+        args += ["--input-shape", "x=1,3,16,16"]
+    assert main(args + extra) == 2
+    assert message in capsys.readouterr().err
+    assert not database.exists()
+
+
+def test_run_model_without_inputs_file_says_what_to_give(tmp_path, capsys):
+    compiled = tmp_path / "m.so"
+    compiled.write_bytes(b"not a library")
+    assert main(["run-model", str(compiled)]) == 2
+    assert "give the model's inputs with --compare-onnx" in capsys.readouterr().err

@@ -1,0 +1,119 @@
+"""Importing models: ONNX files with their shape computations folded, Relax modules, and every bad input named."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from onnx import TensorProto, helper
+from tvm import relax
+
+from probtune.errors import ModelImportError
+from probtune.model import load_model
+from probtune.model.examples import IR_VERSION, OPSET
+
+
+def _write(tmp_path, nodes, inputs, outputs, name="m.onnx", initializers=()):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    path = tmp_path / name
+    onnx.save(model, path)
+    return path
+
+
+def _relu_model(tmp_path, shape):
+    return _write(
+        tmp_path, [helper.make_node("Relu", ["x"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+    )
+
+
+def test_a_runtime_shape_computation_is_folded_with_the_input_shape_given(small_cnn_onnx):
+    with pytest.raises(Exception, match="Reshape requires the input new shape"):  # what the frontend alone says
+        from tvm.relax.frontend.onnx import from_onnx
+
+        from_onnx(onnx.load(small_cnn_onnx), shape_dict={"x": [1, 3, 16, 16]}, keep_params_in_input=False)
+    model = load_model(small_cnn_onnx, {"x": (1, 3, 16, 16)})
+    assert [(s.name, s.shape, s.dtype) for s in model.inputs] == [("x", (1, 3, 16, 16), "float32")]
+    assert isinstance(model.mod["main"], relax.Function) and model.onnx_model is not None
+    assert model.name == "small_cnn"
+
+
+def test_a_dynamic_input_without_a_shape_is_named(small_cnn_onnx):
+    with pytest.raises(ModelImportError, match=r"input 'x' has a dynamic shape \(\?,3,16,16\); give it"):
+        load_model(small_cnn_onnx)
+
+
+def test_an_input_shape_of_the_wrong_rank_is_named(small_cnn_onnx):
+    with pytest.raises(ModelImportError, match=r"input 'x' has rank 4 in the model, but the given shape \(3, 16, 16\) has rank 3"):
+        load_model(small_cnn_onnx, {"x": "3,16,16"})
+
+
+def test_a_shape_that_contradicts_a_fixed_dimension_is_named(small_cnn_onnx):
+    with pytest.raises(ModelImportError, match=r"input 'x' is fixed at \[None, 3, 16, 16\]"):
+        load_model(small_cnn_onnx, {"x": (1, 4, 16, 16)})
+
+
+def test_an_unknown_input_name_is_named(small_cnn_onnx):
+    with pytest.raises(ModelImportError, match=r"input_shapes names \['image'\], but the model's inputs are \['x'\]"):
+        load_model(small_cnn_onnx, {"image": (1, 3, 16, 16)})
+
+
+def test_not_a_file_and_not_onnx(tmp_path):
+    with pytest.raises(ModelImportError, match="no such file"):
+        load_model(tmp_path / "missing.onnx")
+    with pytest.raises(ModelImportError, match="no such file"):
+        load_model(tmp_path)  # a folder
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\x00\x01 this is not a protobuf \xff\xfe" * 10)
+    with pytest.raises(ModelImportError, match="not an ONNX model"):
+        load_model(junk)
+
+
+def test_an_unsupported_operator_is_named_with_its_node(tmp_path):
+    path = _write(
+        tmp_path, [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Frobnicate", ["r"], ["y"], name="frob_1", domain="acme")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])],
+    )
+    with pytest.raises(ModelImportError, match=r"operator Frobnicate \(domain 'acme'\) at node 'frob_1' is not supported"):
+        load_model(path)
+
+
+def test_a_fixed_shape_model_needs_no_shapes(tmp_path):
+    model = load_model(_relu_model(tmp_path, [2, 8]))
+    assert model.inputs[0].shape == (2, 8) and model.name == "m"
+
+
+def test_a_relax_module_is_taken_as_it_is():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(x))
+        bb.emit_func_output(out)
+    model = load_model(bb.get())
+    assert [(s.name, s.shape) for s in model.inputs] == [("x", (4, 8))] and model.onnx_model is None
+    with pytest.raises(ModelImportError, match="input_shapes apply to ONNX files"):
+        load_model(bb.get(), {"x": (4, 8)})
+
+
+def test_a_relax_module_without_main_or_with_a_dynamic_input():
+    bb = relax.BlockBuilder()
+    n = tvm.tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType((n, 8), "float32"))
+    with bb.function("main", [x]):
+        bb.emit_func_output(x)
+    with pytest.raises(ModelImportError, match="input 'x' of 'main' has the dynamic shape"):
+        load_model(bb.get())
+    with pytest.raises(ModelImportError, match="must have a Relax function 'main'"):
+        load_model(tvm.IRModule({}))
+
+
+def test_random_inputs_depend_on_the_seed_only(small_cnn_onnx):
+    model = load_model(small_cnn_onnx, {"x": "1,3,16,16"})
+    a, b = model.random_inputs(3), model.random_inputs(3)
+    assert np.array_equal(a[0], b[0]) and a[0].dtype == np.float32

@@ -1,0 +1,146 @@
+"""Tuning whole models: import, tasks, a small budget, compile, outputs equal to onnxruntime's; resume; bad input."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+from tvm import relax
+
+import probtune
+from probtune.database import Database
+from probtune.errors import ModelCheckError
+from probtune.model import CompiledModel, load_model, tune_model
+from probtune.model import check as check_module
+
+CNN_SHAPES = {"x": (1, 3, 16, 16)}
+FAST = dict(batch_size=4, confirm=0)
+
+
+@pytest.fixture(scope="module")
+def cnn_result(small_cnn_onnx, tmp_path_factory):
+    database = tmp_path_factory.mktemp("cnn") / "tuning.db"
+    return tune_model(small_cnn_onnx, "host", trials=20, input_shapes=CNN_SHAPES, database=database, seed=0, **FAST)
+
+
+def test_a_cnn_is_tuned_compiled_and_matches_onnxruntime(cnn_result, tmp_path):
+    rows = cnn_result.tasks
+    assert cnn_result.trials == 20 == sum(row.trials for row in rows)
+    assert all(row.program == "tuned" and row.best_latency > 0 for row in rows)
+    assert sum(row.share for row in rows) == pytest.approx(1.0)
+    assert cnn_result.estimated_latency == pytest.approx(sum(r.weight * r.best_latency for r in rows))
+    assert "fused_conv2d" in cnn_result.table()
+
+    compiled = cnn_result.compile()
+    assert compiled.check.reference == "onnxruntime" and compiled.check.max_rel_error < 1e-3
+    assert compiled.num_threads == cnn_result.target.num_cores
+    inputs = cnn_result.model.random_inputs(5)
+    (logits,) = compiled(*inputs)
+    assert logits.shape == (1, 10)
+    assert min(compiled.time(inputs, repeat=2, min_repeat_ms=1)) > 0
+
+    path = compiled.export_library(tmp_path / "cnn.so")
+    loaded = CompiledModel.load(path, cnn_result.model.inputs)
+    np.testing.assert_array_equal(loaded(*inputs)[0], logits)
+
+
+def test_a_mismatch_with_the_reference_is_an_error(cnn_result, monkeypatch):
+    real = check_module.reference_outputs
+
+    def off_by_a_little(model, inputs):
+        name, outputs = real(model, inputs)
+        return name, [out + 0.01 * np.abs(out).max() for out in outputs]
+
+    monkeypatch.setattr(check_module, "reference_outputs", off_by_a_little)
+    with pytest.raises(ModelCheckError, match=r"output 0 of the compiled model differs from onnxruntime's in \d+ of 10"):
+        cnn_result.compile()
+
+
+def test_an_encoder_layer_is_tuned_and_matches_onnxruntime(encoder_onnx, tmp_path):
+    result = tune_model(encoder_onnx, "host", trials=16, database=tmp_path / "t.db", **FAST)
+    assert any("softmax" in row.name for row in result.tasks)
+    assert any("layer_norm" in row.name for row in result.tasks)
+    assert all(row.trials >= 1 for row in result.tasks) or len(result.tasks) > 16
+    compiled = result.compile()
+    assert compiled.check.reference == "onnxruntime"
+
+
+def test_fewer_trials_than_tasks_leave_the_rest_on_default_programs(small_cnn_onnx, tmp_path):
+    with pytest.warns(UserWarning, match=r"2 trials cannot reach all \d+ untuned tasks of the model"):
+        result = tune_model(small_cnn_onnx, trials=2, input_shapes=CNN_SHAPES, database=tmp_path / "t.db", **FAST)
+    defaults = [row for row in result.tasks if row.program == "default"]
+    assert len(defaults) == len(result.tasks) - 2 and all(row.best_latency is None for row in defaults)
+    assert result.estimated_latency is None
+    assert result.compile().check is not None  # default programs compute the right thing too
+
+
+def test_a_second_run_reuses_the_records_of_shared_tasks(cnn_result, small_cnn_onnx):
+    with Database(cnn_result.database) as db:
+        before = db.count()
+    again = tune_model(small_cnn_onnx, trials=4, input_shapes=CNN_SHAPES, database=cnn_result.database, **FAST)
+    assert sum(row.total_trials for row in again.tasks) == before + 4
+    assert sum(row.trials for row in again.tasks) == 4
+
+
+def test_a_relax_module_is_checked_against_its_untuned_build(tmp_path):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((8, 16), "float32"))
+    w = relax.const(np.random.default_rng(0).standard_normal((16, 4)).astype("float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(relax.op.matmul(x, w)))
+        bb.emit_func_output(out)
+    result = probtune.tune_model(bb.get(), trials=4, database=tmp_path / "t.db", **FAST)
+    assert result.compile().check.reference == "untuned build"
+
+
+def test_kill_9_loses_no_record_and_the_same_command_resumes(small_cnn_onnx, tmp_path):
+    database = tmp_path / "tuning.db"
+    script = textwrap.dedent(f"""
+        import probtune
+        probtune.tune_model({str(small_cnn_onnx)!r}, trials=200, input_shapes={CNN_SHAPES!r},
+                            database={str(database)!r}, batch_size=4, confirm=0)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and child.poll() is None:
+            time.sleep(1)
+            if database.exists() and _count(database) >= 6:
+                break
+        assert child.poll() is None, "the tune ended before it could be killed"
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+    recorded = _count(database)
+    assert recorded >= 6
+    tune_model(small_cnn_onnx, trials=4, input_shapes=CNN_SHAPES, database=database, **FAST)
+    with Database(database) as db:
+        assert db.count() == recorded + 4
+        for workload in db.workloads():
+            hashes = [r.decision_hash for r in db.records(workload.id)]
+            assert len(hashes) == len(set(hashes)), "nothing measured before is measured again"
+
+
+def _count(database) -> int:
+    with Database(database) as db:
+        return db.count()
+
+
+def test_bad_options_are_named_before_anything_runs(small_cnn_onnx):
+    with pytest.raises(probtune.TuningConfigError, match="trials must be a positive integer"):
+        tune_model(small_cnn_onnx, trials=0, input_shapes=CNN_SHAPES)
+    with pytest.raises(ValueError, match="unknown task scheduler"):
+        tune_model(small_cnn_onnx, trials=4, input_shapes=CNN_SHAPES, scheduler="fastest")
+    with pytest.raises(probtune.UnknownTargetError):
+        tune_model(small_cnn_onnx, "z80", trials=4, input_shapes=CNN_SHAPES)
+    with pytest.raises(probtune.ModelImportError, match="dynamic shape"):
+        tune_model(small_cnn_onnx, trials=4)
