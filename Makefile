@@ -18,7 +18,7 @@ TARGET ?= host
 TRIALS ?= 96
 DATABASE ?= probtune.db
 
-.PHONY: setup tune tune-op test bench bench-space bench-tune bench-transfer clean
+.PHONY: setup tune tune-op test bench bench-space bench-tune bench-transfer bench-models clean
 
 setup: $(VENV)/.deps $(VENV)/.core $(VENV)/.plugins
 
@@ -70,6 +70,11 @@ bench-tune: setup
 bench-transfer: setup
 	$(BIN)/python -m pip install --quiet -r requirements-bench.txt
 	$(BIN)/python bench/transfer.py $(BENCH_ARGS)
+
+# Whole models (ResNet-50, MobileNetV2, BERT-base written in code) against onnxruntime, OpenVINO, TVM MetaSchedule.
+bench-models: setup
+	$(BIN)/python -m pip install --quiet -r requirements-bench.txt
+	$(BIN)/python bench/models.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) target python/probtune/_core*.so

@@ -20,9 +20,10 @@ from probtune_cpu.output_reuse import RewriteOutputReuse
 from probtune_cpu.polynomial_exp import RewriteExpPolynomial
 from probtune_cpu.random_compute_location import RandomComputeLocation
 from probtune_cpu.reciprocal_division import RewriteInvariantDivision
+from probtune_cpu.vector_math import RewriteVectorMath
 from probtune_cpu.validators import VerifyParallel, VerifyStaticLoops, VerifyUnrollSize, VerifyVectorize
 
-__all__ = ["AutoInline", "AddRFactor", "RandomComputeLocation", "MultiLevelTiling", "ParallelVectorize", "AutoUnroll", "RewriteParallelVectorizeUnroll", "RewriteReductionBlock", "RewriteSpatialInnermost", "RewriteExpPolynomial", "RewriteInvariantDivision", "RewriteOutputReuse", "RewritePackedLayout"]
+__all__ = ["AutoInline", "AddRFactor", "RandomComputeLocation", "MultiLevelTiling", "ParallelVectorize", "AutoUnroll", "RewriteParallelVectorizeUnroll", "RewriteReductionBlock", "RewriteSpatialInnermost", "RewriteExpPolynomial", "RewriteVectorMath", "RewriteInvariantDivision", "RewriteOutputReuse", "RewritePackedLayout"]
 
 
 @hookimpl
@@ -40,6 +41,7 @@ def probtune_register_validators(register: Callable[[Any], None]) -> None:
     register(RewriteParallelVectorizeUnroll())
     register(RewriteReductionBlock())
     register(RewriteSpatialInnermost())
+    register(RewriteVectorMath())
     register(RewriteExpPolynomial())
     register(RewriteInvariantDivision())
     register(RewriteOutputReuse())

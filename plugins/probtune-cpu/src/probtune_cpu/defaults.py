@@ -19,6 +19,7 @@ DEFAULT_MODULES = (
     "random-compute-location",
 )
 DEFAULT_VALIDATORS = (
+    "rewrite-vector-math",
     "rewrite-exp-polynomial",
     "rewrite-invariant-division",
     "rewrite-write-back-location",  # moves blocks into tiles: before the parallel/vectorize rewrite
