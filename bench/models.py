@@ -253,14 +253,15 @@ def main() -> None:
         (Path(out) / "report.json").write_text(json.dumps(report))
         return
     args.systems = [s for s in args.systems.split(",") if s]
-    with tempfile.TemporaryDirectory(prefix="bench-models-") as scratch:
-        entries = [bench_model(name, args, Path(scratch)) for name in args.models.split(",")]
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     report = {"machine": cpu_model(), "threads": THREADS, "trials": args.trials, "seed": args.seed,
-              "tvm_trials_per_iter": args.tvm_trials_per_iter, "models": entries}
-    output.write_text(json.dumps(report, indent=1))
-    plot(entries, output.with_suffix(".png"))
+              "tvm_trials_per_iter": args.tvm_trials_per_iter, "models": []}
+    with tempfile.TemporaryDirectory(prefix="bench-models-") as scratch:
+        for name in args.models.split(","):
+            report["models"].append(bench_model(name, args, Path(scratch)))
+            output.write_text(json.dumps(report, indent=1))  # after each model: a long run stopped keeps the others
+            plot(report["models"], output.with_suffix(".png"))
     say(f"written: {output}")
 
 
