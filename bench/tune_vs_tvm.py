@@ -63,7 +63,7 @@ import probtune
 from probtune import Database, Trace
 from probtune.codegen import compile_for
 from probtune.errors import ProbtuneError
-from probtune.search import BATCH_SIZE
+from probtune.defaults import BATCH_SIZE
 from probtune.targets import resolve_target
 from probtune.workload import Workload
 

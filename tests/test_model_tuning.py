@@ -16,7 +16,7 @@ from tvm import relax
 import probtune
 from probtune.database import Database
 from probtune.errors import ModelCheckError
-from probtune.model import CompiledModel, load_model, tune_model
+from probtune.model import CompiledModel, tune_model
 from probtune.model import check as check_module
 
 CNN_SHAPES = {"x": (1, 3, 16, 16)}

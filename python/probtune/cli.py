@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
+from probtune import defaults
 from probtune.cli_model import add_model_commands
 
 __all__ = ["main"]
@@ -54,7 +55,6 @@ def _numpy_seconds(workload, repeat: int = 10) -> float | None:  # type: ignore[
 def _cmd_tune(args: argparse.Namespace) -> int:
     from probtune import tune
     from probtune.plugins import get_registry
-    from probtune.search import BATCH_SIZE
     from probtune.targets import resolve_target
     from probtune.workload import resolve_workload
 
@@ -70,7 +70,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         trials=args.trials,
         database=args.database,
         seed=args.seed,
-        batch_size=BATCH_SIZE if args.batch_size is None else args.batch_size,
+        batch_size=args.batch_size,
         strategy=args.strategy,
         cost_model=args.cost_model,
         modules=args.modules.split(",") if args.modules else None,
@@ -168,14 +168,15 @@ def _parser() -> argparse.ArgumentParser:
     tune_p.add_argument("--shape", default=None, help="shape parameters, e.g. 512,512,512 (default: the workload's)")
     tune_p.add_argument("--dtype", default="float32")
     tune_p.add_argument("--target", default="host", help="target name (see 'probtune targets')")
-    tune_p.add_argument("--trials", type=_positive_int, default=64)
-    tune_p.add_argument("--batch-size", type=_positive_int, help="candidates measured per search round (default: tune's)")
+    tune_p.add_argument("--trials", type=_positive_int, default=defaults.OPERATOR_TRIALS)
+    tune_p.add_argument("--batch-size", type=_positive_int, default=defaults.BATCH_SIZE,
+                        help="candidates measured per search round")
     tune_p.add_argument("--strategy", default="evolutionary", choices=["evolutionary", "random"])
     tune_p.add_argument("--cost-model", default="xgb", help="cost model of the evolutionary search (xgb, random)")
     tune_p.add_argument("--seed", type=int, default=0)
     tune_p.add_argument("--modules", default=None, help="comma-separated design-space modules (default: the target's)")
     tune_p.add_argument("--database", default=DEFAULT_DATABASE)
-    tune_p.add_argument("--confirm", type=_non_negative_int, default=4,
+    tune_p.add_argument("--confirm", type=_non_negative_int, default=defaults.CONFIRM,
                         help="best records timed again at the end, to rank them on more than one pass (0: none)")
     tune_p.set_defaults(run=_cmd_tune)
 

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from probtune import defaults
+
 __all__ = ["add_model_commands"]
 
 ONNXRUNTIME_THREADS = 2  # onnxruntime's intra-op threads in run-model's comparison: the machine's cores
@@ -21,12 +23,13 @@ def add_model_commands(sub: Any, positive_int: Any, non_negative_int: Any, defau
     tune_p.add_argument("model", help="an ONNX file")
     _input_shape_option(tune_p)
     tune_p.add_argument("--target", default="host", help="target name (see 'probtune targets')")
-    tune_p.add_argument("--trials", type=positive_int, default=1000, help="new measurements over all tasks")
-    tune_p.add_argument("--batch-size", type=positive_int, help="candidates measured per round (default: tune's)")
-    tune_p.add_argument("--scheduler", default="gradient", choices=["gradient", "round-robin"])
+    tune_p.add_argument("--trials", type=positive_int, default=defaults.MODEL_TRIALS, help="new measurements over all tasks")
+    tune_p.add_argument("--batch-size", type=positive_int, default=defaults.BATCH_SIZE, help="candidates measured per round")
+    tune_p.add_argument("--scheduler", default=defaults.SCHEDULER, choices=["gradient", "round-robin"])
     tune_p.add_argument("--seed", type=int, default=0)
     tune_p.add_argument("--database", default=default_database)
-    tune_p.add_argument("--confirm", type=non_negative_int, help="best records of each task timed again (default: tune's)")
+    tune_p.add_argument("--confirm", type=non_negative_int, default=defaults.CONFIRM,
+                        help="best records of each task timed again at the end (0: none)")
     tune_p.add_argument("--output", help="write the compiled model here (a shared library; its inputs in OUTPUT.json)")
     tune_p.set_defaults(run=_cmd_tune_model)
 
@@ -63,9 +66,7 @@ def _input_shapes(items: list[str]) -> dict[str, str]:
 
 def _cmd_tune_model(args: argparse.Namespace) -> int:
     from probtune.model import load_model, tune_model
-    from probtune.search import BATCH_SIZE
     from probtune.targets import resolve_target
-    from probtune.tuning import CONFIRM
 
     target = resolve_target(args.target)
     model = load_model(args.model, _input_shapes(args.input_shape))
@@ -76,8 +77,7 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
     with _ProgressBar(args.trials) as bar:
         result = tune_model(
             model, target, args.trials, database=args.database, seed=args.seed,
-            batch_size=args.batch_size or BATCH_SIZE, scheduler=args.scheduler,
-            confirm=CONFIRM if args.confirm is None else args.confirm, progress=bar.update,
+            batch_size=args.batch_size, scheduler=args.scheduler, confirm=args.confirm, progress=bar.update,
         )
     print(result.table())
     estimate = result.estimated_latency
@@ -85,6 +85,8 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
           f"estimated model latency {'-' if estimate is None else f'{estimate * 1e3:.3f} ms'}")
     compiled = result.compile()
     print(compiled.check)
+    if compiled.prepacked:
+        print(f"{compiled.prepacked} weight layout copies made once at compile time instead of on every call")
     latency = float(np.median(compiled.time(model.random_inputs(0))))
     print(f"compiled model: {latency * 1e3:.3f} ms per inference on {compiled.num_threads} threads")
     if args.output:

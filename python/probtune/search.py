@@ -15,6 +15,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from probtune._core import DecisionSet, Rng, Trace, evolve
+from probtune.defaults import BATCH_SIZE
 from probtune.errors import NOT_REPLAYABLE
 from probtune.interfaces import CostModel, Mutator
 from probtune.realize import Lend, Realized, Realizer
@@ -25,15 +26,6 @@ __all__ = ["SearchStrategy", "RandomSearch", "EvolutionarySearch", "INIT_MEASURE
 INIT_MEASURED = 32
 """How many of the fastest measured traces seed each evolutionary round."""
 
-BATCH_SIZE = 16
-"""Candidates measured per round by default.
-
-Rounds of 16 with one generation each cost the search time per trial of
-rounds of 32 with two, and the model learns twice as often: conv2d
-1x64x56x56, 128-trial tunes, seeds 0-11, same session, geomean 0.579 ms
-(slowest 0.665) against 0.680 (slowest 1.069); batch matmul and dense within
-the noise.
-"""
 
 
 class SearchStrategy(Protocol):

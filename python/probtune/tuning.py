@@ -18,7 +18,7 @@ from probtune.errors import TuningConfigError
 from probtune.interfaces import CostModel, SpaceModule, TargetSpec
 from probtune.pipeline import Progress, TrialOutcome, open_pipeline, resolve_cost_model
 from probtune.plugins import get_registry
-from probtune.search import BATCH_SIZE
+from probtune.defaults import BATCH_SIZE, BUILD_TIMEOUT, CONFIRM, OPERATOR_TRIALS, RUN_TIMEOUT
 from probtune.session import TaskSession, best_replayable
 from probtune.space import DesignSpace, generate_space
 from probtune.targets import resolve_target
@@ -28,9 +28,6 @@ __all__ = ["TuneResult", "TrialOutcome", "tune", "compile_best"]
 
 
 STRATEGIES = ("evolutionary", "random")
-BUILD_TIMEOUT = 60.0
-RUN_TIMEOUT = 10.0
-CONFIRM = 4  # best records timed again at the end of a run
 
 
 @dataclass
@@ -83,7 +80,7 @@ class TuneResult:
 def tune(
     workload: str | Workload | tvm.IRModule | tvm.tirx.PrimFunc,
     target: str | TargetSpec = "host",
-    trials: int = 64,
+    trials: int = OPERATOR_TRIALS,
     *,
     shape: Sequence[int] | str | None = None,
     dtype: str = "float32",

@@ -16,6 +16,7 @@ from probtune.codegen import compile_for
 from probtune.errors import NOT_REPLAYABLE
 from probtune.interfaces import TargetSpec
 from probtune.model.importer import InputSpec
+from probtune.model.prepack import prepack_weights
 from probtune.space import DesignSpace
 
 if TYPE_CHECKING:
@@ -26,16 +27,18 @@ __all__ = ["CompiledModel", "compile_model", "default_program", "outputs_to_nump
 DEFAULT_DRAWS = 64  # draws of a task's space tried for a default program before its plain form is kept
 
 
-def compile_model(fused: tvm.IRModule, programs: Mapping[str, tvm.IRModule], target: TargetSpec) -> Any:
+def compile_model(fused: tvm.IRModule, programs: Mapping[str, tvm.IRModule], target: TargetSpec) -> tuple[Any, int]:
     """``fused`` with each named PrimFunc replaced by the ``main`` of its program, compiled for ``target``.
 
-    The programs are compiled as the tuner measured them (:func:`probtune.codegen.compile_for`).
+    The programs are compiled as the tuner measured them (:func:`probtune.codegen.compile_for`),
+    except that a layout copy of a constant weight is made once, here (:mod:`probtune.model.prepack`).
+    Returns the executable and how many weights were packed so.
     """
-    mod = fused
+    mod, programs, prepacked = prepack_weights(fused, programs, tvm.target.Target(target.tvm_target))
     for name, program in programs.items():
         func = program["main"].with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True)
         mod = _replaced(mod, name, func)
-    return compile_for(mod, target)
+    return compile_for(mod, target), prepacked
 
 
 def default_program(space: DesignSpace, seed: int = 0) -> tvm.IRModule | None:
@@ -79,6 +82,7 @@ class CompiledModel:
         self.inputs = tuple(inputs)
         self.num_threads = num_threads
         self.check: CheckReport | None = None  # set by ModelTuneResult.compile when the outputs were checked
+        self.prepacked = 0  # weights whose layout copy was made at compile time (ModelTuneResult.compile)
         set_num_threads(num_threads)
         self._device = tvm.cpu()
         self._vm = relax.VirtualMachine(executable, self._device)

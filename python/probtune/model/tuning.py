@@ -11,6 +11,7 @@ from typing import Any
 
 import tvm
 
+from probtune.defaults import BATCH_SIZE, BUILD_TIMEOUT, CONFIRM, MODEL_TRIALS, RUN_TIMEOUT, SCHEDULER
 from probtune.errors import warn_caller
 from probtune.interfaces import CostModel, TargetSpec
 from probtune.model.check import check_outputs
@@ -18,12 +19,11 @@ from probtune.model.compile import CompiledModel, compile_model, default_program
 from probtune.model.importer import Model, ShapeArg, load_model
 from probtune.model.tasks import ModelTask, extract_tasks, fuse
 from probtune.pipeline import MeasurePipeline, Progress, open_pipeline, resolve_cost_model
-from probtune.search import BATCH_SIZE
 from probtune.session import TaskSession, best_replayable
 from probtune.space import generate_space
 from probtune.targets import resolve_target
 from probtune.task_scheduler import TaskProgress, TaskScheduler, make_scheduler, spend
-from probtune.tuning import BUILD_TIMEOUT, CONFIRM, RUN_TIMEOUT, check_tuning_options
+from probtune.tuning import check_tuning_options
 
 __all__ = ["TaskRow", "ModelTuneResult", "tune_model"]
 
@@ -79,8 +79,9 @@ class ModelTuneResult:
         reference's (onnxruntime for an ONNX model, else the untuned build): a
         mismatch raises :class:`~probtune.errors.ModelCheckError`; the report is ``compiled.check``.
         """
-        executable = compile_model(self.fused, self.programs, self.target)
+        executable, prepacked = compile_model(self.fused, self.programs, self.target)
         compiled = CompiledModel(executable, self.model.inputs, num_threads or self.target.num_cores)
+        compiled.prepacked = prepacked
         compiled.check = check_outputs(self.model, compiled, seed=seed) if check else None
         return compiled
 
@@ -101,13 +102,13 @@ class ModelTuneResult:
 def tune_model(
     model: Model | str | os.PathLike[str] | tvm.IRModule,
     target: str | TargetSpec = "host",
-    trials: int = 1000,
+    trials: int = MODEL_TRIALS,
     *,
     input_shapes: ShapeArg | None = None,
     database: str | Path | None = None,
     seed: int = 0,
     batch_size: int = BATCH_SIZE,
-    scheduler: str | TaskScheduler = "gradient",
+    scheduler: str | TaskScheduler = SCHEDULER,
     strategy: str = "evolutionary",
     cost_model: str | CostModel = "xgb",
     search_options: dict[str, Any] | None = None,

@@ -1,0 +1,34 @@
+"""The defaults of a tuning run, defined once for the Python API, the CLI and the benchmarks.
+
+Nothing is imported here, so that the CLI can read them before TVM loads.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BATCH_SIZE", "BUILD_TIMEOUT", "CONFIRM", "MODEL_TRIALS", "OPERATOR_TRIALS", "RUN_TIMEOUT", "SCHEDULER",
+]
+
+OPERATOR_TRIALS = 64
+"""New measurements of one operator (``tune``)."""
+
+MODEL_TRIALS = 1000
+"""New measurements over all the tasks of a model (``tune_model``)."""
+
+BATCH_SIZE = 16
+"""Candidates measured per search round.
+
+Rounds of 16 with one generation each cost the search time per trial of
+rounds of 32 with two, and the cost model learns twice as often."""
+
+CONFIRM = 4
+"""Best records of a task timed again at the end of a run, so that one lucky timing does not decide."""
+
+BUILD_TIMEOUT = 60.0
+"""Seconds one candidate may take to compile."""
+
+RUN_TIMEOUT = 10.0
+"""Seconds one candidate may take to load, check and time."""
+
+SCHEDULER = "gradient"
+"""The task scheduler of a model's run."""
