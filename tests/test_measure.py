@@ -418,3 +418,18 @@ def test_children_do_not_run_the_main_script_again(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "SIGKILL"
     assert marker.read_text() == "top level\n"
+
+
+def test_a_scalar_input_stays_a_scalar_from_reference_to_timing(workdir: Path, runner: LocalRunner) -> None:
+    """A 0-d parameter (an index a model normalizes, say) is not turned into a 1-element array on the way."""
+    a = te.placeholder((N,), "int64", name="A")
+    s = te.placeholder((), "int64", name="S")
+    out = te.compute((N,), lambda i: tvm.tirx.Select(a[i] < 0, a[i] + s(), a[i]), name="out")
+    workload = Workload.from_module(te.create_prim_func([a, s, out]), name="where")
+    reference = prepare_reference(workload, workdir, seed=0)
+    with np.load(reference.path) as arrays:
+        assert arrays["input_1"].shape == ()
+    with LocalBuilder(workers=1) as builder:
+        [(_, built)] = list(builder.build([workload.mod], TARGET, workdir))
+    (result,) = run_all(runner, reference, [built.artifact])
+    assert result.status == "ok", result.error

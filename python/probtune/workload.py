@@ -187,7 +187,7 @@ class Workload:
     def _run_untuned(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         device = tvm.cpu()
         output_specs = self.param_specs()[self.num_inputs :]
-        input_tensors = [tvm.runtime.tensor(np.ascontiguousarray(a), device) for a in inputs]
+        input_tensors = [tvm.runtime.tensor(np.asarray(a, order="C"), device) for a in inputs]
         output_tensors = [
             tvm.runtime.tensor(np.zeros(shape, dtype), device) for shape, dtype in output_specs
         ]

@@ -66,7 +66,7 @@ def prepare_reference(
     The file name holds a digest of the arrays, so a runner that caches references
     by path never confuses two workloads.
     """
-    inputs = [np.ascontiguousarray(array) for array in workload.random_inputs(seed)]
+    inputs = [np.asarray(array, order="C") for array in workload.random_inputs(seed)]
     outputs = list(workload.reference_outputs(inputs))
     output_specs = workload.param_specs()[workload.num_inputs :]
     if len(outputs) != len(output_specs):
@@ -82,7 +82,7 @@ def prepare_reference(
                 f"workload {workload.name!r}: reference output {i} has shape {array.shape}, "
                 f"the program's output has {shape}"
             )
-        arrays[f"output_{i}"] = np.ascontiguousarray(array, dtype=dtype)
+        arrays[f"output_{i}"] = np.asarray(array, dtype=dtype, order="C")
     digest = hashlib.sha256()
     for key, array in arrays.items():
         digest.update(f"{key}:{array.dtype.str}:{array.shape};".encode())

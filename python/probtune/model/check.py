@@ -96,4 +96,4 @@ def _onnxruntime_outputs(model: Model, inputs: Sequence[np.ndarray]) -> list[np.
 def _untuned_outputs(model: Model, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     executable = tvm.compile(model.mod, target=tvm.target.Target({"kind": "llvm"}))
     vm = relax.VirtualMachine(executable, tvm.cpu())
-    return outputs_to_numpy(vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in inputs]))
+    return outputs_to_numpy(vm["main"](*[tvm.runtime.tensor(np.asarray(a, order="C")) for a in inputs]))

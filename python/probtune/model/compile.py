@@ -120,7 +120,7 @@ class CompiledModel:
             raise ValueError(f"the model takes {len(self.inputs)} inputs ({names}), got {len(inputs)}")
         tensors = []
         for array, spec in zip(inputs, self.inputs):
-            array = np.ascontiguousarray(array)
+            array = np.asarray(array, order="C")
             if array.shape != spec.shape or array.dtype != np.dtype(spec.dtype):
                 raise ValueError(
                     f"input {spec.name!r} must be {spec.dtype}{list(spec.shape)}, got {array.dtype}{list(array.shape)}"
