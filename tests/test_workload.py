@@ -286,3 +286,18 @@ def test_workload_validates_its_fields() -> None:
         Workload(valid.name, None, "float32", valid.mod, 5, None, None)
     with pytest.raises(WorkloadShapeError, match="named 'main'"):
         Workload("x", None, "float32", tvm.IRModule({"f": hand_matmul}), 2, None, None)
+
+
+def test_integer_inputs_are_valid_indices_so_an_embedding_lookup_is_tuned_correctly(tmp_path) -> None:
+    """A model's embedding lookup reads out of bounds at a negative index: integer inputs are drawn from [0, 4]."""
+    import probtune
+    from tvm import te, topi
+
+    table = te.placeholder((16, 32), "float32", name="table")
+    ids = te.placeholder((8,), "int64", name="ids")
+    rows = topi.take(table, ids, axis=0, mode="fast")  # what Relax legalizes a Gather to: no bounds check
+    work = Workload.from_module(te.create_prim_func([table, ids, rows]), name="take")
+    index = work.random_inputs(3)[1]
+    assert index.min() >= 0 and index.max() <= 4 and len(set(index.tolist())) > 1
+    result = probtune.tune(work, trials=4, database=tmp_path / "t.db", batch_size=4, confirm=0)
+    assert result.statuses["ok"] == result.measured > 0

@@ -40,7 +40,8 @@ ReferenceFn = Callable[..., list[np.ndarray]]
 _UINT64_MASK = (1 << 64) - 1
 _INTEGER_TEXT = re.compile(r"-?[0-9]+")  # signed, so a negative size gets a clear message
 _SHAPE_SEPARATORS = re.compile(r"\s*[,xX×]\s*|\s+")
-_INTEGER_INPUT_RANGE = 4  # ints drawn from [-4, 4] (or [0, 4] unsigned): no overflow in small sums
+_INTEGER_INPUT_RANGE = 4  # ints drawn from [0, 4]: valid indices of any gathered dimension of 5 or more (an
+# embedding lookup reads out of bounds at a negative one), and no overflow in small sums
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,7 +103,7 @@ class Workload:
         return [_static_param_spec(self.name, param) for param in self.prim_func.params]
 
     def random_inputs(self, seed: int) -> list[np.ndarray]:
-        """Input arrays that depend only on ``seed``: floats ~ U(-1, 1), ints in [-4, 4]."""
+        """Input arrays that depend only on ``seed``: floats ~ U(-1, 1), ints in [0, 4]."""
         rng = np.random.default_rng(seed)
         return [
             _random_array(rng, shape, dtype)
@@ -360,8 +361,7 @@ def _random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) 
         return rng.uniform(-1.0, 1.0, size=shape).astype(np_dtype)
     if np_dtype == np.bool_:
         return rng.integers(0, 2, size=shape).astype(np_dtype)
-    low = -_INTEGER_INPUT_RANGE if np.issubdtype(np_dtype, np.signedinteger) else 0
-    return rng.integers(low, _INTEGER_INPUT_RANGE + 1, size=shape).astype(np_dtype)
+    return rng.integers(0, _INTEGER_INPUT_RANGE + 1, size=shape).astype(np_dtype)
 
 
 def _rms(arrays: Sequence[np.ndarray]) -> float:
