@@ -42,7 +42,7 @@ tune: setup
 	$(BIN)/probtune example-model $(MODEL) $(MODEL).onnx
 	$(BIN)/probtune tune-model $(MODEL).onnx --input-shape $(INPUT_SHAPE) --target $(TARGET) --trials $(TRIALS) \
 		--database $(DATABASE) --output $(MODEL).so
-	$(BIN)/probtune run-model $(MODEL).so --compare-onnx $(MODEL).onnx --input-shape $(INPUT_SHAPE)
+	$(BIN)/probtune run-model $(MODEL).so --compare-onnx $(MODEL).onnx
 
 # One operator from the catalog.
 tune-op: setup

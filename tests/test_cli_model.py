@@ -29,6 +29,8 @@ def test_tune_model_exports_and_run_model_compares(small_cnn_onnx, tmp_path, cap
     assert "outputs match onnxruntime" in out and "probtune/onnxruntime speed ratio" in out
     assert main(["run-model", str(output), "--repeat", "2"]) == 0  # the inputs come from cnn.so.json
     assert "ms per inference" in capsys.readouterr().out
+    assert main(["run-model", str(output), "--compare-onnx", str(small_cnn_onnx), "--repeat", "2"]) == 0  # and its shapes
+    assert "ms per inference" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

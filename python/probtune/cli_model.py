@@ -40,7 +40,8 @@ def add_model_commands(sub: Any, positive_int: Any, non_negative_int: Any, defau
 
     run_p = sub.add_parser("run-model", help="time a compiled model; with --compare-onnx, check it against onnxruntime")
     run_p.add_argument("compiled", help="a model written by 'probtune tune-model --output'")
-    run_p.add_argument("--compare-onnx", help="the ONNX model it came from: outputs checked, onnxruntime timed too")
+    run_p.add_argument("--compare-onnx", help="the ONNX model it came from: outputs checked, onnxruntime timed too "
+                       "(at the input shapes in COMPILED.json unless --input-shape is given)")
     _input_shape_option(run_p)
     run_p.add_argument("--threads", type=positive_int, default=os.cpu_count() or 1)
     run_p.add_argument("--repeat", type=positive_int, default=10)
@@ -109,7 +110,10 @@ def _cmd_example_model(args: argparse.Namespace) -> int:
 def _cmd_run_model(args: argparse.Namespace) -> int:
     from probtune.model import CompiledModel, InputSpec, check_outputs, load_model
 
-    model = load_model(args.compare_onnx, _input_shapes(args.input_shape)) if args.compare_onnx else None
+    shapes = _input_shapes(args.input_shape)
+    if args.compare_onnx and not shapes and Path(f"{args.compiled}.json").is_file():  # the shapes it was tuned at
+        shapes = {spec.name: spec.shape for spec in _read_inputs(Path(args.compiled), InputSpec)}
+    model = load_model(args.compare_onnx, shapes) if args.compare_onnx else None
     inputs = model.inputs if model else _read_inputs(Path(args.compiled), InputSpec)
     compiled = CompiledModel.load(args.compiled, inputs, args.threads)
     arrays = [spec.random(np.random.default_rng(0)) for spec in inputs] if model is None else model.random_inputs(0)

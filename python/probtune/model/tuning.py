@@ -148,7 +148,7 @@ def tune_model(
                 for session in sessions.opened():
                     if session.measured:
                         pipeline.confirm(session, confirm)
-            rows, programs = _results(pipeline, sessions, tasks, progress_rows, seed)
+            rows, programs = _results(pipeline, sessions, tasks, seed)
         database_path = pipeline.db.path
         search_seconds = sum(s.search_seconds for s in sessions.opened())
         measure_seconds = pipeline.measure_seconds
@@ -217,7 +217,7 @@ def _warn_unreached(tasks: list[ModelTask], rows: list[TaskProgress], trials: in
 
 
 def _results(
-    pipeline: MeasurePipeline, sessions: _Sessions, tasks: list[ModelTask], progress: list[TaskProgress], seed: int
+    pipeline: MeasurePipeline, sessions: _Sessions, tasks: list[ModelTask], seed: int
 ) -> tuple[list[TaskRow], dict[str, tvm.IRModule]]:
     """A row per task and the program of each fused PrimFunc: its best correct record's, or a default."""
     db, target = pipeline.db, pipeline.target
