@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CompiledModel", "compile_model", "default_program", "outputs_to_numpy", "set_num_threads"]
 
-DEFAULT_DRAWS = 64  # draws of a task's space tried for a default program before its plain form is kept
+DEFAULT_DRAWS = 64  # draws of a task's space tried for a valid default program
 
 
 def compile_model(fused: tvm.IRModule, programs: Mapping[str, tvm.IRModule], target: TargetSpec) -> tuple[Any, int]:
