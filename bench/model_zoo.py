@@ -13,13 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from probtune.model import examples
-
-OPSET = 17
-IR_VERSION = 10
 
 
 class Graph:
@@ -65,11 +61,7 @@ class Graph:
         return y
 
     def model(self, name: str, inputs: list[Any], outputs: list[Any]) -> Any:
-        graph = helper.make_graph(self.nodes, name, inputs, outputs, self.weights)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="probtune-bench")
-        model.ir_version = IR_VERSION
-        onnx.checker.check_model(model)
-        return model
+        return examples.make_model(helper.make_graph(self.nodes, name, inputs, outputs, self.weights), "probtune-bench")
 
 
 def _classifier(g: Graph, x: str, channels: int, classes: int = 1000) -> str:

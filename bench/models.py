@@ -33,7 +33,7 @@ from tvm import relax
 
 from model_zoo import MODELS
 from probtune.model import CompiledModel, load_model, tune_model
-from probtune.model.check import check_outputs
+from probtune.model.check import check_outputs, onnxruntime_runner
 from probtune.model.tasks import fuse
 from probtune.targets import resolve_target
 
@@ -123,16 +123,6 @@ def untuned_build(model_path: Path, shapes: dict, args: argparse.Namespace, out:
                 ).export_library(str(out / "compiled.so"))
 
 
-def onnxruntime_runner(model_path: Path) -> Callable[..., list[np.ndarray]]:
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = THREADS
-    session = onnxruntime.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
-    names = [i.name for i in session.get_inputs()]
-    return lambda *arrays: session.run(None, dict(zip(names, arrays)))
-
-
 def openvino_runner(model_path: Path) -> Callable[..., list[np.ndarray]] | str:
     try:
         import openvino
@@ -170,7 +160,7 @@ def bench_model(name: str, args: argparse.Namespace, scratch: Path) -> dict:
     onnx.save(build(), model_path)
     model = load_model(model_path, shapes)
     entry: dict[str, Any] = {"model": name, "inputs": {s.name: list(s.shape) for s in model.inputs}, "problems": []}
-    runners: dict[str, Callable[..., Any]] = {"onnxruntime": onnxruntime_runner(model_path)}
+    runners: dict[str, Callable[..., Any]] = {"onnxruntime": onnxruntime_runner(model, THREADS)}
     openvino = openvino_runner(model_path)
     if isinstance(openvino, str):
         entry["problems"].append(openvino)

@@ -66,7 +66,7 @@ def test_an_encoder_layer_is_tuned_and_matches_onnxruntime(encoder_onnx, tmp_pat
     result = tune_model(encoder_onnx, "host", trials=16, database=tmp_path / "t.db", **FAST)
     assert any("softmax" in row.name for row in result.tasks)
     assert any("layer_norm" in row.name for row in result.tasks)
-    assert all(row.trials >= 1 for row in result.tasks) or len(result.tasks) > 16
+    assert len(result.tasks) <= 16 and all(row.trials >= 1 for row in result.tasks)  # every task reached
     compiled = result.compile()
     assert compiled.check.reference == "onnxruntime"
 

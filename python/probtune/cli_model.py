@@ -14,7 +14,6 @@ from probtune import defaults
 
 __all__ = ["add_model_commands"]
 
-ONNXRUNTIME_THREADS = 2  # onnxruntime's intra-op threads in run-model's comparison: the machine's cores
 
 
 def add_model_commands(sub: Any, positive_int: Any, non_negative_int: Any, default_database: str) -> None:
@@ -43,7 +42,8 @@ def add_model_commands(sub: Any, positive_int: Any, non_negative_int: Any, defau
     run_p.add_argument("--compare-onnx", help="the ONNX model it came from: outputs checked, onnxruntime timed too "
                        "(at the input shapes in COMPILED.json unless --input-shape is given)")
     _input_shape_option(run_p)
-    run_p.add_argument("--threads", type=positive_int, default=os.cpu_count() or 1)
+    run_p.add_argument("--threads", type=positive_int, default=os.cpu_count() or 1,
+                       help="threads of the compiled model and of onnxruntime beside it")
     run_p.add_argument("--repeat", type=positive_int, default=10)
     run_p.set_defaults(run=_cmd_run_model)
 
@@ -121,27 +121,23 @@ def _cmd_run_model(args: argparse.Namespace) -> int:
     print(f"{args.compiled}: {latency * 1e3:.3f} ms per inference on {args.threads} threads")
     if model is not None:
         print(check_outputs(model, compiled))
-        reference = _onnxruntime_seconds(model, arrays, args.repeat)
-        print(f"onnxruntime: {reference * 1e3:.3f} ms on {ONNXRUNTIME_THREADS} threads "
+        reference = _onnxruntime_seconds(model, arrays, args.repeat, args.threads)
+        print(f"onnxruntime: {reference * 1e3:.3f} ms on {args.threads} threads "
               f"(probtune/onnxruntime speed ratio {reference / latency:.2f}x)")
     return 0
 
 
-def _onnxruntime_seconds(model: Any, arrays: list[np.ndarray], repeat: int) -> float:
+def _onnxruntime_seconds(model: Any, arrays: list[np.ndarray], repeat: int, threads: int) -> float:
     import time
 
-    import onnxruntime
+    from probtune.model.check import onnxruntime_runner
 
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = ONNXRUNTIME_THREADS
-    session = onnxruntime.InferenceSession(model.onnx_model.SerializeToString(), options,
-                                           providers=["CPUExecutionProvider"])
-    feeds = {spec.name: array for spec, array in zip(model.inputs, arrays)}
-    session.run(None, feeds)
+    run = onnxruntime_runner(model, threads)
+    run(*arrays)
     times = []
     for _ in range(repeat):
         started = time.perf_counter()
-        session.run(None, feeds)
+        run(*arrays)
         times.append(time.perf_counter() - started)
     return float(np.median(times))
 

@@ -27,7 +27,6 @@ INIT_MEASURED = 32
 """How many of the fastest measured traces seed each evolutionary round."""
 
 
-
 class SearchStrategy(Protocol):
     """What the tuning loop drives: ask for a batch, then report how it measured."""
 

@@ -14,11 +14,11 @@ import tvm
 from probtune._core import Trace
 from probtune.codegen import compile_for
 from probtune.database import Database, Record
+from probtune.defaults import BATCH_SIZE, BUILD_TIMEOUT, CONFIRM, OPERATOR_TRIALS, RUN_TIMEOUT
 from probtune.errors import TuningConfigError
 from probtune.interfaces import CostModel, SpaceModule, TargetSpec
 from probtune.pipeline import Progress, TrialOutcome, open_pipeline, resolve_cost_model
 from probtune.plugins import get_registry
-from probtune.defaults import BATCH_SIZE, BUILD_TIMEOUT, CONFIRM, OPERATOR_TRIALS, RUN_TIMEOUT
 from probtune.session import TaskSession, best_replayable
 from probtune.space import DesignSpace, generate_space
 from probtune.targets import resolve_target

@@ -18,7 +18,7 @@ from probtune.errors import ModelCheckError
 from probtune.model.compile import outputs_to_numpy
 from probtune.model.importer import Model
 
-__all__ = ["CheckReport", "reference_outputs", "check_outputs"]
+__all__ = ["CheckReport", "reference_outputs", "check_outputs", "onnxruntime_runner"]
 
 RTOL = 1e-3
 """Outputs agree when ``|got - want| <= RTOL * |want| + ATOL_SCALE * rms(want)``, per output.
@@ -50,7 +50,7 @@ class CheckReport:
 def reference_outputs(model: Model, inputs: Sequence[np.ndarray]) -> tuple[str, list[np.ndarray]]:
     """What the model should compute on ``inputs``, and what computed it."""
     if model.onnx_model is not None:
-        return "onnxruntime", _onnxruntime_outputs(model, inputs)
+        return "onnxruntime", onnxruntime_runner(model)(*inputs)
     return "untuned build", _untuned_outputs(model, inputs)
 
 
@@ -81,16 +81,23 @@ def check_outputs(model: Model, run: Callable[..., list[np.ndarray]], seed: int 
     return CheckReport(reference, worst_abs, worst_rel, RTOL, ATOL_SCALE)
 
 
-def _onnxruntime_outputs(model: Model, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+def onnxruntime_runner(model: Model, threads: int | None = None) -> Callable[..., list[np.ndarray]]:
+    """The ONNX model the ``model`` came from, run by onnxruntime on its CPU: ``run(*inputs) -> outputs``.
+
+    ``threads`` sets onnxruntime's intra-op threads (None: its own default).
+    """
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
+    if threads is not None:
+        options.intra_op_num_threads = threads
     session = onnxruntime.InferenceSession(
         model.onnx_model.SerializeToString(), options, providers=["CPUExecutionProvider"]
     )
-    feeds = {spec.name: array for spec, array in zip(model.inputs, inputs)}
-    return [np.asarray(out) for out in session.run(None, feeds)]
+    names = [spec.name for spec in model.inputs]
+    return lambda *inputs: [np.asarray(out) for out in session.run(None, dict(zip(names, inputs)))]
+
 
 
 def _untuned_outputs(model: Model, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:

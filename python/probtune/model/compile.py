@@ -35,10 +35,11 @@ def compile_model(fused: tvm.IRModule, programs: Mapping[str, tvm.IRModule], tar
     Returns the executable and how many weights were packed so.
     """
     mod, programs, prepacked = prepack_weights(fused, programs, tvm.target.Target(target.tvm_target))
+    functions = dict(mod.functions)
     for name, program in programs.items():
         func = program["main"].with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True)
-        mod = _replaced(mod, name, func)
-    return compile_for(mod, target), prepacked
+        functions[mod.get_global_var(name)] = func
+    return compile_for(tvm.IRModule(functions, attrs=mod.attrs), target), prepacked
 
 
 def default_program(space: DesignSpace, seed: int = 0) -> tvm.IRModule | None:
@@ -56,12 +57,6 @@ def default_program(space: DesignSpace, seed: int = 0) -> tvm.IRModule | None:
         if rejected is None:
             return sch.mod
     return None
-
-
-def _replaced(mod: tvm.IRModule, name: str, func: tvm.tirx.PrimFunc) -> tvm.IRModule:
-    updated = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-    updated[mod.get_global_var(name)] = func
-    return updated
 
 
 def set_num_threads(count: int) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["EXAMPLES", "small_cnn", "encoder_layer"]
+__all__ = ["EXAMPLES", "IR_VERSION", "OPSET", "encoder_layer", "make_model", "small_cnn"]
 
 OPSET = 17  # LayerNormalization is in the default domain from 17
 IR_VERSION = 10  # onnxruntime 1.31 reads IR versions up to 13; onnx.helper writes newer ones
@@ -30,8 +30,9 @@ def _ints(name: str, values: list[int]) -> Any:
     return numpy_helper.from_array(np.array(values, dtype=np.int64), name)
 
 
-def _model(graph: Any) -> Any:
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="probtune")
+def make_model(graph: Any, producer: str = "probtune") -> Any:
+    """``graph`` as a checked model that onnxruntime reads (opset ``OPSET``, IR version ``IR_VERSION``)."""
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name=producer)
     model.ir_version = IR_VERSION
     onnx.checker.check_model(model)
     return model
@@ -73,7 +74,7 @@ def small_cnn(channels: int = 16, size: int = 32, classes: int = 10, seed: int =
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", classes])],
         weights,
     )
-    return _model(graph)
+    return make_model(graph)
 
 
 def encoder_layer(hidden: int = 64, heads: int = 4, ffn: int = 128, seq: int = 32, seed: int = 0) -> Any:
@@ -131,7 +132,7 @@ def encoder_layer(hidden: int = 64, heads: int = 4, ffn: int = 128, seq: int = 3
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, hidden])],
         weights,
     )
-    return _model(graph)
+    return make_model(graph)
 
 
 EXAMPLES: dict[str, Callable[[], Any]] = {"small-cnn": small_cnn, "encoder-layer": encoder_layer}

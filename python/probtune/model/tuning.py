@@ -170,15 +170,14 @@ class _Sessions:
         self.model = model
         self.seed = seed
         self.options = {"realize_helpers": pipeline.realize_helpers, **options}
+        self.workload_ids = [pipeline.db.commit_workload(task.workload.key, task.workload.mod) for task in tasks]
         self._open: dict[int, TaskSession] = {}
 
     def progress(self, index: int) -> TaskProgress:
         """The task's progress so far, from the database: a task tuned before (in any model) starts where it was."""
-        db, target = self.pipeline.db, self.pipeline.target
-        task = self.tasks[index]
-        workload_id = db.commit_workload(task.workload.key, task.workload.mod)
-        count = db.count(workload_id, target.name)
-        best = db.best(workload_id, target.name)
+        db, target, task = self.pipeline.db, self.pipeline.target, self.tasks[index]
+        count = db.count(self.workload_ids[index], target.name)
+        best = db.best(self.workload_ids[index], target.name)
         rounds = [(count, best[0].mean_latency if best else None)] if count else []
         return TaskProgress(task.name, float(task.weight), trials=count, rounds=rounds)
 
@@ -226,7 +225,7 @@ def _results(
     for index, task in enumerate(tasks):
         opened = sessions.get(index)
         space = opened.space if opened else generate_space(task.workload, target, seed=seed)
-        workload_id = db.commit_workload(task.workload.key, task.workload.mod)
+        workload_id = sessions.workload_ids[index]
         best = best_replayable(db, workload_id, target, space)
         program = best.program if best else default_program(space, seed)
         if program is None:

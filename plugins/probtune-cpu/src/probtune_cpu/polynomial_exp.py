@@ -23,6 +23,7 @@ twice): 0.233-0.236 against 0.265-0.281 ms.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import tvm
@@ -33,7 +34,7 @@ from probtune import SpaceContext
 from probtune_cpu.llvm_features import llvm_target_has
 from probtune_cpu.stored_values import map_bottom_up, rewrite_stored_values, workload_stores_any
 
-__all__ = ["RewriteExpPolynomial", "polynomial_exp"]
+__all__ = ["CallRewrite", "RewriteExpPolynomial", "polynomial_exp", "rewrite_calls"]
 
 _EXP = tvm.ir.Op.get("tirx.exp")
 _LOG2E = 1.44269504088896341
@@ -89,16 +90,37 @@ class RewriteExpPolynomial:
     name: str = "rewrite-exp-polynomial"
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
-        if not workload_stores_any(ctx.workload.mod, _is_float32_exp):
-            return None
-        scale_with_ldexp = llvm_target_has(ctx.target.tvm_target, "avx512f")
-
-        def replace(expr: tirx.Expr) -> tirx.Expr:
-            return polynomial_exp(expr.args[0], scale_with_ldexp) if _is_float32_exp(expr) else expr
-
-        rewrite_stored_values(sch, lambda store: map_bottom_up(store.value, replace))
+        rewrite_calls(sch, ctx, _exp_rewrite, _is_float32_exp)
         return None
+
+
+CallRewrite = Callable[[tirx.Expr, bool], tirx.Expr]
+"""Arithmetic for a call, given its argument and whether ``2^n`` may be scaled with ``ldexp``."""
+
+
+def rewrite_calls(
+    sch: s_tir.Schedule, ctx: SpaceContext, rewrite_of: Callable[[tirx.Expr], CallRewrite | None],
+    is_rewritable: Callable[[tirx.Expr], bool],
+) -> None:
+    """Replace every call that ``rewrite_of`` gives a rewrite for, in every block's stored value.
+
+    ``is_rewritable`` (a module-level function: it is a cache key) first asks
+    the unscheduled workload whether there is any such call.
+    """
+    if not workload_stores_any(ctx.workload.mod, is_rewritable):
+        return
+    scale_with_ldexp = llvm_target_has(ctx.target.tvm_target, "avx512f")
+
+    def replace(expr: tirx.Expr) -> tirx.Expr:
+        rewrite = rewrite_of(expr)
+        return rewrite(expr.args[0], scale_with_ldexp) if rewrite is not None else expr
+
+    rewrite_stored_values(sch, lambda store: map_bottom_up(store.value, replace))
 
 
 def _is_float32_exp(expr: tirx.Expr) -> bool:
     return isinstance(expr, tvm.ir.expr.Call) and expr.op.same_as(_EXP) and str(expr.ty) == "float32"
+
+
+def _exp_rewrite(expr: tirx.Expr) -> CallRewrite | None:
+    return polynomial_exp if _is_float32_exp(expr) else None

@@ -7,15 +7,12 @@ do, ``tanh`` and ``erf`` become Eigen's rational approximations
 (odd polynomial over even polynomial, on an input clamped where the result
 is +-1 in float32), and ``sigmoid`` and ``exp2`` are written with
 :func:`~probtune_cpu.polynomial_exp.polynomial_exp`. Clamps are selects,
-which keep a NaN (its comparisons are false), so NaN stays NaN. Errors
-(tests/test_cpu_vector_math.py): within 5 float32 ulp of the result for
-``tanh`` and ``erf`` (or 5 ulp of 1e-3 where the result is smaller), 2 for
-``sigmoid``, 1 for ``exp2``.
+which keep a NaN (its comparisons are false), so NaN stays NaN. The
+accuracy each is held to is in tests/test_cpu_vector_math.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import tvm
@@ -23,9 +20,7 @@ from tvm import s_tir, tirx
 
 from probtune import SpaceContext
 
-from probtune_cpu.llvm_features import llvm_target_has
-from probtune_cpu.polynomial_exp import polynomial_exp
-from probtune_cpu.stored_values import map_bottom_up, rewrite_stored_values, workload_stores_any
+from probtune_cpu.polynomial_exp import CallRewrite, polynomial_exp, rewrite_calls
 
 __all__ = ["RewriteVectorMath", "polynomial_tanh", "polynomial_erf", "polynomial_sigmoid", "polynomial_exp2"]
 
@@ -102,7 +97,7 @@ def polynomial_exp2(x: tirx.Expr, scale_with_ldexp: bool = False) -> tirx.Expr:
     return tirx.Let(arg, x, body)
 
 
-_REWRITES: dict[str, Callable[[tirx.Expr, bool], tirx.Expr]] = {
+_REWRITES: dict[str, CallRewrite] = {
     "tirx.tanh": polynomial_tanh,
     "tirx.erf": polynomial_erf,
     "tirx.sigmoid": polynomial_sigmoid,
@@ -118,19 +113,11 @@ class RewriteVectorMath:
     name: str = "rewrite-vector-math"
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
-        if not workload_stores_any(ctx.workload.mod, _is_rewritable):
-            return None
-        scale_with_ldexp = llvm_target_has(ctx.target.tvm_target, "avx512f")
-
-        def replace(expr: tirx.Expr) -> tirx.Expr:
-            rewrite = _rewrite_of(expr)
-            return rewrite(expr.args[0], scale_with_ldexp) if rewrite is not None else expr
-
-        rewrite_stored_values(sch, lambda store: map_bottom_up(store.value, replace))
+        rewrite_calls(sch, ctx, _rewrite_of, _is_rewritable)
         return None
 
 
-def _rewrite_of(expr: tirx.Expr) -> Callable[[tirx.Expr, bool], tirx.Expr] | None:
+def _rewrite_of(expr: tirx.Expr) -> CallRewrite | None:
     if not isinstance(expr, tvm.ir.expr.Call) or str(expr.ty) != "float32":
         return None
     return next((rewrite for op, rewrite in _OPS.items() if expr.op.same_as(op)), None)
