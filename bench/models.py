@@ -2,12 +2,13 @@
 
 Each model (bench/model_zoo.py: ResNet-50, MobileNetV2, BERT-base, random
 weights) is tuned by probtune (``tune_model``) and by TVM MetaSchedule
-(``tune_relax`` on the same imported and fused Relax module, the same total
+(``tune_relax`` on the same imported Relax module, fused by TVM's "zero"
+pipeline in the model's own layouts as TVM leaves them, the same total
 trials, its default task scheduler, 64 trials per iteration), each in a fresh
 process; then every compiled model, onnxruntime and OpenVINO (when it can be
-installed) are timed in this process, interleaved, on 2 threads, and every
-output is checked against onnxruntime's. Writes bench/results/models.json and
-a plot.
+installed) are loaded each in its own process (bench/isolated.py) and timed in
+turn, on 2 threads, and every output is checked against onnxruntime's.
+Writes bench/results/models.json and a plot.
 
     python bench/models.py --models resnet50,mobilenet_v2,bert_base --trials 2000
 """
@@ -31,10 +32,10 @@ import onnx
 import tvm
 from tvm import relax
 
+from isolated import Engine, Worker, time_in_turn
 from model_zoo import MODELS
-from probtune.model import CompiledModel, load_model, tune_model
-from probtune.model.check import check_outputs, onnxruntime_runner
-from probtune.model.tasks import fuse
+from probtune.model import load_model, tune_model
+from probtune.model.check import check_outputs
 from probtune.targets import resolve_target
 
 THREADS = 2
@@ -118,40 +119,12 @@ def tune_fresh(system: str, name: str, model_path: Path, args: argparse.Namespac
 
 
 def untuned_build(model_path: Path, shapes: dict, args: argparse.Namespace, out: Path) -> None:
+    """TVM's own build of the model as imported: its layouts, no tuning."""
     model = load_model(model_path, shapes)
-    tvm.compile(fuse(model, resolve_target(args.target)), tvm.target.Target(resolve_target(args.target).tvm_target)
-                ).export_library(str(out / "compiled.so"))
-
-
-def openvino_runner(model_path: Path) -> Callable[..., list[np.ndarray]] | str:
-    try:
-        import openvino
-    except ImportError as exc:
-        return f"openvino is not installed ({exc})"
-    core = openvino.Core()
-    core.set_property("CPU", {"INFERENCE_NUM_THREADS": THREADS})
-    # fp32 like the others: on a CPU with bf16 instructions OpenVINO would otherwise compute in bf16
-    compiled = core.compile_model(str(model_path), "CPU", {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"})
-    request = compiled.create_infer_request()
-    return lambda *arrays: [np.array(request.infer(list(arrays))[out]) for out in compiled.outputs]
-
-
-def time_interleaved(runners: dict[str, Callable[..., Any]], inputs: list[np.ndarray], rounds: int, budget_s: float) -> dict[str, float]:
-    """Median seconds per call of each runner: ``rounds`` rounds, each runner timed in turn for about ``budget_s``."""
-    calls = {}
-    for name, run in runners.items():
-        started = time.perf_counter()
-        run(*inputs)
-        once = time.perf_counter() - started
-        calls[name] = max(1, int(budget_s / max(once, 1e-6)))
-    samples: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(rounds):
-        for name, run in runners.items():
-            started = time.perf_counter()
-            for _ in range(calls[name]):
-                run(*inputs)
-            samples[name].append((time.perf_counter() - started) / calls[name])
-    return {name: float(np.median(values)) for name, values in samples.items()}
+    target = tvm.target.Target(resolve_target(args.target).tvm_target)
+    with target:
+        fused = relax.get_pipeline("zero")(model.mod)
+    tvm.compile(fused, target).export_library(str(out / "compiled.so"))
 
 
 def bench_model(name: str, args: argparse.Namespace, scratch: Path) -> dict:
@@ -160,12 +133,8 @@ def bench_model(name: str, args: argparse.Namespace, scratch: Path) -> dict:
     onnx.save(build(), model_path)
     model = load_model(model_path, shapes)
     entry: dict[str, Any] = {"model": name, "inputs": {s.name: list(s.shape) for s in model.inputs}, "problems": []}
-    runners: dict[str, Callable[..., Any]] = {"onnxruntime": onnxruntime_runner(model, THREADS)}
-    openvino = openvino_runner(model_path)
-    if isinstance(openvino, str):
-        entry["problems"].append(openvino)
-    else:
-        runners["openvino"] = openvino
+    engines = {"onnxruntime": Engine("onnxruntime", model_path, shapes, THREADS),
+               "openvino": Engine("openvino", model_path, shapes, THREADS)}
     for system in args.systems:
         out = scratch / f"{name}-{system}"
         out.mkdir()
@@ -175,23 +144,29 @@ def bench_model(name: str, args: argparse.Namespace, scratch: Path) -> dict:
         except Exception as exc:  # noqa: BLE001 - one system failing must not stop the others
             entry["problems"].append(f"{system}: {exc}")
             continue
-        runners[system] = CompiledModel.load(out / "compiled.so", model.inputs, THREADS)
+        engines[system] = Engine("tvm", model_path, shapes, THREADS, out / "compiled.so")
     if args.untuned:
         out = scratch / f"{name}-untuned"
         out.mkdir()
         untuned_build(model_path, shapes, args, out)
-        runners["tvm_untuned"] = CompiledModel.load(out / "compiled.so", model.inputs, THREADS)
-    inputs = model.random_inputs(0)
-    for system, run in runners.items():
-        if system != "onnxruntime":
-            try:
-                entry.setdefault("checks", {})[system] = str(check_outputs(model, run))
-            except Exception as exc:  # noqa: BLE001 - a wrong result is reported, and its timing left out
-                entry["problems"].append(f"{system}: {exc}")
-    fast = {k: v for k, v in runners.items() if k != "tvm_untuned"}
-    latency = time_interleaved(fast, inputs, args.rounds, args.round_seconds)
-    if "tvm_untuned" in runners:
-        latency.update(time_interleaved({"tvm_untuned": runners["tvm_untuned"]}, inputs, 1, 0.0))
+        engines["tvm_untuned"] = Engine("tvm", model_path, shapes, THREADS, out / "compiled.so")
+    workers = start_workers(engines, entry)
+    try:
+        inputs = model.random_inputs(0)
+        for system, worker in list(workers.items()):
+            if system != "onnxruntime":
+                try:
+                    entry.setdefault("checks", {})[system] = str(check_outputs(model, worker))
+                except Exception as exc:  # noqa: BLE001 - a wrong result is reported, and its timing left out
+                    entry["problems"].append(f"{system}: {exc}")
+                    workers.pop(system).close()
+        fast = {k: v for k, v in workers.items() if k != "tvm_untuned"}
+        latency = time_in_turn(fast, inputs, args.rounds, args.round_seconds)
+        if "tvm_untuned" in workers:
+            latency.update(time_in_turn({"tvm_untuned": workers["tvm_untuned"]}, inputs, 1, 0.0))
+    finally:
+        for worker in workers.values():
+            worker.close()
     entry["latency_ms"] = {k: round(v * 1e3, 3) for k, v in latency.items()}
     ort = latency["onnxruntime"]
     entry["speedup_vs_onnxruntime"] = {k: round(ort / v, 3) for k, v in latency.items()}
@@ -201,6 +176,19 @@ def bench_model(name: str, args: argparse.Namespace, scratch: Path) -> dict:
             entry["probtune"]["tuning_wall_seconds"] / entry["tvm"]["tuning_wall_seconds"], 3)
     say(f"[{name}] " + ", ".join(f"{k} {v:.3f} ms" for k, v in entry["latency_ms"].items()))
     return entry
+
+
+def start_workers(engines: dict[str, Engine], entry: dict) -> dict[str, Worker]:
+    """A worker process per engine; one that cannot be loaded is a problem in ``entry`` (onnxruntime must load)."""
+    workers = {}
+    for system, engine in engines.items():
+        try:
+            workers[system] = Worker(engine)
+        except RuntimeError as exc:
+            if system == "onnxruntime":
+                raise
+            entry["problems"].append(str(exc))
+    return workers
 
 
 def plot(entries: list[dict], path: Path) -> None:
