@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:
     import numpy as np
@@ -65,6 +65,11 @@ class TargetSpec:
     The default is TVM's own cut-off. A target with a larger vector register file
     raises it, so that an accumulator tile that fits the registers can be kept
     in them (:mod:`probtune.codegen`)."""
+    layouts: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    """The data layouts the target's kernels are fastest in, by Relax operator, as TVM's ``ConvertLayout`` takes them.
+
+    A model's operators are converted to these layouts before it is fused
+    into tasks (:func:`probtune.model.tasks.fuse`); empty keeps the model's own."""
 
     @property
     def vector_register_bytes(self) -> int:

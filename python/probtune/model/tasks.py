@@ -18,6 +18,7 @@ from tvm import relax
 from probtune.errors import ModelImportError
 from probtune.interfaces import TargetSpec
 from probtune.model.importer import Model
+from probtune.model.layouts import convert_layouts
 from probtune.workload import Workload
 
 __all__ = ["ModelTask", "fuse", "extract_tasks"]
@@ -37,9 +38,14 @@ class ModelTask:
 
 
 def fuse(model: Model, target: TargetSpec) -> tvm.IRModule:
-    """The model legalized and fused by TVM's "zero" pipeline (legalize, fold constants, fuse operators and TIR)."""
+    """The model in the target's layouts (:mod:`probtune.model.layouts`), legalized and fused by TVM's "zero" pipeline.
+
+    The pipeline legalizes, folds the transposed weights into constants, and
+    fuses operators and TIR.
+    """
+    mod = convert_layouts(model.mod, target.layouts)
     with tvm.target.Target(target.tvm_target):
-        return relax.get_pipeline("zero")(model.mod)
+        return relax.get_pipeline("zero")(mod)
 
 
 def extract_tasks(fused: tvm.IRModule) -> list[ModelTask]:

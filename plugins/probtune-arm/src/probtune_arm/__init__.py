@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from probtune import TargetSpec, hookimpl
-from probtune_cpu.defaults import DEFAULT_MODULES, DEFAULT_VALIDATORS
+from probtune_cpu.defaults import DEFAULT_LAYOUTS, DEFAULT_MODULES, DEFAULT_VALIDATORS
 
 __all__ = ["make_targets"]
 
@@ -34,6 +34,7 @@ def make_targets() -> list[TargetSpec]:
             vector_registers=32,
             modules=DEFAULT_MODULES,
             validators=DEFAULT_VALIDATORS,
+            layouts=DEFAULT_LAYOUTS,
             runner="rpc",
         ),
     ]

@@ -13,7 +13,7 @@ from typing import Any, Callable
 from probtune import TargetSpec, hookimpl
 from probtune.interfaces import TVM_STACK_BYTES
 from probtune.targets import cpu_features
-from probtune_cpu.defaults import DEFAULT_MODULES, DEFAULT_VALIDATORS
+from probtune_cpu.defaults import DEFAULT_LAYOUTS, DEFAULT_MODULES, DEFAULT_VALIDATORS
 
 __all__ = ["make_targets"]
 
@@ -36,6 +36,7 @@ def _host_target(cores: int) -> TargetSpec:
         vector_registers=32 if width == 16 else 16,
         modules=DEFAULT_MODULES,
         validators=DEFAULT_VALIDATORS,
+        layouts=DEFAULT_LAYOUTS,
         stack_buffer_bytes=AVX512_REGISTER_FILE_BYTES if width == 16 else TVM_STACK_BYTES,
     )
 
@@ -51,6 +52,7 @@ def make_targets() -> list[TargetSpec]:
             vector_registers=32,
             modules=DEFAULT_MODULES,
             validators=DEFAULT_VALIDATORS,
+            layouts=DEFAULT_LAYOUTS,
             required_cpu_features=("avx512f", "avx512bw", "avx512vl"),
             stack_buffer_bytes=AVX512_REGISTER_FILE_BYTES,
         ),
@@ -61,6 +63,7 @@ def make_targets() -> list[TargetSpec]:
             vector_width=8,
             modules=DEFAULT_MODULES,
             validators=DEFAULT_VALIDATORS,
+            layouts=DEFAULT_LAYOUTS,
             required_cpu_features=("avx2", "fma"),
         ),
         TargetSpec(
@@ -70,6 +73,7 @@ def make_targets() -> list[TargetSpec]:
             vector_width=4,
             modules=DEFAULT_MODULES,
             validators=DEFAULT_VALIDATORS,
+            layouts=DEFAULT_LAYOUTS,
         ),
         _host_target(cores),
     ]

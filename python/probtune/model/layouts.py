@@ -1,0 +1,90 @@
+"""Put a model in the target's preferred data layouts (``TargetSpec.layouts``) before it is fused into tasks.
+
+TVM's ``ConvertLayout`` moves the named operators, and the layout-agnostic
+operators between them, to the desired layouts, with transposes only where
+the model's own layout meets them. It cannot see into a ``call_tir``: an
+importer that lowers an operator straight to TIR (the ONNX frontend does so
+for Clip, i.e. every ReLU6) would leave a transpose pair around each such
+call. A call whose PrimFunc is exactly what a Relax elementwise operator
+legalizes to is therefore first lifted back to that operator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import tvm
+import tvm_ffi
+from tvm import relax
+
+__all__ = ["convert_layouts", "lift_elementwise_calls"]
+
+LIFTABLE: tuple[Callable[..., relax.Expr], ...] = (relax.op.maximum, relax.op.minimum)
+"""Relax operators that an importer may have lowered to TIR and that ``ConvertLayout`` converts."""
+
+
+def convert_layouts(mod: tvm.IRModule, layouts: Mapping[str, Sequence[str]]) -> tvm.IRModule:
+    """``mod`` with the operators named in ``layouts`` (and what lies between them) in those layouts."""
+    if not layouts:
+        return mod
+    desired = {op: list(names) for op, names in layouts.items()}
+    return relax.transform.ConvertLayout(desired)(lift_elementwise_calls(mod))
+
+
+def lift_elementwise_calls(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with each ``call_tir`` of a PrimFunc equal to a legalized :data:`LIFTABLE` operator made that operator."""
+    lifter = _Lift(mod)
+    functions = dict(mod.functions)
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            functions[gv] = lifter.visit_expr(func)
+    if not lifter.lifted:
+        return mod
+    return relax.transform.DeadCodeElimination()(tvm.IRModule(functions, attrs=mod.attrs))
+
+
+def _legalized(op: Callable[..., relax.Expr], args: Sequence[relax.Expr]) -> tvm.tirx.PrimFunc | None:
+    """The PrimFunc that ``op(*args)`` legalizes to (None if it does not legalize to exactly one)."""
+    params = [relax.Var(f"a{i}", arg.ty) for i, arg in enumerate(args)]
+    try:
+        builder = relax.BlockBuilder()
+        with builder.function("main", params):
+            builder.emit_func_output(builder.emit(op(*params)))
+    except Exception:  # noqa: BLE001 - the operator does not take these arguments
+        return None
+    legalized = relax.transform.LegalizeOps()(builder.get())
+    prims = [func for func in legalized.functions.values() if isinstance(func, tvm.tirx.PrimFunc)]
+    return prims[0] if len(prims) == 1 else None
+
+
+def _same_computation(a: tvm.tirx.PrimFunc, b: tvm.tirx.PrimFunc) -> bool:
+    """Equal up to names and function attributes (an importer and the legalizer tag functions differently)."""
+    return bool(tvm_ffi.structural_equal(_bare(a), _bare(b), map_free_vars=True))
+
+
+def _bare(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    for key in list(func.attrs.keys()) if func.attrs else []:
+        func = func.without_attr(key)
+    return func
+
+
+@relax.expr_functor.mutator
+class _Lift(relax.PyExprMutator):  # type: ignore[misc]
+    def __init__(self, mod: tvm.IRModule) -> None:
+        super().__init__(mod)
+        self.mod = mod
+        self.call_tir = tvm.ir.Op.get("relax.call_tir")
+        self.lifted = 0
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not call.op.same_as(self.call_tir) or not isinstance(call.args[1], relax.Tuple):
+            return call
+        callee = self.mod[call.args[0]]
+        args = list(call.args[1].fields)
+        for op in LIFTABLE:
+            prim = _legalized(op, args)
+            if prim is not None and _same_computation(prim, callee):
+                self.lifted += 1
+                return op(*args)
+        return call

@@ -1,0 +1,100 @@
+"""A model put in the target's layouts: convolutions channels-last on CPU targets, the same results, few transposes."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from onnx import TensorProto, helper, numpy_helper
+from tvm import relax, te, topi
+
+from probtune.model import extract_tasks, fuse, load_model
+from probtune.model.check import check_outputs
+from probtune.model.examples import make_model
+from probtune.model.layouts import lift_elementwise_calls
+from probtune.targets import resolve_target
+
+
+@pytest.fixture
+def relu6_onnx(tmp_path):
+    """Conv -> Clip(0, 6) -> Conv, as exporters write MobileNet's ReLU6 (bounds as constant inputs)."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal((8, 4, 3, 3)).astype(np.float32), "w1"),
+               numpy_helper.from_array(rng.standard_normal((8, 8, 1, 1)).astype(np.float32), "w2"),
+               numpy_helper.from_array(np.array(0.0, np.float32), "lo"),
+               numpy_helper.from_array(np.array(6.0, np.float32), "hi")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Clip", ["c1", "lo", "hi"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "relu6", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 10, 10])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 10, 10])], weights)
+    path = tmp_path / "relu6.onnx"
+    onnx.save(make_model(graph), path)
+    return path
+
+
+def _transposes(fused: tvm.IRModule) -> int:
+    """Calls of a lone transpose (one not fused into a convolution's task) in the model's main."""
+    callees = re.findall(r"R\.call_tir\((\w+),", str(fused["main"]))
+    return sum("transpose" in name and "conv" not in name for name in callees)
+
+
+def _untuned(fused: tvm.IRModule, target):
+    executable = tvm.compile(fused, tvm.target.Target(target.tvm_target))
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    return lambda *arrays: [vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()]
+
+
+def test_cpu_convolutions_are_channels_last_and_match_onnxruntime(small_cnn_onnx):
+    host = resolve_target("host")
+    model = load_model(small_cnn_onnx, {"x": (1, 3, 16, 16)})
+    fused = fuse(model, host)
+    convs = [task for task in extract_tasks(fused) if "conv2d" in task.name]
+    assert convs and all("conv2d_nhwc" in task.workload.mod.script() for task in convs)
+    assert _transposes(fused) <= 2  # the input into NHWC, and once before the classifier
+    check_outputs(model, _untuned(fused, host))
+
+
+def test_a_target_without_layouts_keeps_the_models(small_cnn_onnx):
+    host = dataclasses.replace(resolve_target("host"), layouts={})
+    fused = fuse(load_model(small_cnn_onnx, {"x": (1, 3, 16, 16)}), host)
+    convs = [task for task in extract_tasks(fused) if "conv2d" in task.name]
+    assert convs and all("conv2d_nchw" in task.workload.mod.script() for task in convs)
+    assert _transposes(fused) == 0
+
+
+def test_a_relu6_is_fused_into_its_channels_last_convolution(relu6_onnx):
+    host = resolve_target("host")
+    model = load_model(relu6_onnx)
+    fused = fuse(model, host)
+    names = [task.name for task in extract_tasks(fused)]
+    assert any("conv2d" in name and "maximum" in name and "minimum" in name for name in names), names
+    assert _transposes(fused) == 2  # in and out of the model; none around the clip
+    check_outputs(model, _untuned(fused, host))
+
+
+def _module_with_call_te(compute) -> tvm.IRModule:
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 3), "float32"))
+    with builder.function("main", [x]):
+        out = builder.emit_te(compute, x, relax.const(1.5, "float32"))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+def test_a_call_of_exactly_a_legalized_maximum_is_lifted_to_the_operator():
+    lifted = lift_elementwise_calls(_module_with_call_te(topi.maximum))
+    assert "R.maximum(" in str(lifted["main"]) and "call_tir" not in str(lifted["main"])
+    assert not any(isinstance(func, tvm.tirx.PrimFunc) for func in lifted.functions.values())
+
+
+def test_a_call_that_only_resembles_an_operator_is_kept():
+    def max_plus_one(a, b):
+        return te.compute(a.shape, lambda i, j: te.max(a[i, j], b()) + 1.0, name="T_maximum")
+
+    mod = _module_with_call_te(max_plus_one)
+    assert lift_elementwise_calls(mod) is mod
