@@ -1,4 +1,4 @@
-"""The vector-math rewrite: tanh, erf, sigmoid and exp2 as arithmetic that vectorizes, accurate and NaN-keeping."""
+"""The vector-math rewrite: tanh, erf, sigmoid, exp2 and the logarithms as arithmetic that vectorizes, accurate and NaN-keeping."""
 
 from __future__ import annotations
 
@@ -23,10 +23,14 @@ _FUNCTIONS = {
     "erf": (te.erf, np.vectorize(math.erf, otypes=[np.float64])),
     "sigmoid": (te.sigmoid, lambda x: 1.0 / (1.0 + np.exp(-x))),
     "exp2": (lambda x: tirx.exp2(x), np.exp2),
+    "log": (te.log, np.log),
+    "log2": (lambda x: tirx.log2(x), np.log2),
+    "log10": (lambda x: tirx.log10(x), np.log10),
 }
+_LOGS = ("log", "log2", "log10")
 # largest errors measured on the inputs below (float32 spacing of the result where it is above 1e-3 in size,
 # else absolute), with a margin of about 2x: what a change to the approximations must keep
-_MAX_ULP = {"tanh": 8, "erf": 8, "sigmoid": 4, "exp2": 2}
+_MAX_ULP = {"tanh": 8, "erf": 8, "sigmoid": 4, "exp2": 2, "log": 2, "log2": 3, "log10": 2}
 _INPUTS = np.concatenate([np.linspace(-12, 12, 96_000), [0.0, -0.0, 1e-30, -1e-30, 50.0, -50.0, 1e4, -1e4]]).astype(np.float32)
 
 
@@ -49,7 +53,7 @@ def test_results_are_close_and_nan_stays_nan(host, name):
     inputs = np.concatenate([_INPUTS, np.full(-len(_INPUTS) % 16 + 16, np.nan, np.float32)])
     _, lib = _rewritten_vectorized(name, len(inputs), host)
     got = run_module(lib, [inputs, np.zeros_like(inputs)])[1]
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         want = _FUNCTIONS[name][1](inputs.astype(np.float64))
     nan = np.isnan(inputs)
     assert np.isnan(got[nan]).all()
@@ -64,7 +68,32 @@ def test_no_libm_call_is_left(host, name):
     sch, lib = _rewritten_vectorized(name, 1024, host)
     assert f"T.{name}(" not in sch.mod.script()
     assembly = lib.mod.inspect_source("s")
-    assert not re.findall(r"call\w*\s+\*?\w*(?:expf|tanhf|erff|exp2f)", assembly)
+    assert not re.findall(r"call\w*\s+\*?\w*(?:expf|tanhf|erff|exp2f|logf|log2f|log10f)", assembly)
+
+
+@pytest.mark.parametrize("name", _LOGS)
+def test_logarithms_are_close_over_the_whole_float32_range(host, name):
+    subnormals = np.array([1e-45, 3e-42, 1e-39, 1.1754942e-38], np.float32)
+    inputs = np.concatenate([subnormals, np.geomspace(1.2e-38, 3.4e38, 200_000), np.linspace(0.5, 2.0, 100_000)])
+    inputs = np.concatenate([inputs, np.ones(-len(inputs) % 16)]).astype(np.float32)
+    _, lib = _rewritten_vectorized(name, len(inputs), host)
+    got = run_module(lib, [inputs, np.zeros_like(inputs)])[1]
+    want = _FUNCTIONS[name][1](inputs.astype(np.float64))
+    unit = np.maximum(np.spacing(np.abs(want).astype(np.float32)).astype(np.float64), np.spacing(np.float32(1e-3)))
+    errors = np.abs(got - want) / unit
+    assert errors.max() <= _MAX_ULP[name], (name, errors.max(), inputs[errors.argmax()])
+
+
+@pytest.mark.parametrize("name", _LOGS)
+def test_logarithms_of_special_values(host, name):
+    inputs = np.array([0.0, -0.0, -1.0, -np.inf, np.inf, np.nan, 1.0, 2.0, 1024.0, 2.0**-140] + [1.0] * 6, np.float32)
+    _, lib = _rewritten_vectorized(name, len(inputs), host)
+    got = run_module(lib, [inputs, np.zeros_like(inputs)])[1]
+    assert got[0] == got[1] == -np.inf
+    assert np.isnan(got[2:4]).all() and np.isnan(got[5])
+    assert got[4] == np.inf and got[6] == 0.0
+    if name == "log2":
+        assert got[7] == 1.0 and got[8] == 10.0 and got[9] == -140.0  # exact at powers of two
 
 
 def test_a_dense_gelu_is_tuned_with_it_and_stays_correct(host):

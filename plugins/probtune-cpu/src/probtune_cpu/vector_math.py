@@ -1,12 +1,14 @@
-"""Compute float32 ``tanh``, ``erf``, ``sigmoid`` and ``exp2`` with arithmetic that vectorizes.
+"""Compute float32 ``tanh``, ``erf``, ``sigmoid``, ``exp2`` and the logarithms with arithmetic that vectorizes.
 
 TVM lowers these to one scalar libm call per element even in a vectorized
-loop (``erff``; ``expf`` inside ``tanh`` and ``sigmoid``; ``exp2f``): GELU,
-SiLU and tanh-GELU epilogues then run at scalar speed. As vendor libraries
+loop (``erff``; ``expf`` inside ``tanh`` and ``sigmoid``; ``exp2f``,
+``logf``): GELU, SiLU and tanh-GELU epilogues and log-softmax then run at
+scalar speed. As vendor libraries
 do, ``tanh`` and ``erf`` become Eigen's rational approximations
 (odd polynomial over even polynomial, on an input clamped where the result
 is +-1 in float32), and ``sigmoid`` and ``exp2`` are written with
-:func:`~probtune_cpu.polynomial_exp.polynomial_exp`. Clamps are selects,
+:func:`~probtune_cpu.polynomial_exp.polynomial_exp`; ``log``, ``log2`` and
+``log10`` are in :mod:`probtune_cpu.polynomial_log`. Clamps are selects,
 which keep a NaN (its comparisons are false), so NaN stays NaN. The
 accuracy each is held to is in tests/test_cpu_vector_math.py.
 """
@@ -21,6 +23,7 @@ from tvm import s_tir, tirx
 from probtune import SpaceContext
 
 from probtune_cpu.polynomial_exp import CallRewrite, polynomial_exp, rewrite_calls
+from probtune_cpu.polynomial_log import polynomial_log, polynomial_log2, polynomial_log10
 
 __all__ = ["RewriteVectorMath", "polynomial_tanh", "polynomial_erf", "polynomial_sigmoid", "polynomial_exp2"]
 
@@ -102,13 +105,16 @@ _REWRITES: dict[str, CallRewrite] = {
     "tirx.erf": polynomial_erf,
     "tirx.sigmoid": polynomial_sigmoid,
     "tirx.exp2": polynomial_exp2,
+    "tirx.log": polynomial_log,
+    "prim.log2": polynomial_log2,  # TVM 0.27 registers log2 under this name
+    "tirx.log10": polynomial_log10,
 }
 _OPS = {tvm.ir.Op.get(name): rewrite for name, rewrite in _REWRITES.items()}
 
 
 @dataclass(frozen=True)
 class RewriteVectorMath:
-    """Replace float32 ``tanh``, ``erf``, ``sigmoid`` and ``exp2`` in every block's stored value by arithmetic."""
+    """Replace float32 ``tanh``, ``erf``, ``sigmoid``, ``exp2``, ``log``, ``log2`` and ``log10`` in stored values by arithmetic."""
 
     name: str = "rewrite-vector-math"
 
