@@ -63,6 +63,7 @@ def _same_computation(a: tvm.tirx.PrimFunc, b: tvm.tirx.PrimFunc) -> bool:
 
 
 def _bare(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """``func`` without its attributes."""
     for key in list(func.attrs.keys()) if func.attrs else []:
         func = func.without_attr(key)
     return func
@@ -70,6 +71,8 @@ def _bare(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
 
 @relax.expr_functor.mutator
 class _Lift(relax.PyExprMutator):  # type: ignore[misc]
+    """Replaces each ``call_tir`` whose PrimFunc is exactly a legalized :data:`LIFTABLE` operator by that operator."""
+
     def __init__(self, mod: tvm.IRModule) -> None:
         super().__init__(mod)
         self.mod = mod
