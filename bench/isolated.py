@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import multiprocessing
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +51,9 @@ def load_engine(engine: Engine) -> Callable[..., list[np.ndarray]]:
                                       {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"})
         request = compiled.create_infer_request()
         return lambda *arrays: [np.array(request.infer(list(arrays))[out]) for out in compiled.outputs]
-    if engine.kind == "tvm" and engine.library is not None:
+    if engine.kind == "tvm":
+        if engine.library is None:
+            raise ValueError("a TVM engine needs the compiled model's library")
         return CompiledModel.load(engine.library, model.inputs, engine.threads)
     raise ValueError(f"unknown engine {engine.kind!r}")
 

@@ -15,7 +15,6 @@ from probtune import defaults
 __all__ = ["add_model_commands"]
 
 
-
 def add_model_commands(sub: Any, positive_int: Any, non_negative_int: Any, default_database: str) -> None:
     """Register ``tune-model`` and ``run-model`` on the ``probtune`` parser's subcommands."""
     tune_p = sub.add_parser("tune-model", help="tune every task of a model, compile it, check it, export it")

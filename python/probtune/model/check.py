@@ -18,7 +18,7 @@ from probtune.errors import ModelCheckError
 from probtune.model.compile import outputs_to_numpy
 from probtune.model.importer import Model
 
-__all__ = ["CheckReport", "reference_outputs", "check_outputs", "onnxruntime_runner"]
+__all__ = ["CheckReport", "check_outputs", "onnxruntime_runner", "reference_outputs"]
 
 RTOL = 1e-3
 """Outputs agree when ``|got - want| <= RTOL * |want| + ATOL_SCALE * rms(want)``, per output.
@@ -97,7 +97,6 @@ def onnxruntime_runner(model: Model, threads: int | None = None) -> Callable[...
     )
     names = [spec.name for spec in model.inputs]
     return lambda *inputs: [np.asarray(out) for out in session.run(None, dict(zip(names, inputs)))]
-
 
 
 def _untuned_outputs(model: Model, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
