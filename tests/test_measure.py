@@ -257,6 +257,51 @@ def test_stop_above_never_skips_the_check(
     assert wrong.status == "wrong_result" and wrong.latencies == ()
 
 
+@pytest.mark.parametrize(("stop_above", "repeats"), [(1e-9, 1), (1e9, 3), (None, 3)])
+def test_a_cold_runner_checks_then_times_each_call_after_a_flush(
+    built: dict[str, BuildResult], reference: MeasureReference, stop_above: float | None, repeats: int
+) -> None:
+    with LocalRunner(timeout=RUNNER_TIMEOUT, repeat=3, min_repeat_ms=5.0, cache_flush=True) as cold:
+        wrong, good = [result for _, result in cold.run(
+            reference, [built["wrong"].artifact, built["good"].artifact], TARGET, stop_above=stop_above
+        )]
+    assert wrong.status == "wrong_result" and wrong.latencies == ()
+    assert good.status == "ok", good.error
+    assert len(good.latencies) == repeats and all(latency > 0 for latency in good.latencies)
+
+
+class _RecordingModule:
+    """Stands for a loaded candidate: records how it is timed, answers with set timings."""
+
+    def __init__(self, timings: list[list[float]]) -> None:
+        self.timings = timings
+        self.calls: list[dict[str, object]] = []
+
+    def time_evaluator(self, name: str, device: object, **options: object) -> object:
+        self.calls.append(options)
+        results = self.timings[len(self.calls) - 1]
+        return lambda *args: type("Result", (), {"results": results})()
+
+
+@pytest.mark.parametrize(("first", "calls"), [(1e-4, 10), (0.002, 3), (1.0, 1)])
+def test_cold_timing_flushes_before_every_call_and_averages_up_to_ten_a_repeat(first: float, calls: int) -> None:
+    from probtune.measure._worker import RunTask, time_cold
+
+    timings = [float(i) for i in range(3 * calls)]
+    module = _RecordingModule([[first], timings])
+    task = RunTask("ref.npz", 2, 0.0, 0.0, "a.so", "cpu", 3, 5.0, 1, None, True)
+    latencies = time_cold(module, None, [], task)
+    assert [call["repeat"] for call in module.calls] == [1, 3 * calls]  # a first call sizes the repeats
+    assert all(call["number"] == 1 and call["f_preproc"] == "cache_flush_cpu_non_first_arg" for call in module.calls)
+    assert latencies == tuple(float(np.mean(timings[i * calls : (i + 1) * calls])) for i in range(3))
+
+
+def test_cache_flush_is_refused_for_a_device_other_than_the_cpu(reference: MeasureReference) -> None:
+    with LocalRunner(cache_flush=True) as cold:
+        with pytest.raises(ValueError, match="cache_flush flushes CPU caches.*'cuda'"):
+            cold.run(reference, [None], {"kind": "cuda"})
+
+
 @pytest.mark.parametrize("stop_above", [-1.0, float("nan")])
 def test_stop_above_must_not_be_negative(
     runner: LocalRunner, reference: MeasureReference, stop_above: float

@@ -18,6 +18,7 @@ from probtune.database import Database
 from probtune.errors import ModelCheckError
 from probtune.model import CompiledModel, tune_model
 from probtune.model import check as check_module
+from probtune.pipeline import COLD_CACHE
 
 CNN_SHAPES = {"x": (1, 3, 16, 16)}
 FAST = dict(batch_size=4, confirm=0)
@@ -86,6 +87,16 @@ def test_a_second_run_reuses_the_records_of_shared_tasks(cnn_result, small_cnn_o
     again = tune_model(small_cnn_onnx, trials=4, input_shapes=CNN_SHAPES, database=cnn_result.database, **FAST)
     assert sum(row.total_trials for row in again.tasks) == before + 4
     assert sum(row.trials for row in again.tasks) == 4
+
+
+def test_cold_and_warm_timings_are_recorded_apart(small_cnn_onnx, tmp_path):
+    database = tmp_path / "t.db"
+    cold = tune_model(small_cnn_onnx, trials=4, input_shapes=CNN_SHAPES, database=database, **FAST)
+    warm = tune_model(small_cnn_onnx, trials=4, input_shapes=CNN_SHAPES, database=database, cache_flush=False, **FAST)
+    assert sum(row.total_trials for row in warm.tasks) == 4  # the cold records are not warm ones
+    with Database(database) as db:
+        targets = {record.target for workload in db.workloads() for record in db.records(workload.id)}
+    assert targets == {cold.target.name + COLD_CACHE, warm.target.name}
 
 
 def test_a_relax_module_is_checked_against_its_untuned_build(tmp_path):

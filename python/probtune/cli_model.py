@@ -28,6 +28,8 @@ def add_model_commands(sub: Any, positive_int: Any, non_negative_int: Any, defau
     tune_p.add_argument("--database", default=default_database)
     tune_p.add_argument("--confirm", type=non_negative_int, default=defaults.CONFIRM,
                         help="best records of each task timed again at the end (0: none)")
+    tune_p.add_argument("--cache-flush", action=argparse.BooleanOptionalAction, default=defaults.MODEL_CACHE_FLUSH,
+                        help="time tasks with their weights and outputs flushed from the caches, as in the model")
     tune_p.add_argument("--output", help="write the compiled model here (a shared library; its inputs in OUTPUT.json)")
     tune_p.set_defaults(run=_cmd_tune_model)
 
@@ -77,7 +79,8 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
     with _ProgressBar(args.trials) as bar:
         result = tune_model(
             model, target, args.trials, database=args.database, seed=args.seed,
-            batch_size=args.batch_size, scheduler=args.scheduler, confirm=args.confirm, progress=bar.update,
+            batch_size=args.batch_size, scheduler=args.scheduler, confirm=args.confirm, cache_flush=args.cache_flush,
+            progress=bar.update,
         )
     print(result.table())
     estimate = result.estimated_latency

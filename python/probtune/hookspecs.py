@@ -78,4 +78,8 @@ def probtune_register_builders(register: Callable[[str, BuilderFactory], None]) 
 
 @hookspec
 def probtune_register_runners(register: Callable[[str, RunnerFactory], None]) -> None:
-    """Register runner factories by name (time candidates and check their results)."""
+    """Register runner factories by name (time candidates and check their results).
+
+    A factory is called as ``factory(timeout=float)``, and with ``cache_flush=True`` as well where
+    calls are to be timed with cold caches (whole models); a runner that cannot flush raises.
+    """

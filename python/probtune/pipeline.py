@@ -10,6 +10,7 @@ cost model's state.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import tempfile
 import time
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from probtune.session import TaskSession, replayable
 from probtune.space import Candidate, DesignSpace
 from probtune.targets import check_runs_here
 
-__all__ = ["MeasurePipeline", "TrialOutcome", "Progress", "open_pipeline", "resolve_cost_model"]
+__all__ = ["COLD_CACHE", "MeasurePipeline", "Progress", "TrialOutcome", "open_pipeline", "resolve_cost_model"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class TrialOutcome:
 
 Progress = Callable[[TrialOutcome], None]
 
+COLD_CACHE = "+cold-cache"  # after the target's name in records timed with flushed caches: other latencies
 CLEARLY_SLOWER = 2.0  # a first timing this many times the best so far ends a candidate's timing
 CONFIRM_PASSES = 2
 CONFIRM_ROUNDS = 3
@@ -146,17 +148,24 @@ def open_pipeline(
     build_timeout: float,
     run_timeout: float,
     progress: Progress | None = None,
+    cache_flush: bool = False,
 ) -> Iterator[MeasurePipeline]:
     """A pipeline for ``target`` with the target's builder and runner, recording into ``database``.
 
     ``database`` None records into a temporary file. The cost model's saved
-    state, if the database holds one, is loaded into ``model``.
+    state, if the database holds one, is loaded into ``model``. With
+    ``cache_flush`` the runner times every call with cold caches, and the
+    records (and the cost model) are kept under the target's name followed by
+    ``COLD_CACHE``, apart from warm timings of the same programs.
     """
     registry = get_registry()
     builder_factory = _factory("builder", registry.builders, target.builder, target.name)
     runner_factory = _factory("runner", registry.runners, target.runner, target.name)
     if target.runner == "local":
         check_runs_here(target)
+    runner_options = {"timeout": run_timeout, **({"cache_flush": True} if cache_flush else {})}
+    if cache_flush:
+        target = dataclasses.replace(target, name=target.name + COLD_CACHE)
     with contextlib.ExitStack() as stack:
         scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="probtune-"))
         db_path = Path(database) if database is not None else Path(scratch) / "tuning.db"
@@ -164,7 +173,7 @@ def open_pipeline(
         if model is not None:
             _load_state(model, db, target)
         builder = stack.enter_context(builder_factory(timeout=build_timeout))
-        runner = stack.enter_context(runner_factory(timeout=run_timeout))
+        runner = stack.enter_context(runner_factory(**runner_options))
         yield MeasurePipeline(db, target, builder, runner, model, scratch, trials=trials, progress=progress)
 
 

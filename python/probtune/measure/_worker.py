@@ -34,6 +34,8 @@ __all__ = [
 ]
 
 _M_MMAP_THRESHOLD = -3  # mallopt parameter, from glibc's malloc.h
+_FLUSH_ALL_BUT_FIRST = "cache_flush_cpu_non_first_arg"  # TVM's: evicts every argument but the first from the caches
+COLD_CALLS = 10  # at most this many cold calls averaged into one repeat: each needs its own flush
 _ERROR_LINES = 12
 _ERROR_CHARS = 2000
 
@@ -66,6 +68,7 @@ class RunTask:
     min_repeat_ms: float
     warmup: int
     stop_above: float | None  # seconds per call: a first repeat slower than this ends the timing
+    cache_flush: bool = False  # time each call with all arguments but the first flushed from the CPU caches
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,8 @@ def run_worker_main(connection: Connection, num_threads: int | None) -> None:
         if mismatch is not None:
             return RunReply("wrong_result", (), mismatch)
         stop_above = task.stop_above
+        if task.cache_flush:
+            return RunReply("ok", time_cold(module, device, args, task), None)
         # A check call slower than stop_above has warmed the candidate already, and the
         # timer discards its own first call too: another warmup would only cost time.
         if stop_above is None or check_seconds <= stop_above:
@@ -179,6 +184,28 @@ def run_worker_main(connection: Connection, num_threads: int | None) -> None:
             return RunReply("run_error", (), describe_error(error))
 
     serve(connection, run)
+
+
+def time_cold(module: Any, device: Any, args: list[Any], task: RunTask) -> tuple[float, ...]:
+    """Seconds per call, each call timed after the candidate's weights and outputs were flushed from the caches.
+
+    In a whole model, other layers run between two calls of a kernel, and its
+    weights are no longer cached; timing it warm overstates what it gains from
+    a small working set. A repeat averages up to ``COLD_CALLS`` calls, as many
+    as last ``min_repeat_ms``; a first call slower than ``stop_above`` is all
+    that is timed.
+    """
+
+    def cold_calls(count: int) -> list[float]:
+        timer = module.time_evaluator("main", device, number=1, repeat=count, f_preproc=_FLUSH_ALL_BUT_FIRST)
+        return [float(t) for t in timer(*args).results]
+
+    first = cold_calls(1)[0]
+    if task.stop_above is not None and first > task.stop_above:
+        return (first,)
+    calls = COLD_CALLS if first <= 0 else min(COLD_CALLS, max(1, math.ceil(task.min_repeat_ms / 1e3 / first)))
+    timings = cold_calls(task.repeat * calls)
+    return tuple(float(np.mean(timings[i * calls : (i + 1) * calls])) for i in range(task.repeat))
 
 
 def _return_large_frees_to_the_system() -> None:

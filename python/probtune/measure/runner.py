@@ -107,6 +107,9 @@ class LocalRunner:
     repeat.  ``num_threads`` sets TVM's thread pool in the child; ``None`` takes
     the target's ``num-cores`` (TVM's own default on x86 is half the logical
     CPUs, as it assumes SMT, which would leave a core of this machine idle).
+    With ``cache_flush``, every call is timed cold: all the candidate's
+    arguments but the first (its weights and outputs) are flushed from the CPU
+    caches before it, as they are when the kernel runs inside a whole model.
     """
 
     name = "local"
@@ -118,6 +121,7 @@ class LocalRunner:
         min_repeat_ms: float = 50.0,
         warmup: int = 1,
         num_threads: int | None = None,
+        cache_flush: bool = False,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
@@ -132,6 +136,7 @@ class LocalRunner:
         self.min_repeat_ms = min_repeat_ms
         self.warmup = warmup
         self.num_threads = num_threads
+        self.cache_flush = cache_flush
         self._children: list[WorkerProcess] = []  # at most one; shared with the finalizer
         self._child_threads: int | None = None
         self._finalizer = weakref.finalize(self, _kill_all, self._children)
@@ -160,6 +165,8 @@ class LocalRunner:
             raise FileNotFoundError(f"reference file {reference.path} does not exist")
         kind = target["kind"]
         device = _DEVICE_OF_TARGET_KIND.get(kind, kind)
+        if self.cache_flush and device != "cpu":
+            raise ValueError(f"cache_flush flushes CPU caches; target kind {kind!r} runs on device {device!r}")
         threads = self.num_threads if self.num_threads is not None else target.get("num-cores")
         threads = None if threads is None else int(threads)
         return self._run(reference, list(artifacts), device, threads, stop_above)
@@ -202,6 +209,7 @@ class LocalRunner:
                 self.min_repeat_ms,
                 self.warmup,
                 stop_above,
+                self.cache_flush,
             )
             yield index, self._measure(task, threads)
 

@@ -17,6 +17,7 @@ from probtune.errors import NOT_REPLAYABLE
 from probtune.interfaces import TargetSpec
 from probtune.model.importer import InputSpec
 from probtune.model.prepack import prepack_weights
+from probtune.model.threads import PoolThread, set_num_threads
 from probtune.space import DesignSpace
 
 if TYPE_CHECKING:
@@ -59,17 +60,12 @@ def default_program(space: DesignSpace, seed: int = 0) -> tvm.IRModule | None:
     return None
 
 
-def set_num_threads(count: int) -> None:
-    """Size TVM's runtime thread pool in this process (TVM's own default is half the logical CPUs)."""
-    os.environ["TVM_NUM_THREADS"] = str(count)  # for a pool not started yet
-    tvm.get_global_func("runtime.config_threadpool")(1, count)  # 1: big cores, i.e. all of them on one kind
-
-
 class CompiledModel:
     """A tuned model, runnable: ``compiled(*inputs)`` takes and returns numpy arrays.
 
     It runs on ``num_threads`` threads (default: the target's cores); TVM's
-    runtime would otherwise use half the logical CPUs.
+    runtime would otherwise use half the logical CPUs, or the pool that the
+    calling thread started before (:mod:`probtune.model.threads`).
     """
 
     def __init__(self, executable: Any, inputs: Sequence[InputSpec], num_threads: int) -> None:
@@ -78,12 +74,12 @@ class CompiledModel:
         self.num_threads = num_threads
         self.check: CheckReport | None = None  # set by ModelTuneResult.compile when the outputs were checked
         self.prepacked = 0  # weights whose layout copy was made at compile time (ModelTuneResult.compile)
-        set_num_threads(num_threads)
+        self._pool = PoolThread(num_threads)
         self._device = tvm.cpu()
         self._vm = relax.VirtualMachine(executable, self._device)
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
-        out = self._vm["main"](*self._tensors(inputs))
+        out = self._pool.run(self._vm["main"], *self._tensors(inputs))
         return outputs_to_numpy(out)
 
     def time(self, inputs: Sequence[np.ndarray], repeat: int = 10, min_repeat_ms: int = 100) -> list[float]:
@@ -91,7 +87,11 @@ class CompiledModel:
         tensors = self._tensors(inputs)
         self._vm.set_input("main", *tensors)
         timer = self._vm.time_evaluator("invoke_stateful", self._device, repeat=repeat, min_repeat_ms=int(min_repeat_ms))
-        return [float(r) for r in timer("main").results]
+        return [float(r) for r in self._pool.run(timer, "main").results]
+
+    def threads(self) -> int:
+        """How many threads the model runs on."""
+        return self._pool.workers()
 
     def export_library(self, path: str | os.PathLike[str]) -> Path:
         """Write the model as a shared library that TVM's runtime loads (:meth:`load`)."""

@@ -11,7 +11,9 @@ from typing import Any
 
 import tvm
 
-from probtune.defaults import BATCH_SIZE, BUILD_TIMEOUT, CONFIRM, MODEL_TRIALS, RUN_TIMEOUT, SCHEDULER
+from probtune.defaults import (
+    BATCH_SIZE, BUILD_TIMEOUT, CONFIRM, MODEL_CACHE_FLUSH, MODEL_TRIALS, RUN_TIMEOUT, SCHEDULER,
+)
 from probtune.errors import warn_caller
 from probtune.interfaces import CostModel, TargetSpec
 from probtune.model.check import check_outputs
@@ -115,6 +117,7 @@ def tune_model(
     build_timeout: float = BUILD_TIMEOUT,
     run_timeout: float = RUN_TIMEOUT,
     confirm: int = CONFIRM,
+    cache_flush: bool = MODEL_CACHE_FLUSH,
     progress: Progress | None = None,
 ) -> ModelTuneResult:
     """Tune every task of ``model`` for ``target`` with ``trials`` new measurements in all, recorded in ``database``.
@@ -125,7 +128,9 @@ def tune_model(
     program, with a warning), then ``scheduler`` ("gradient" or
     "round-robin") gives the rest where it cuts the model's latency most. A
     database that already holds records of a task (from this model or
-    another) is continued, and its cost model goes on learning.
+    another) is continued, and its cost model goes on learning. With
+    ``cache_flush``, tasks are timed with cold caches, as they run in the model
+    (records apart from warm ones: :func:`~probtune.pipeline.open_pipeline`).
     """
     check_tuning_options(trials, batch_size, confirm, strategy)
     started = time.perf_counter()
@@ -138,7 +143,7 @@ def tune_model(
     cost = resolve_cost_model(cost_model, seed) if strategy == "evolutionary" else None
     options = search_options or {}
     with open_pipeline(spec, database, cost, trials=trials, build_timeout=build_timeout,
-                       run_timeout=run_timeout, progress=progress) as pipeline:
+                       run_timeout=run_timeout, progress=progress, cache_flush=cache_flush) as pipeline:
         sessions = _Sessions(pipeline, tasks, cost, seed, options)
         with contextlib.closing(sessions):
             progress_rows = [sessions.progress(i) for i in range(len(tasks))]
