@@ -95,6 +95,26 @@ def test_only_divisors_shared_along_the_last_index_are_rewritten(host):
     assert _REWRITTEN in _rewritten(column, host).mod.script()
 
 
+def test_a_divisor_bound_by_a_let_to_a_value_along_the_vector_is_kept(host):
+    """erf's rational polynomial P(x) / Q(x), Q bound by Lets: a branch on it would compute the lanes one by one."""
+    a = te.placeholder((4, 32), "float32", name="a")
+    b = te.placeholder((4,), "float32", name="b")
+    x, x2 = tvm.tirx.Var("x", "float32"), tvm.tirx.Var("x2", "float32")
+
+    def rational(i, j):
+        return tvm.tirx.Let(x, a[i, j], tvm.tirx.Let(x2, x * x, x / (x2 + 1.0) + x / b[i]))
+
+    sch = _rewritten(te.create_prim_func([a, b, te.compute((4, 32), rational, name="q")]), host)
+    script = sch.mod.script()
+    assert script.count("T.if_then_else") == 1  # x / b[i] only
+    assert "x / (x2 + T.float32(1.0))" in script
+    lib = tvm.compile(sch.mod, target=tvm.target.Target(host.tvm_target))
+    rng = np.random.default_rng(0)
+    u, v = rng.uniform(-3, 3, (4, 32)).astype("float32"), rng.uniform(0.5, 2, 4).astype("float32")
+    (got,) = run_module(lib, [u, v, np.zeros_like(u)])[2:]
+    np.testing.assert_allclose(got, u / (u * u + 1) + u / v[:, None], rtol=1e-6, atol=1e-6)
+
+
 def test_rewrite_walks_no_program_of_a_workload_without_a_float_division(host):
     """Scheduling makes no new arithmetic: the workload is asked once, and a program is not walked."""
     catalog = {spec.name: spec for spec in BUILTIN_WORKLOADS}

@@ -497,6 +497,28 @@ def test_unroll_estimate_follows_tvm_unroll_rule(host):
     assert estimate_unrolled_size(nest(0), host.vector_width) == 1  # nothing unrolled
 
 
+def test_unroll_estimate_counts_the_operations_of_each_store(host):
+    """A polynomial unrolled is as much code as many stores of a sum: its build took seconds."""
+
+    def unrolled(value) -> int:
+        a = te.placeholder((4, 8), name="A")
+        b = te.compute((4, 8), lambda i, j: value(a[i, j]), name="B")
+        sch = tvm.s_tir.Schedule(te.create_prim_func([a, b]))
+        i, _ = sch.get_loops(sch.get_sblock("B"))
+        sch.annotate(i, "pragma_auto_unroll_max_step", 32)
+        return estimate_unrolled_size(sch.mod["main"].body, host.vector_width)
+
+    def horner(x):  # eight multiply-adds: 16 floating-point nodes, about 8 instructions
+        result = x
+        for coefficient in range(8):
+            result = result * x + float(coefficient + 1)
+        return result
+
+    assert unrolled(lambda x: x + 1.0) == 32  # one instruction a store
+    assert unrolled(lambda x: x * 2.0 + 1.0) == 32  # a multiply-add is one instruction
+    assert unrolled(horner) == 32 * 8
+
+
 @pytest.mark.parametrize(("k_tiles", "inner_levels"), [([8, 8], 1), ([64, 1], 2)])
 def test_accumulator_is_the_output_tile_under_the_innermost_reduction_loop(host, k_tiles, inner_levels):
     # i: 2x2x4x4; j: 2x2x(64 / lanes / 4)x(1 vector); a unit inner k tile adds the spatial level above it

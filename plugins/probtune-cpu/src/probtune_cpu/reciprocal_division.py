@@ -21,7 +21,11 @@ of ``a * r``, this rewrite's form before) and 0.249-0.255 with the division;
 onnxruntime 0.191 in the same run.
 
 Applied to a float32 division in a block's stored value whose divisor does
-not depend on the store's last index (the loop that is vectorized).
+not depend on the store's last index (the loop that is vectorized), also
+through the variables of ``Let`` bindings (the polynomials of
+``rewrite-vector-math`` bind them): a divisor that varies along the vector
+would make the branch's condition a vector, and TVM then computes the whole
+stored value one lane at a time.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from dataclasses import dataclass
 from tvm import s_tir, tirx
 
 from probtune import SpaceContext
-from probtune.tir import variable_ids
+from probtune.tir import identity, variable_ids
 
 from probtune_cpu.stored_values import map_bottom_up, rewrite_stored_values, workload_stores_any
 
@@ -69,6 +73,7 @@ class RewriteInvariantDivision:
         lane_vars = variable_ids(store.indices[-1]) if store.indices else set()
         if not lane_vars:  # one quotient per divisor: nothing to share
             return store.value
+        lane_vars = _with_dependent_lets(store.value, lane_vars)
 
         def replace(expr: tirx.Expr) -> tirx.Expr:
             if _is_float32_division(expr) and not lane_vars & variable_ids(expr.b):
@@ -76,6 +81,21 @@ class RewriteInvariantDivision:
             return expr
 
         return map_bottom_up(store.value, replace)
+
+
+def _with_dependent_lets(value: tirx.Expr, lane_vars: set[int]) -> set[int]:
+    """``lane_vars`` and the variables of the ``Let`` bindings in ``value`` whose value depends on them, at any depth."""
+    lets: list[tirx.Let] = []
+    map_bottom_up(value, lambda expr: lets.append(expr) or expr if isinstance(expr, tirx.Let) else expr)
+    dependent = set(lane_vars)
+    grew = True
+    while grew:
+        grew = False
+        for let in lets:
+            if identity(let.var) not in dependent and variable_ids(let.value) & dependent:
+                dependent.add(identity(let.var))
+                grew = True
+    return dependent
 
 
 def _is_float32_division(expr: tirx.Expr) -> bool:

@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from tvm import s_tir, tirx
+from tvm.ir.expr import TensorLoad
 
 from probtune import SpaceContext
 from probtune.tir import as_list, child_stmts, identity, iter_stmts
 
 from probtune_cpu.parallel_vectorize import MAX_VECTORS_PER_LOOP
+from probtune_cpu.stored_values import map_bottom_up
 
 __all__ = ["VerifyStaticLoops", "VerifyVectorize", "VerifyParallel", "VerifyUnrollSize", "estimate_unrolled_size"]
 
@@ -132,11 +134,13 @@ class VerifyParallel:
 
 
 def estimate_unrolled_size(stmt: tirx.Stmt, vector_width: int) -> int:
-    """Native vector operations in ``stmt`` once TVM has vectorized and unrolled it (one per stored vector register).
+    """Native vector operations in ``stmt`` once TVM has vectorized and unrolled it.
 
-    Follows TVM's UnrollLoop pass, which runs after vectorization: under a
-    ``pragma_auto_unroll_max_step`` of N, a serial loop with no rolled loop
-    inside is unrolled when its extent times its body's stores is at most N.
+    Each store counts its value's operations (:func:`_operations`) once per
+    vector register it stores. Follows TVM's UnrollLoop pass, which runs after
+    vectorization: under a ``pragma_auto_unroll_max_step`` of N, a serial loop
+    with no rolled loop inside is unrolled when its extent times its body's
+    stores is at most N.
     """
     return _unroll(stmt, max_step=0, lanes=1, vector_width=vector_width)[2]
 
@@ -144,7 +148,7 @@ def estimate_unrolled_size(stmt: tirx.Stmt, vector_width: int) -> int:
 def _unroll(stmt: tirx.Stmt, max_step: int, lanes: int, vector_width: int) -> tuple[int, bool, int]:
     """(stores counted for unrolling, whether a rolled loop is inside, native operations) of ``stmt``."""
     if isinstance(stmt, tirx.BufferStore):
-        return 1, False, -(-lanes // vector_width)
+        return 1, False, -(-lanes // vector_width) * _operations(stmt.value)
     if isinstance(stmt, tirx.Evaluate):
         return 1, False, 1
     if isinstance(stmt, tirx.For):
@@ -166,6 +170,28 @@ def _unroll(stmt: tirx.Stmt, max_step: int, lanes: int, vector_width: int) -> tu
     return steps, rolled_inside, ops
 
 
+_FLOAT_TYPES = ("float", "bfloat")
+
+
+def _operations(value: tirx.Expr) -> int:
+    """Instructions that compute a stored value: its floating-point arithmetic, select, cast and call nodes, two to one.
+
+    A multiply and an add fuse into one instruction, so a matmul's ``C + A * B``
+    counts one (also with its padding's ``if_then_else``), where a polynomial
+    of ``rewrite-vector-math`` counts dozens. Integer index arithmetic and
+    conditions are left out: unrolling makes most of them constants.
+    """
+    nodes = 0
+
+    def count(expr: tirx.Expr) -> tirx.Expr:
+        nonlocal nodes
+        nodes += not isinstance(expr, (tirx.Let, TensorLoad)) and str(expr.ty).startswith(_FLOAT_TYPES)
+        return expr
+
+    map_bottom_up(value, count)
+    return max(1, nodes // 2)
+
+
 @dataclass(frozen=True)
 class VerifyUnrollSize:
     """Reject a program whose unrolled code would be big: slow to build, and never the fastest.
@@ -177,7 +203,8 @@ class VerifyUnrollSize:
     batch matmul, conv2d, softmax), those estimated above 1024 took 2-9 times
     as long to build as the rest (softmax up to 35 s), and none was the
     fastest of its workload: every best program stayed under 700 (code that
-    big does not fit the instruction cache).
+    big does not fit the instruction cache). A store counts the operations of
+    its value: an erf polynomial unrolled 192 times took 5 s to build.
     """
 
     name: str = "verify-unroll-size"
