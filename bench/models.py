@@ -16,6 +16,7 @@ Writes bench/results/models.json and a plot.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import subprocess
@@ -224,6 +225,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--round-seconds", type=float, default=1.0)
     parser.add_argument("--output", default=str(RESULTS / "models.json"))
+    parser.add_argument("--keep", metavar="DIR", help="keep the ONNX files, databases and compiled models in DIR (a new folder)")
     parser.add_argument("--tune-one", nargs=4, metavar=("SYSTEM", "NAME", "ONNX", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.tune_one:
@@ -236,7 +238,9 @@ def main() -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     report = {"machine": cpu_model(), "threads": THREADS, "trials": args.trials, "seed": args.seed,
               "tvm_trials_per_iter": args.tvm_trials_per_iter, "models": []}
-    with tempfile.TemporaryDirectory(prefix="bench-models-") as scratch:
+    with contextlib.ExitStack() as stack:
+        scratch = args.keep or stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-models-"))
+        Path(scratch).mkdir(parents=True, exist_ok=not args.keep)  # kept results are never a continued run
         for name in args.models.split(","):
             report["models"].append(bench_model(name, args, Path(scratch)))
             output.write_text(json.dumps(report, indent=1))  # after each model: a long run stopped keeps the others
