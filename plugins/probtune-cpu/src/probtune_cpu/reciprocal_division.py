@@ -86,7 +86,13 @@ class RewriteInvariantDivision:
 def _with_dependent_lets(value: tirx.Expr, lane_vars: set[int]) -> set[int]:
     """``lane_vars`` and the variables of the ``Let`` bindings in ``value`` whose value depends on them, at any depth."""
     lets: list[tirx.Let] = []
-    map_bottom_up(value, lambda expr: lets.append(expr) or expr if isinstance(expr, tirx.Let) else expr)
+
+    def collect(expr: tirx.Expr) -> tirx.Expr:
+        if isinstance(expr, tirx.Let):
+            lets.append(expr)
+        return expr
+
+    map_bottom_up(value, collect)
     dependent = set(lane_vars)
     grew = True
     while grew:
