@@ -163,8 +163,9 @@ def open_pipeline(
     runner_factory = _factory("runner", registry.runners, target.runner, target.name)
     if target.runner == "local":
         check_runs_here(target)
-    runner_options = {"timeout": run_timeout, **({"cache_flush": True} if cache_flush else {})}
-    if cache_flush:
+    runner_options: dict[str, Any] = {"timeout": run_timeout}
+    if cache_flush:  # only then: a runner factory need not know the option
+        runner_options["cache_flush"] = True
         target = dataclasses.replace(target, name=target.name + COLD_CACHE)
     with contextlib.ExitStack() as stack:
         scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="probtune-"))

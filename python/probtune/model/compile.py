@@ -17,13 +17,13 @@ from probtune.errors import NOT_REPLAYABLE
 from probtune.interfaces import TargetSpec
 from probtune.model.importer import InputSpec
 from probtune.model.prepack import prepack_weights
-from probtune.model.threads import PoolThread, set_num_threads
+from probtune.model.threads import PoolThread
 from probtune.space import DesignSpace
 
 if TYPE_CHECKING:
     from probtune.model.check import CheckReport
 
-__all__ = ["CompiledModel", "compile_model", "default_program", "outputs_to_numpy", "set_num_threads"]
+__all__ = ["CompiledModel", "compile_model", "default_program", "outputs_to_numpy"]
 
 DEFAULT_DRAWS = 64  # draws of a task's space tried for a valid default program
 
