@@ -8,7 +8,8 @@ from probtune import Rng
 from probtune.model import extract_tasks, fuse, load_model
 from probtune.model.check import check_outputs
 from probtune.model.compile import CompiledModel, compile_model, default_program
-from probtune.model.prepack import layout_copies, prepack_weights
+from probtune.constant_layouts import layout_copies
+from probtune.model.prepack import prepack_weights
 from probtune.search import RandomSearch
 from probtune.space import generate_space
 

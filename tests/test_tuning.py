@@ -17,6 +17,7 @@ import pytest
 
 import probtune
 from probtune import Database, Trace, Workload
+from probtune.constant_layouts import MeasuredForm
 from probtune.measure import prepare_reference
 from probtune.measure.builder import BuildResult, LocalBuilder
 from probtune.measure.runner import LocalRunner, RunResult
@@ -113,7 +114,9 @@ def tuned_without_confirmation(tmp_path, trials):
         workload_id = db.workloads()[0].id
 
         def confirm(top, builder=local_builder, runner=local_runner):
-            _confirm_best(db, workload_id, result.target, result.space, builder, runner, reference, str(tmp_path), top)
+            _confirm_best(
+                db, workload_id, result.target, result.space, builder, runner, MeasuredForm(reference), str(tmp_path), top
+            )
 
         yield db, workload_id, local_builder, local_runner, confirm
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator
 
 import tvm
 
+from probtune.constant_layouts import MeasuredForm
 from probtune.database import Database, Record
 from probtune.errors import PluginError, warn_caller
 from probtune.interfaces import CostModel, TargetSpec
@@ -104,14 +105,14 @@ class MeasurePipeline:
         started = time.perf_counter()
         confirm_best(
             self.db, session.workload_id, self.target, session.space, self.builder, self.runner,
-            session.reference, self.workdir, top,
+            session.form, self.workdir, top,
         )
         self.measure_seconds += time.perf_counter() - started
 
     def _measure(self, session: TaskSession, batch: list[Candidate]) -> Iterator[tuple[Candidate, float | None]]:
         """Measure ``batch``, recording each outcome as soon as it is known."""
         for candidate, status, latencies, error, build_s, run_s in measure(
-            batch, self.builder, self.runner, session.reference, self.target, self.workdir, session.best_latency
+            batch, self.builder, self.runner, session.form, self.target, self.workdir, session.best_latency
         ):
             self.db.add_record(
                 session.workload_id,
@@ -218,25 +219,43 @@ def measure(
     batch: list[Candidate],
     builder: Any,
     runner: Any,
-    reference: MeasureReference,
+    form: MeasuredForm,
     spec: TargetSpec,
     workdir: str,
     best_latency: float | None,
 ) -> Iterator[tuple[Candidate, str, tuple[float, ...], str | None, float | None, float | None]]:
-    """Build the batch, then time what built; yield each candidate's outcome as soon as it is known.
+    """Build the batch in its measured ``form``, then time what built; yield each candidate's outcome as soon as it is known.
 
     A candidate whose first timing is far slower than the best so far is not timed again.
     """
-    built, runnable = build([candidate.program for candidate in batch], builder, spec, workdir)
+    measured = [form(candidate.program) for candidate in batch]
+    built, runnable = build([program for program, _ in measured], builder, spec, workdir)
     for index in range(len(batch)):
         if built[index].artifact is None:
             yield batch[index], "build_error", (), built[index].error, built[index].seconds, None
-    artifacts = [built[i].artifact for i in runnable]
     stop_above = best_latency * CLEARLY_SLOWER if best_latency is not None else None
-    for position, result in runner.run(reference, artifacts, spec.tvm_target, stop_above=stop_above):
-        index = runnable[position]
+    references = [reference for _, reference in measured]
+    for index, result in _run(runner, built, runnable, references, spec, stop_above):
         yield batch[index], result.status, result.latencies, result.error, built[index].seconds, result.seconds
-        Path(artifacts[position]).unlink(missing_ok=True)
+        Path(built[index].artifact).unlink(missing_ok=True)
+
+
+def _run(
+    runner: Any,
+    built: dict[int, Any],
+    runnable: list[int],
+    references: list[MeasureReference],
+    spec: TargetSpec,
+    stop_above: float | None = None,
+) -> Iterator[tuple[int, Any]]:
+    """Time the built programs at ``runnable``, one runner call per reference they run against; yield (index, result)."""
+    groups: dict[str, list[int]] = {}
+    for index in runnable:
+        groups.setdefault(references[index].path, []).append(index)
+    for indices in groups.values():
+        artifacts = [built[i].artifact for i in indices]
+        for position, result in runner.run(references[indices[0]], artifacts, spec.tvm_target, stop_above=stop_above):
+            yield indices[position], result
 
 
 def build(
@@ -254,7 +273,7 @@ def confirm_best(
     space: DesignSpace,
     builder: Any,
     runner: Any,
-    reference: MeasureReference,
+    form: MeasuredForm,
     workdir: str,
     top: int,
 ) -> None:
@@ -271,18 +290,16 @@ def confirm_best(
         replayed = replayable(records, space, db.path)
         if not replayed:
             return
-        records, programs = [r.record for r in replayed], [r.program for r in replayed]
-        built, runnable = build(list(programs), builder, spec, workdir)
-        for index in sorted(set(range(len(programs))) - set(runnable)):
+        records, measured = [r.record for r in replayed], [form(r.program) for r in replayed]
+        built, runnable = build([program for program, _ in measured], builder, spec, workdir)
+        for index in sorted(set(range(len(measured))) - set(runnable)):
             warn_caller(
                 f"record {records[index].id} measured ok before, but does not build now: {built[index].error}; "
                 "it is not timed again"
             )
-        artifacts = [built[i].artifact for i in runnable]
         timings: dict[int, list[float]] = {i: [] for i in runnable}
         for _ in range(CONFIRM_PASSES):
-            for position, result in runner.run(reference, artifacts, spec.tvm_target):
-                index = runnable[position]
+            for index, result in _run(runner, built, runnable, [reference for _, reference in measured], spec):
                 if result.status == "ok":
                     timings[index].extend(result.latencies)
                 else:
@@ -290,8 +307,8 @@ def confirm_best(
                         f"record {records[index].id} measured ok before, but {result.status} when timed again: "
                         f"{result.error}; this timing of it is left out"
                     )
-        for path in artifacts:
-            Path(path).unlink(missing_ok=True)
+        for index in runnable:
+            Path(built[index].artifact).unlink(missing_ok=True)
         for index, latencies in timings.items():
             if latencies:
                 db.add_latencies(records[index].id, latencies)

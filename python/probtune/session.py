@@ -18,10 +18,11 @@ from typing import Any, Sequence
 import tvm
 
 from probtune._core import Rng, Trace
+from probtune.constant_layouts import MeasuredForm
 from probtune.database import Database, Record
 from probtune.errors import NOT_REPLAYABLE, warn_caller
 from probtune.interfaces import CostModel, SpaceModule, TargetSpec
-from probtune.measure import MeasureReference, prepare_reference
+from probtune.measure import prepare_reference
 from probtune.plugins import get_registry
 from probtune.search import INIT_MEASURED, EvolutionarySearch, RandomSearch, SearchStrategy
 from probtune.space import Candidate, DesignSpace, generate_space
@@ -41,7 +42,7 @@ class TaskSession:
     workload_id: int
     space: DesignSpace
     search: SearchStrategy
-    reference: MeasureReference
+    form: MeasuredForm  # each candidate's program as timed, and its reference outputs
     best_latency: float | None
     measured: int = 0
     statuses: Counter[str] = field(default_factory=Counter)
@@ -60,12 +61,14 @@ class TaskSession:
         seed: int = 0,
         modules: Sequence[str | SpaceModule] | None = None,
         search_options: dict[str, Any] | None = None,
+        constants: frozenset[int] = frozenset(),
     ) -> TaskSession:
         """A session for ``workload``, primed with what ``db`` holds of it (measured programs are not offered again).
 
         ``model`` None searches at random; otherwise the evolutionary search
         is guided by it (one model may serve many sessions: it groups its
-        samples by workload).
+        samples by workload). Candidates are timed with the layout copies of
+        the parameters at ``constants`` made beforehand (:class:`MeasuredForm`).
         """
         space = generate_space(workload, target, modules=modules, seed=seed)
         workload_id = db.commit_workload(workload.key, workload.mod)
@@ -77,7 +80,8 @@ class TaskSession:
             search.close()
             raise
         best = db.best(workload_id, target.name)
-        return cls(workload, target, workload_id, space, search, reference, best[0].mean_latency if best else None)
+        form = MeasuredForm(reference, constants)
+        return cls(workload, target, workload_id, space, search, form, best[0].mean_latency if best else None)
 
     @property
     def name(self) -> str:

@@ -12,7 +12,7 @@ from probtune._lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from probtune.measure.builder import BuildResult, LocalBuilder
-    from probtune.measure.runner import LocalRunner, MeasureReference, RunResult, prepare_reference
+    from probtune.measure.runner import LocalRunner, MeasureReference, RunResult, prepare_reference, save_reference
 
 __all__ = [
     "BuildResult",
@@ -21,6 +21,7 @@ __all__ = [
     "MeasureReference",
     "RunResult",
     "prepare_reference",
+    "save_reference",
 ]
 
 # Imported on first use (PEP 562), as in probtune's own facade: a measurement
@@ -32,6 +33,7 @@ _SOURCE_OF = {
     "MeasureReference": "probtune.measure.runner",
     "RunResult": "probtune.measure.runner",
     "prepare_reference": "probtune.measure.runner",
+    "save_reference": "probtune.measure.runner",
 }
 
 

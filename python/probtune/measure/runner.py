@@ -27,7 +27,7 @@ from probtune.measure.builder import BuildResult
 if TYPE_CHECKING:
     from probtune.workload import Workload
 
-__all__ = ["RunResult", "MeasureReference", "LocalRunner", "prepare_reference"]
+__all__ = ["RunResult", "MeasureReference", "LocalRunner", "prepare_reference", "save_reference"]
 
 _STARTUP_TIMEOUT = 120.0  # importing TVM takes about a second; minutes mean something is broken
 _DEVICE_OF_TARGET_KIND = {"llvm": "cpu", "c": "cpu"}  # other kinds ("cuda", ...) name their device
@@ -61,11 +61,7 @@ class MeasureReference:
 def prepare_reference(
     workload: Workload, workdir: str | os.PathLike[str], seed: int = 0
 ) -> MeasureReference:
-    """Compute the reference outputs once, in the tuning process, and save them for the runner.
-
-    The file name holds a digest of the arrays, so a runner that caches references
-    by path never confuses two workloads.
-    """
+    """Compute the reference outputs once, in the tuning process, and save them for the runner (:func:`save_reference`)."""
     inputs = [np.asarray(array, order="C") for array in workload.random_inputs(seed)]
     outputs = list(workload.reference_outputs(inputs))
     output_specs = workload.param_specs()[workload.num_inputs :]
@@ -83,19 +79,30 @@ def prepare_reference(
                 f"the program's output has {shape}"
             )
         arrays[f"output_{i}"] = np.asarray(array, dtype=dtype, order="C")
+    rtol, atol = workload.tolerance()
+    return save_reference(arrays, workload.name, workdir, workload.num_inputs, float(rtol), float(atol))
+
+
+def save_reference(
+    arrays: dict[str, np.ndarray], name: str, workdir: str | os.PathLike[str], num_inputs: int, rtol: float, atol: float
+) -> MeasureReference:
+    """Save ``arrays`` (``input_0``.., ``output_0``..) for the runner, in a file named by ``name`` and a digest of them.
+
+    The digest in the name lets a runner that caches references by path never
+    confuse two of them; a file already there is the same content.
+    """
     digest = hashlib.sha256()
     for key, array in arrays.items():
         digest.update(f"{key}:{array.dtype.str}:{array.shape};".encode())
         digest.update(array.tobytes())
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", workload.name)
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
     path = Path(workdir).resolve() / f"reference-{slug}-{digest.hexdigest()[:16]}.npz"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.npz")
         np.savez(partial, **arrays)
         os.replace(partial, path)  # readers never see half a file
-    rtol, atol = workload.tolerance()
-    return MeasureReference(str(path), workload.num_inputs, float(rtol), float(atol))
+    return MeasureReference(str(path), num_inputs, rtol, atol)
 
 
 class LocalRunner:

@@ -1,77 +1,28 @@
 """Weight repacking at compile time: a layout copy of a constant weight that a tuned program makes on every call is
 made once, when the model is compiled.
 
-A tuned program may copy an input into another layout before computing with
-it (the CPU space packs a dense layer's weight into vector-wide panels). When
-every call site passes a constant there (a weight bound in the model), the
-program is changed to read that input already in the copy's layout (TVM's
-``transform_layout`` on the parameter, then the copy inlined into its
-readers), and each call site passes the constant through a Relax
-``layout_transform`` that constant folding evaluates at compile time.
-Nothing here knows a target: a copy is recognized by its form alone.
+Where every call site of a program passes a constant at a position (a weight
+bound in the model), the program reads that input already in its copy's
+layout (:func:`probtune.constant_layouts.read_constants_packed`), and each
+call site passes the constant through a Relax ``layout_transform`` that
+constant folding evaluates at compile time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
-from tvm import relax, s_tir, tirx
-from tvm.ir.expr import Constant, TensorLoad
+from tvm import relax, tirx
+from tvm.ir.expr import Constant
 
-__all__ = ["LayoutCopy", "layout_copies", "prepack_weights"]
+from probtune.constant_layouts import read_constants_packed
 
-
-@dataclass(frozen=True)
-class LayoutCopy:
-    """A block ``B[f(v)] = P[v]`` that copies parameter ``param`` of a program into the layout ``f``."""
-
-    block: str
-    param: int
-    layout: tirx.IndexMap
+__all__ = ["constant_arguments", "prepack_weights"]
 
 
-def layout_copies(func: tirx.PrimFunc) -> list[LayoutCopy]:
-    """The blocks of ``func`` that copy one of its parameters, element for element, into another buffer's layout."""
-    params = list(func.params)
-    found: list[LayoutCopy] = []
-
-    def visit(block: s_tir.SBlock) -> None:
-        store = block.body
-        if not isinstance(store, tirx.BufferStore) or block.init is not None or len(block.reads) != 1:
-            return
-        load = store.value
-        if not isinstance(load, TensorLoad) or any(p.same_as(store.buffer) for p in params):
-            return
-        index = next((i for i, p in enumerate(params) if p.same_as(load.source)), None)
-        iter_vars = [iv.var for iv in block.iter_vars]
-        if index is None or len(load.indices) != len(iter_vars):
-            return
-        if not all(i.same_as(v) for i, v in zip(load.indices, iter_vars)):
-            return
-        if any(iv.iter_type != tirx.IterVar.DataPar for iv in block.iter_vars):
-            return
-        found.append(LayoutCopy(block.name_hint, index, tirx.IndexMap(iter_vars, list(store.indices), None)))
-
-    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, visit))
-    return found
-
-
-def _read_packed(program: tvm.IRModule, copy: LayoutCopy) -> tvm.IRModule | None:
-    """``program`` reading the copied parameter in the copy's layout, the copy gone; None where TVM refuses."""
-    sch = s_tir.Schedule(program)
-    try:
-        block = sch.get_sblock(copy.block)
-        sch.transform_layout(block, ("read", 0), copy.layout)
-        sch.compute_inline(block)
-    except (RuntimeError, tvm.error.TVMError, ValueError):
-        return None
-    return sch.mod
-
-
-def _constant_arguments(fused: tvm.IRModule) -> dict[str, set[int]]:
+def constant_arguments(fused: tvm.IRModule) -> dict[str, set[int]]:
     """For each PrimFunc called from ``main``, the argument positions where every call passes a constant."""
     call_tir = tvm.ir.Op.get("relax.call_tir")
     constant: dict[str, set[int]] = {}
@@ -126,17 +77,13 @@ def prepack_weights(
     constants folded, and new globals for the programs that changed: they
     read those parameters in their packed layouts.
     """
-    constants = _constant_arguments(fused)
+    constants = constant_arguments(fused)
     updated = dict(programs)
     layouts: dict[str, dict[int, tirx.IndexMap]] = {}
     for name, program in programs.items():
-        for copy in layout_copies(program["main"]):
-            if copy.param not in constants.get(name, set()) or copy.param in layouts.get(name, {}):
-                continue
-            packed = _read_packed(updated[name], copy)
-            if packed is not None:
-                updated[name] = packed
-                layouts.setdefault(name, {})[copy.param] = copy.layout
+        updated[name], packed = read_constants_packed(program, constants.get(name, set()))
+        if packed:
+            layouts[name] = packed
     if not layouts:
         return fused, updated, 0
     callees = {name: _callee(name, updated[name]["main"], fused.get_global_var(name)) for name in layouts}

@@ -19,6 +19,7 @@ from probtune.errors import ModelImportError
 from probtune.interfaces import TargetSpec
 from probtune.model.importer import Model
 from probtune.model.layouts import convert_layouts
+from probtune.model.prepack import constant_arguments
 from probtune.workload import Workload
 
 __all__ = ["ModelTask", "fuse", "extract_tasks"]
@@ -26,11 +27,17 @@ __all__ = ["ModelTask", "fuse", "extract_tasks"]
 
 @dataclass(frozen=True)
 class ModelTask:
-    """One distinct fused PrimFunc of a model: its workload, call sites, and the names it has in the fused module."""
+    """One distinct fused PrimFunc of a model: its workload, call sites, and the names it has in the fused module.
+
+    ``constants`` are the parameter positions where every call passes a
+    constant (a weight): the compiled model makes their layout copies once,
+    and the task's candidates are timed so (:mod:`probtune.constant_layouts`).
+    """
 
     workload: Workload
     weight: int
     functions: tuple[str, ...]
+    constants: frozenset[int] = frozenset()
 
     @property
     def name(self) -> str:
@@ -66,8 +73,12 @@ def extract_tasks(fused: tvm.IRModule) -> list[ModelTask]:
         workloads.setdefault(key, workload)
     if not workloads:
         raise ModelImportError("the model has no tunable task: no operator of it becomes a TIR function")
+    constant = constant_arguments(fused)
     tasks = [
-        ModelTask(workloads[key], sum(calls[name] for name in names), tuple(sorted(names)))
+        ModelTask(
+            workloads[key], sum(calls[name] for name in names), tuple(sorted(names)),
+            frozenset(set.intersection(*(constant.get(name, set()) for name in names))),
+        )
         for key, names in by_structure.items()
     ]
     return sorted(tasks, key=lambda task: (-task.weight * (task.workload.flops or 0.0), task.name))

@@ -188,9 +188,10 @@ class _Sessions:
 
     def session(self, index: int) -> TaskSession:
         if index not in self._open:
+            task = self.tasks[index]
             self._open[index] = TaskSession.open(
-                self.tasks[index].workload, self.pipeline.target, self.pipeline.db, self.model,
-                workdir=self.pipeline.workdir, seed=self.seed, search_options=self.options,
+                task.workload, self.pipeline.target, self.pipeline.db, self.model,
+                workdir=self.pipeline.workdir, seed=self.seed, search_options=self.options, constants=task.constants,
             )
         return self._open[index]
 

@@ -1,0 +1,68 @@
+"""A model task's candidates are timed as the compiled model runs them: a constant weight's layout copy made beforehand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from probtune import Rng
+from probtune.constant_layouts import MeasuredForm, layout_copies, read_constants_packed
+from probtune.measure import LocalBuilder, LocalRunner, prepare_reference
+from probtune.model import extract_tasks, fuse, load_model
+from probtune.pipeline import measure
+from probtune.search import RandomSearch
+from probtune.space import generate_space
+
+WEIGHT = 1  # a dense layer's weight: the second parameter, a constant in the model
+
+
+@pytest.fixture(scope="module")
+def dense_task(encoder_onnx, host):
+    """A dense layer of the encoder, and two samples of its space: one that copies its weight into panels, one that does not."""
+    task = next(t for t in extract_tasks(fuse(load_model(encoder_onnx), host)) if "matmul" in t.name)
+    space = generate_space(task.workload, host)
+    copying, plain = None, None
+    for candidate in RandomSearch(space, Rng(1)).next_batch(32):
+        copies = any(copy.param == WEIGHT for copy in layout_copies(candidate.mod["main"]))
+        if copies and copying is None:
+            copying = candidate
+        elif not copies and plain is None:
+            plain = candidate
+    assert copying is not None and plain is not None, "the samples lack a program with (or without) a weight copy"
+    return task, copying, plain
+
+
+def test_a_dense_task_knows_its_weight_is_constant(dense_task):
+    task, _, _ = dense_task
+    assert WEIGHT in task.constants and 0 not in task.constants  # the activations change between calls
+
+
+def test_the_copy_of_a_constant_is_folded_into_the_parameter(dense_task):
+    _, copying, _ = dense_task
+    program, layouts = read_constants_packed(copying.mod, {WEIGHT})
+    assert list(layouts) == [WEIGHT]
+    assert not [copy for copy in layout_copies(program["main"]) if copy.param == WEIGHT]
+    assert len(program["main"].params[WEIGHT].shape) == 3  # panels: [j // w, k, j % w]
+    unchanged, none = read_constants_packed(copying.mod, set())  # not a constant: its copy stays
+    assert none == {} and unchanged.same_as(copying.mod)
+
+
+def test_without_constants_every_program_is_timed_as_it_is(dense_task, tmp_path):
+    task, copying, _ = dense_task
+    reference = prepare_reference(task.workload, tmp_path)
+    program, got = MeasuredForm(reference)(copying.program)
+    assert program is copying.program and got == reference
+
+
+def test_packed_programs_run_against_inputs_in_their_layout_and_compute_the_same(dense_task, tmp_path, host):
+    task, copying, plain = dense_task
+    form = MeasuredForm(prepare_reference(task.workload, tmp_path), task.constants)
+    (_, packed_reference), (_, reference) = form(copying.program), form(plain.program)
+    assert reference == form.reference and packed_reference != reference
+    assert form(copying.mod)[1] is packed_reference  # written once per set of layouts
+    with np.load(packed_reference.path) as packed, np.load(reference.path) as saved:
+        assert packed[f"input_{WEIGHT}"].ndim == 3 and np.array_equal(packed["output_0"], saved["output_0"])
+
+    with LocalBuilder(workers=1) as builder, LocalRunner() as runner:
+        outcomes = list(measure([copying, plain], builder, runner, form, host, str(tmp_path), None))
+    assert [(candidate is copying, status) for candidate, status, *_ in outcomes] == [(True, "ok"), (False, "ok")]
