@@ -38,7 +38,7 @@ def test_a_packed_weight_is_packed_once_and_the_model_matches_onnxruntime(encode
     (copy,) = [c for c in layout_copies(programs[packed]["main"]) if c.param == 1]
     assert len(copy.layout.final_indices) == 3  # panels: [j // w, k, j % w]
 
-    executable, prepacked = compile_model(fused, programs, host)
+    executable, prepacked, _ = compile_model(fused, programs, host)
     assert prepacked >= 1
     compiled = CompiledModel(executable, model.inputs, host.num_cores)
     report = check_outputs(model, compiled)

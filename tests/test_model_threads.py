@@ -55,7 +55,7 @@ def test_the_model_reports_its_threads(encoder_onnx, host):
     programs = {}
     for task in extract_tasks(fused):
         programs.update({name: default_program(generate_space(task.workload, host)) for name in task.functions})
-    executable, _ = compile_model(fused, programs, host)
+    executable, _, _ = compile_model(fused, programs, host)
     compiled = CompiledModel(executable, model.inputs, host.num_cores)
     assert compiled.threads() == min(host.num_cores, os.cpu_count() or 1)
     outputs = compiled(*model.random_inputs(0))

@@ -90,6 +90,8 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
     print(compiled.check)
     if compiled.prepacked:
         print(f"{compiled.prepacked} weight layout copies made once at compile time instead of on every call")
+    if compiled.in_place:
+        print(f"{compiled.in_place} calls write their output over an input read element for element (a residual)")
     latency = float(np.median(compiled.time(model.random_inputs(0))))
     print(f"compiled model: {latency * 1e3:.3f} ms per inference on {compiled.num_threads} threads")
     if args.output:

@@ -16,6 +16,7 @@ from probtune.codegen import compile_for
 from probtune.errors import NOT_REPLAYABLE
 from probtune.interfaces import TargetSpec
 from probtune.model.importer import InputSpec
+from probtune.model.inplace import write_in_place
 from probtune.model.prepack import prepack_weights
 from probtune.model.threads import PoolThread
 from probtune.space import DesignSpace
@@ -28,19 +29,23 @@ __all__ = ["CompiledModel", "compile_model", "default_program", "outputs_to_nump
 DEFAULT_DRAWS = 64  # draws of a task's space tried for a valid default program
 
 
-def compile_model(fused: tvm.IRModule, programs: Mapping[str, tvm.IRModule], target: TargetSpec) -> tuple[Any, int]:
+def compile_model(
+    fused: tvm.IRModule, programs: Mapping[str, tvm.IRModule], target: TargetSpec
+) -> tuple[Any, int, int]:
     """``fused`` with each named PrimFunc replaced by the ``main`` of its program, compiled for ``target``.
 
     The programs are compiled as the tuner measured them (:func:`probtune.codegen.compile_for`),
-    except that a layout copy of a constant weight is made once, here (:mod:`probtune.model.prepack`).
-    Returns the executable and how many weights were packed so.
+    except that a layout copy of a constant weight is made once, here (:mod:`probtune.model.prepack`), and
+    an output that may overwrite an input read element for element (a residual) does so (:mod:`probtune.model.inplace`).
+    Returns the executable, how many weights were packed so and how many calls write in place.
     """
     mod, programs, prepacked = prepack_weights(fused, programs, tvm.target.Target(target.tvm_target))
     functions = dict(mod.functions)
     for name, program in programs.items():
         func = program["main"].with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True)
         functions[mod.get_global_var(name)] = func
-    return compile_for(tvm.IRModule(functions, attrs=mod.attrs), target), prepacked
+    mod, in_place = write_in_place(tvm.IRModule(functions, attrs=mod.attrs))
+    return compile_for(mod, target), prepacked, in_place
 
 
 def default_program(space: DesignSpace, seed: int = 0) -> tvm.IRModule | None:
@@ -74,6 +79,7 @@ class CompiledModel:
         self.num_threads = num_threads
         self.check: CheckReport | None = None  # set by ModelTuneResult.compile when the outputs were checked
         self.prepacked = 0  # weights whose layout copy was made at compile time (ModelTuneResult.compile)
+        self.in_place = 0  # calls that write their output over an input (ModelTuneResult.compile)
         self._pool = PoolThread(num_threads)
         self._device = tvm.cpu()
         self._vm = relax.VirtualMachine(executable, self._device)

@@ -81,9 +81,10 @@ class ModelTuneResult:
         reference's (onnxruntime for an ONNX model, else the untuned build): a
         mismatch raises :class:`~probtune.errors.ModelCheckError`; the report is ``compiled.check``.
         """
-        executable, prepacked = compile_model(self.fused, self.programs, self.target)
+        executable, prepacked, in_place = compile_model(self.fused, self.programs, self.target)
         compiled = CompiledModel(executable, self.model.inputs, num_threads or self.target.num_cores)
         compiled.prepacked = prepacked
+        compiled.in_place = in_place
         compiled.check = check_outputs(self.model, compiled, seed=seed) if check else None
         return compiled
 
