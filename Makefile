@@ -49,6 +49,7 @@ tune-op: setup
 	$(BIN)/probtune tune --workload $(WORKLOAD) --shape $(SHAPE) --target $(TARGET) --trials $(TRIALS) --database $(DATABASE)
 
 test: setup
+	$(BIN)/ruff check python plugins tests bench
 	cargo test --release
 	$(BIN)/python -m pytest
 

@@ -9,22 +9,23 @@ from __future__ import annotations
 
 import math
 import os
-import traceback
 import platform
 import re
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count()))
 
-import numpy as np  # noqa: E402
-import tvm  # noqa: E402
+import numpy as np
+import tvm
 
-from probtune.plugins import get_registry  # noqa: E402
-from probtune.workload import Workload, parse_shape  # noqa: E402
+from probtune.plugins import get_registry
+from probtune.workload import Workload, parse_shape
 
 MS_FAILED_SECONDS = 1e9
 """What TVM MetaSchedule records for a candidate that failed to build or run."""

@@ -35,7 +35,8 @@ class Graph:
         fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
         values = self.rng.standard_normal(shape) * (scale if scale is not None else 1.0 / np.sqrt(fan_in))
         name = self.name("w")
-        self.weights.append(numpy_helper.from_array(np.abs(values).astype(np.float32) + 0.5 if positive else values.astype(np.float32), name))
+        array = np.abs(values).astype(np.float32) + 0.5 if positive else values.astype(np.float32)
+        self.weights.append(numpy_helper.from_array(array, name))
         return name
 
     def const(self, values: Any, dtype: Any = np.float32) -> str:

@@ -23,18 +23,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
-
-from common import cpu_model, ms_build_without_intrinsics, say, tvm_import_intrinsics  # sets TVM_NUM_THREADS
+from typing import Any
 
 import numpy as np
 import onnx
 import tvm
-from tvm import relax
-
+from common import cpu_model, ms_build_without_intrinsics, say, tvm_import_intrinsics  # sets TVM_NUM_THREADS
 from isolated import Engine, Worker, time_in_turn
 from model_zoo import MODELS
+from tvm import relax
+
 from probtune.model import load_model, tune_model
 from probtune.model.check import check_outputs
 from probtune.targets import resolve_target
@@ -59,7 +59,8 @@ def tune_probtune(model_path: Path, shapes: dict, args: argparse.Namespace, out:
         "default_programs": sum(row.program == "default" for row in result.tasks),
         "estimated_ms": None if result.estimated_latency is None else round(result.estimated_latency * 1e3, 3),
         "top_tasks": [
-            {"task": r.name, "weight": r.weight, "trials": r.trials, "ms": None if r.best_latency is None else round(r.best_latency * 1e3, 4),
+            {"task": r.name, "weight": r.weight, "trials": r.trials,
+             "ms": None if r.best_latency is None else round(r.best_latency * 1e3, 4),
              "share": None if r.share is None else round(r.share, 3)} for r in rows[:5]
         ],
     }

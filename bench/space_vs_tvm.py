@@ -28,10 +28,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import tvm
+import tvm.s_tir.meta_schedule as ms
 from common import (  # first: it sets TVM_NUM_THREADS before TVM is imported
-    bench_each,
-    tune_guarded,
     MS_FAILED_SECONDS,
+    bench_each,
     check_outputs,
     cpu_model,
     fmt,
@@ -40,14 +42,11 @@ from common import (  # first: it sets TVM_NUM_THREADS before TVM is imported
     parse_workload,
     say,
     time_interleaved,
+    tune_guarded,
     tvm_contender,
     tvm_import_intrinsics,
     tvm_log_counts,
 )
-
-import numpy as np
-import tvm
-import tvm.s_tir.meta_schedule as ms
 
 import probtune
 from probtune.codegen import compile_for

@@ -15,11 +15,10 @@ from pathlib import Path
 # numpy's BLAS uses every core; give TVM's in-process thread pool the same (its x86 default is half)
 os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count()))
 
-import numpy as np  # noqa: E402
-import tvm  # noqa: E402
+import numpy as np
+import tvm
 
-import probtune  # noqa: E402
-
+import probtune
 
 CALLS_PER_REPEAT = 5
 

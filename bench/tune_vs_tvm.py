@@ -35,35 +35,34 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import psutil
+import tvm
+import tvm.s_tir.meta_schedule as ms
 from common import (  # first: it sets TVM_NUM_THREADS before TVM is imported
-    bench_each,
-    tune_guarded,
-    geomean,
     MS_FAILED_SECONDS,
     Contender,
+    bench_each,
     check_outputs,
     cpu_model,
     fmt,
+    geomean,
     ms_build_without_intrinsics,
     numpy_contender,
     parse_workload,
     say,
     time_interleaved,
+    tune_guarded,
     tvm_contender,
     tvm_import_intrinsics,
 )
-
-import numpy as np
-import psutil
-import tvm
-import tvm.s_tir.meta_schedule as ms
 from tvm.ir.utils import derived_object
 
 import probtune
 from probtune import Database, Trace
 from probtune.codegen import compile_for
-from probtune.errors import ProbtuneError
 from probtune.defaults import BATCH_SIZE
+from probtune.errors import ProbtuneError
 from probtune.targets import resolve_target
 from probtune.workload import Workload
 
@@ -356,7 +355,7 @@ def bench_workload(work: Workload, tvm_target: tvm.target.Target, args: argparse
     programs: dict[str, dict[int, Any]] = {}
     for system in ("probtune", "tvm"):
         say(f"[{work.key}] tuning with {system} ({args.trials} trials, in a fresh process)...")
-        outcome = tune_guarded(entry, system, lambda: tune_in_fresh_process(system, work, args))
+        outcome = tune_guarded(entry, system, lambda: tune_in_fresh_process(system, work, args))  # noqa: B023 - called here
         if outcome is None:
             continue
         report, best = outcome

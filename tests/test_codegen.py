@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm
+from conftest import matmul_module, run_module
 from tvm import s_tir
 
 from probtune.codegen import TVM_STACK_BYTES, compile_program
 from probtune.measure import LocalBuilder
 from probtune.targets import resolve_target
-from conftest import matmul_module, run_module
 
 WORKSPACE_CALL = "TVMBackendAllocWorkspace"
 AVX512_STACK_BYTES = 2048

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import tvm
 import tvm_ffi
+from conftest import assert_program_correct, assert_samples_correct
 from tvm import s_tir, te, tirx
 
 from probtune import Rng, Schedule, generate_space
@@ -16,8 +17,6 @@ from probtune_cpu.auto_inline import AutoInline
 from probtune_cpu.defaults import DEFAULT_MODULES
 from probtune_cpu.parallel_vectorize import MAX_UNROLLED_EXTREMUM_STEPS, VECTOR_SPLIT_KEY, AutoUnroll
 from probtune_cpu.random_compute_location import PLACE_PRODUCERS_KEY
-
-from conftest import assert_program_correct, assert_samples_correct
 
 CATALOG = {spec.name: spec for spec in BUILTIN_WORKLOADS}
 FULL_CPU_SPACE = list(DEFAULT_MODULES)

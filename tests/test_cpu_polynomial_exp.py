@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
+from conftest import context_of, run_module, softmax_samples_with
 from tvm import s_tir, te
 
 from probtune import SpaceContext
@@ -13,8 +14,6 @@ from probtune.targets import resolve_target
 from probtune_cpu.llvm_features import llvm_target_has
 from probtune_cpu.polynomial_exp import RewriteExpPolynomial, _is_float32_exp
 from probtune_cpu.stored_values import workload_stores_any
-
-from conftest import context_of, run_module, softmax_samples_with
 
 CATALOG = {spec.name: spec for spec in BUILTIN_WORKLOADS}
 _SPECIAL = [0.0, -0.0, 1e-30, -1e-30, 1.0, -1.0, 88.7, 88.72, 88.73, 89.0, -87.3, -87.4, -100.0, -103.9, -104.5,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
+from conftest import context_of, run_module, softmax_samples_with
 from tvm import s_tir, te
 
 from probtune import SpaceContext
@@ -12,8 +13,6 @@ from probtune.catalog import BUILTIN_WORKLOADS
 from probtune.targets import resolve_target
 from probtune_cpu.reciprocal_division import RewriteInvariantDivision, _is_float32_division
 from probtune_cpu.stored_values import workload_stores_any
-
-from conftest import context_of, run_module, softmax_samples_with
 
 _TINY = float(np.finfo(np.float32).tiny)
 _SPECIAL_DIVISORS = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -3e-39, 2.0**126, -3e38, 2.0**-126, 1.0, -1.0]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import tvm
+from conftest import assert_program_correct, matmul_module, run_module
 from tvm import te
 from tvm.script import tirx as T
 
@@ -28,8 +30,6 @@ from probtune_cpu.multi_level_tiling import (
 )
 from probtune_cpu.validators import estimate_unrolled_size
 
-from conftest import assert_program_correct, matmul_module, run_module
-
 VERIFIERS = ["verify-static-loops", "verify-vectorize", "verify-parallel", "verify-unroll-size"]
 CATALOG = {spec.name: spec for spec in BUILTIN_WORKLOADS}
 
@@ -43,7 +43,7 @@ def two_cores(host):
 def _annotation_sample(trace, key: str) -> int:
     """Index of the instruction that samples the value of the (single) annotation ``key``."""
     insts = trace.instructions
-    (index,) = [i for i, (inst, following) in enumerate(zip(insts, insts[1:]))
+    (index,) = [i for i, (inst, following) in enumerate(itertools.pairwise(insts))
                 if inst.kind == "sample_categorical" and following.attrs.get("ann_key") == key]
     return index
 
@@ -355,7 +355,8 @@ def test_every_write_back_level_compiles_and_matches_numpy(host, two_cores, name
     expected = workload.reference(*inputs)
     rtol, atol = workload.tolerance()
     target = tvm.target.Target(host.tvm_target)
-    for level, sch in [(level, sch) for level in (0, 1) for sch in _realize_accepted(space, {index: level}, 2, 1 + 2 * level)]:
+    accepted = [(level, sch) for level in (0, 1) for sch in _realize_accepted(space, {index: level}, 2, 1 + 2 * level)]
+    for level, sch in accepted:
         raw = sch.tvm
         tiled = next(block for block in block_names(raw.mod["main"]) if block.endswith("_update"))
         (write_back,) = raw.get_consumers(raw.get_sblock(tiled))

@@ -8,6 +8,7 @@ import re
 import numpy as np
 import pytest
 import tvm
+from conftest import context_of, run_module
 from tvm import s_tir, te, tirx
 
 from probtune import Rng, generate_space
@@ -15,8 +16,6 @@ from probtune.codegen import compile_program
 from probtune.search import RandomSearch
 from probtune.workload import Workload
 from probtune_cpu.vector_math import RewriteVectorMath
-
-from conftest import context_of, run_module
 
 _FUNCTIONS = {
     "tanh": (te.tanh, np.tanh),

@@ -555,7 +555,7 @@ def test_malformed_workload_is_skipped_with_warning(
     with pytest.raises(DatabaseRowError, match=f"workloads row {bad_hash}"):
         db.workload(bad_hash)
     with pytest.raises(DatabaseRowError, match=f"workloads row {bad_program}: program_json"):
-        db.workload(bad_program).mod
+        _ = db.workload(bad_program).mod
     assert tvm_ffi.structural_equal(db.workload(workload_id).mod, matmul_module())
 
 

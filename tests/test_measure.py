@@ -298,7 +298,7 @@ def test_cold_timing_flushes_before_every_call_and_averages_up_to_ten_a_repeat(f
 
 def test_cache_flush_is_refused_for_a_device_other_than_the_cpu(reference: MeasureReference) -> None:
     with LocalRunner(cache_flush=True) as cold:
-        with pytest.raises(ValueError, match="cache_flush flushes CPU caches.*'cuda'"):
+        with pytest.raises(ValueError, match=r"cache_flush flushes CPU caches.*'cuda'"):
             cold.run(reference, [None], {"kind": "cuda"})
 
 

@@ -10,12 +10,13 @@ import onnx
 import pytest
 import tvm
 from onnx import TensorProto, helper, numpy_helper
+from tvm import relax, te, topi
+
 from probtune.model import extract_tasks, fuse, load_model
 from probtune.model.check import check_outputs
 from probtune.model.examples import make_model
 from probtune.model.layouts import lift_elementwise_calls
 from probtune.targets import resolve_target
-from tvm import relax, te, topi
 
 
 @pytest.fixture

@@ -5,10 +5,10 @@ from __future__ import annotations
 import tvm
 
 from probtune import Rng
+from probtune.constant_layouts import layout_copies
 from probtune.model import extract_tasks, fuse, load_model
 from probtune.model.check import check_outputs
 from probtune.model.compile import CompiledModel, compile_model, default_program
-from probtune.constant_layouts import layout_copies
 from probtune.model.prepack import prepack_weights
 from probtune.search import RandomSearch
 from probtune.space import generate_space

@@ -10,9 +10,9 @@ import pytest
 import tvm
 import tvm_ffi
 
+import probtune.realize as realize_module
 from probtune import Rng
 from probtune.plugins import get_registry
-import probtune.realize as realize_module
 from probtune.realize import REPLAY_FAILED, Realized, Realizer, Rejected, _Chunks, realize_in_process
 from probtune.search import EvolutionarySearch
 from probtune.space import generate_space

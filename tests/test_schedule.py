@@ -141,7 +141,7 @@ def test_compute_location_is_sampled_and_checked():
     sch = Schedule(mod, rng=Rng(3))
     producer = sch.get_sblock("B")
     consumer = sch.get_sblock("C")
-    i, j = sch.get_loops(consumer)
+    _, j = sch.get_loops(consumer)
     sch.split(j, [8, 8])
     location = sch.sample_compute_location(producer)
     sch.compute_at(producer, location)

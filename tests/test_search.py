@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import probtune.search as search_module
 from probtune import Rng
 from probtune.plugins import get_registry
-import probtune.search as search_module
 from probtune.search import EvolutionarySearch, RandomSearch
 from probtune.space import generate_space
 from probtune.workload import resolve_workload
@@ -81,7 +81,7 @@ def test_untrained_model_gives_random_samples_then_evolution_follows_the_model(h
 
 
 def test_an_untrained_model_gets_part_of_a_batch_at_random_then_whole_batches(host):
-    search, model = _search(host, untrained_share=0.5)
+    search, _ = _search(host, untrained_share=0.5)
     first = search.next_batch(8)
     assert len(first) == 4
     search.observe([(c, 1e-3 * (i + 1)) for i, c in enumerate(first)])

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 import tvm_ffi
+from conftest import assert_samples_correct, matmul_module
 
 from probtune import Rng, generate_space
 from probtune.catalog import BUILTIN_WORKLOADS
@@ -15,8 +16,6 @@ from probtune.search import RandomSearch
 from probtune.space import MAX_DRAWS
 from probtune.workload import Workload
 from probtune_cpu.multi_level_tiling import MultiLevelTiling
-
-from conftest import assert_samples_correct, matmul_module
 
 SAMPLES_PER_WORKLOAD = 3
 
@@ -85,7 +84,7 @@ def test_small_space_runs_out(host):
 
 def test_unknown_module_is_named(host):
     workload = Workload.from_module(matmul_module(16, 16, 16))
-    with pytest.raises(PluginError, match="unknown design-space module 'warp-drive'.*multi-level-tiling"):
+    with pytest.raises(PluginError, match=r"unknown design-space module 'warp-drive'.*multi-level-tiling"):
         generate_space(workload, host, modules=["warp-drive"])
 
 

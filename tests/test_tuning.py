@@ -14,6 +14,7 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import matmul_module, run_module
 
 import probtune
 from probtune import Database, Trace, Workload
@@ -21,13 +22,11 @@ from probtune.constant_layouts import MeasuredForm
 from probtune.measure import prepare_reference
 from probtune.measure.builder import BuildResult, LocalBuilder
 from probtune.measure.runner import LocalRunner, RunResult
+from probtune.pipeline import confirm_best as _confirm_best
 from probtune.realize import Realizer
+from probtune.session import replayable as _replayable
 from probtune.space import program_hash
 from probtune.targets import cpu_features, resolve_target
-from probtune.pipeline import confirm_best as _confirm_best
-from probtune.session import replayable as _replayable
-
-from conftest import matmul_module, run_module
 
 SMALL = dict(shape=(64, 64, 64), target="host", batch_size=4)
 
@@ -268,7 +267,7 @@ def test_bad_input_is_named(kwargs, error, message, tmp_path):
 def test_not_a_database_is_refused_and_left_alone(tmp_path):
     path = tmp_path / "notes.db"
     path.write_text("my precious notes\n")
-    with pytest.raises(probtune.DatabaseError, match="notes.db"):
+    with pytest.raises(probtune.DatabaseError, match=r"notes\.db"):
         probtune.tune("matmul", trials=2, database=path, **SMALL)
     assert path.read_text() == "my precious notes\n"
 
@@ -284,7 +283,7 @@ def test_database_of_another_schema_version_is_refused(tmp_path):
 
 @pytest.mark.skipif("avx512f" in cpu_features(), reason="this CPU runs AVX-512 code")
 def test_target_this_cpu_cannot_run_is_refused(tmp_path):
-    with pytest.raises(probtune.UnsupportedTargetError, match="x86-avx512.*avx512f"):
+    with pytest.raises(probtune.UnsupportedTargetError, match=r"x86-avx512.*avx512f"):
         probtune.tune("matmul", target="x86-avx512", trials=1, shape=(64, 64, 64), database=tmp_path / "t.db")
 
 

@@ -133,7 +133,7 @@ def test_resolve_unknown_name_lists_known_workloads() -> None:
 def test_resolve_uses_the_given_specs() -> None:
     only_softmax = {"softmax": SPECS["softmax"]}
     assert resolve_workload("softmax", (4, 8), specs=only_softmax).name == "softmax"
-    with pytest.raises(UnknownWorkloadError, match="known workloads: softmax$"):
+    with pytest.raises(UnknownWorkloadError, match=r"known workloads: softmax$"):
         resolve_workload("matmul", specs=only_softmax)
 
 
@@ -195,7 +195,7 @@ def test_from_ir_module_renames_and_keeps_the_key_stable() -> None:
     assert first.key.startswith("mine:")
     assert first is not second and first.key == second.key
     assert first.structural_hash == second.structural_hash
-    assert list(first.mod.functions)[0].name_hint == "main"
+    assert next(iter(first.mod.functions)).name_hint == "main"
 
 
 def test_key_distinguishes_different_programs() -> None:
@@ -290,8 +290,9 @@ def test_workload_validates_its_fields() -> None:
 
 def test_integer_inputs_are_valid_indices_so_an_embedding_lookup_is_tuned_correctly(tmp_path) -> None:
     """A model's embedding lookup reads out of bounds at a negative index: integer inputs are drawn from [0, 4]."""
-    import probtune
     from tvm import te, topi
+
+    import probtune
 
     table = te.placeholder((16, 32), "float32", name="table")
     ids = te.placeholder((8,), "int64", name="ids")

@@ -9,12 +9,13 @@ output of an earlier instruction) is the dict ``{"rv": id}``; a dict whose only 
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence, Union
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, ClassVar, Union
 
 Arg = Any
 """A JSON-like argument value, with ``{"rv": id}`` dicts for random-variable references."""
 
-Decision = Union[list[int], int]
+Decision = list[int] | int
 """Outcome of a sampling instruction: tile factors (outermost first) or a candidate index."""
 
 PythonMutator = Callable[["Trace", "Rng"], Union["Trace", None]]

@@ -5,15 +5,16 @@ Registered through the same hooks a third-party plugin uses.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from probtune.hookspecs import hookimpl
 
 __all__ = [
-    "probtune_register_workloads",
-    "probtune_register_mutators",
     "probtune_register_builders",
+    "probtune_register_mutators",
     "probtune_register_runners",
+    "probtune_register_workloads",
 ]
 
 

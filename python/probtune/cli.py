@@ -7,7 +7,7 @@ import os
 import sys
 import time
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -26,7 +26,7 @@ from tvm import tirx
 
 from probtune.interfaces import TVM_STACK_BYTES, TargetSpec
 
-__all__ = ["compile_program", "compile_for", "TVM_STACK_BYTES"]
+__all__ = ["TVM_STACK_BYTES", "compile_for", "compile_program"]
 
 _ON_STACK = "disable_lower_builtin"  # TVM's allocation annotation: leave the buffer to the code generator (an alloca)
 

@@ -8,7 +8,8 @@ declares an entry point in the ``probtune`` group is on equal footing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import pluggy
 
@@ -25,16 +26,16 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
-    "hookspec",
     "hookimpl",
-    "probtune_register_workloads",
-    "probtune_register_targets",
-    "probtune_register_space_modules",
-    "probtune_register_mutators",
-    "probtune_register_validators",
-    "probtune_register_cost_models",
+    "hookspec",
     "probtune_register_builders",
+    "probtune_register_cost_models",
+    "probtune_register_mutators",
     "probtune_register_runners",
+    "probtune_register_space_modules",
+    "probtune_register_targets",
+    "probtune_register_validators",
+    "probtune_register_workloads",
 ]
 
 hookspec = pluggy.HookspecMarker("probtune")

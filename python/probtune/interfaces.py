@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import numpy as np
@@ -17,17 +18,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TVM_STACK_BYTES",
-    "TargetSpec",
+    "Builder",
+    "BuilderFactory",
+    "CostModel",
+    "CostModelFactory",
+    "Mutator",
+    "Runner",
+    "RunnerFactory",
     "SpaceContext",
     "SpaceModule",
+    "TargetSpec",
     "Validator",
-    "Mutator",
-    "CostModel",
-    "Builder",
-    "Runner",
-    "BuilderFactory",
-    "RunnerFactory",
-    "CostModelFactory",
 ]
 
 

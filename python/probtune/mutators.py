@@ -9,14 +9,14 @@ like any third party's mutator.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from probtune._core import Rng, Trace, mutate_categorical, mutate_tile_size
 from probtune.errors import NOT_REPLAYABLE
 from probtune.interfaces import SpaceContext
 from probtune.schedule import BlockRV, Schedule, tvm_compute_location
 
-__all__ = ["CoreMutator", "ComputeLocationMutator", "BUILTIN_MUTATORS"]
+__all__ = ["BUILTIN_MUTATORS", "ComputeLocationMutator", "CoreMutator"]
 
 class CoreMutator:
     """A mutator implemented in ``probtune._core``; the search runs it in Rust by ``core_mutator``."""

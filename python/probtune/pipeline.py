@@ -13,9 +13,10 @@ import contextlib
 import dataclasses
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import tvm
 

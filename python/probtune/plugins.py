@@ -12,9 +12,10 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import pluggy
 
@@ -24,8 +25,8 @@ from probtune.errors import PluginError
 __all__ = [
     "PROJECT",
     "PluginInfo",
-    "Registry",
     "PluginLoadWarning",
+    "Registry",
     "get_registry",
     "load_registry",
     "reset_registry",
@@ -134,7 +135,7 @@ def _entry_point_plugins(pm: pluggy.PluginManager) -> dict[str, PluginInfo]:
         try:
             plugin = ep.load()
             pm.register(plugin, name=ep.name)
-        except Exception as exc:  # a broken plugin must not take the others down
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not take the others down
             info.error = f"load: {type(exc).__name__}: {exc}"
             _warn(ep.name, "load", exc)
     return infos
@@ -163,7 +164,7 @@ def load_registry(extra_plugins: list[ModuleType | object] | None = None) -> Reg
                 continue
             try:
                 impl.function(register=_make_register(registry, info, attr, named))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a hook that fails names its plugin, the others still register
                 info.error = f"{hook_name}: {type(exc).__name__}: {exc}"
                 _warn(impl.plugin_name, f"run {hook_name}", exc)
     return registry

@@ -12,8 +12,9 @@ from __future__ import annotations
 import functools
 import pickle
 from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import tvm
@@ -27,7 +28,7 @@ from probtune.schedule import Schedule
 from probtune.space import REPLAY_FAILED, DesignSpace, program_hash
 from probtune.workload import Workload
 
-__all__ = ["Realized", "Rejected", "Realizer", "REPLAY_FAILED"]
+__all__ = ["REPLAY_FAILED", "Realized", "Realizer", "Rejected"]
 
 _MIN_CHUNK = 2  # jobs: a candidate takes ~10 ms to realize, a round trip through the pipe well under 1 ms
 _CHUNKS_IN_FLIGHT = 2  # per helper: the next chunk waits in its pipe while it realizes one

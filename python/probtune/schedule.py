@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import inspect
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import tvm
 from tvm import s_tir
@@ -30,7 +31,7 @@ from probtune._core import (
 from probtune.errors import ReplayError, last_line
 from probtune.tir import identity
 
-__all__ = ["RV", "BlockRV", "LoopRV", "ExprRV", "Schedule", "SAMPLING_KINDS", "PRIMITIVE_KINDS", "tvm_compute_location"]
+__all__ = ["PRIMITIVE_KINDS", "RV", "SAMPLING_KINDS", "BlockRV", "ExprRV", "LoopRV", "Schedule", "tvm_compute_location"]
 
 
 class RV:

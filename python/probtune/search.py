@@ -9,8 +9,9 @@ a program twice: not the same decisions, not the same program.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from probtune.interfaces import CostModel, Mutator
 from probtune.realize import Lend, Realized, Realizer
 from probtune.space import Candidate, DesignSpace, program_hash
 
-__all__ = ["SearchStrategy", "RandomSearch", "EvolutionarySearch", "INIT_MEASURED", "BATCH_SIZE"]
+__all__ = ["BATCH_SIZE", "INIT_MEASURED", "EvolutionarySearch", "RandomSearch", "SearchStrategy"]
 
 INIT_MEASURED = 32
 """How many of the fastest measured traces seed each evolutionary round."""

@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import tvm
 
@@ -28,7 +29,7 @@ from probtune.search import INIT_MEASURED, EvolutionarySearch, RandomSearch, Sea
 from probtune.space import Candidate, DesignSpace, generate_space
 from probtune.workload import Workload
 
-__all__ = ["TaskSession", "Replayed", "replayable", "best_replayable"]
+__all__ = ["Replayed", "TaskSession", "best_replayable", "replayable"]
 
 BEST_CANDIDATES = 8  # the best records tried, fastest first, for one whose trace replays
 

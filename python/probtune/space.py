@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Sequence
 
 import tvm
 import tvm_ffi
@@ -21,8 +21,15 @@ from probtune.tir import block_names
 from probtune.workload import Workload
 
 __all__ = [
-    "Candidate", "DesignSpace", "Rejection", "MAX_DRAWS", "REPLAY_FAILED", "generate_space", "program_hash",
-    "resolve_modules", "resolve_validators",
+    "MAX_DRAWS",
+    "REPLAY_FAILED",
+    "Candidate",
+    "DesignSpace",
+    "Rejection",
+    "generate_space",
+    "program_hash",
+    "resolve_modules",
+    "resolve_validators",
 ]
 
 REPLAY_FAILED = "replay"

@@ -8,7 +8,7 @@ from probtune.errors import UnknownTargetError, UnsupportedTargetError
 from probtune.interfaces import TargetSpec
 from probtune.plugins import get_registry
 
-__all__ = ["resolve_target", "cpu_features", "check_runs_here"]
+__all__ = ["check_runs_here", "cpu_features", "resolve_target"]
 
 
 def resolve_target(target: str | TargetSpec) -> TargetSpec:

@@ -15,7 +15,12 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 __all__ = [
-    "TaskProgress", "TaskScheduler", "GradientScheduler", "RoundRobinScheduler", "SCHEDULERS", "make_scheduler",
+    "SCHEDULERS",
+    "GradientScheduler",
+    "RoundRobinScheduler",
+    "TaskProgress",
+    "TaskScheduler",
+    "make_scheduler",
     "spend",
 ]
 

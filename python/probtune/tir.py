@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import tvm_ffi
 from tvm import s_tir, tirx
 
 __all__ = [
-    "iter_stmts", "child_stmts", "as_list", "identity", "variable_ids", "block_names", "sblock_names", "find_realize", "realize_of", "loop_kinds", "at_root", "contiguous_along", "indexing_dims", "reuses_data",
-    "SPATIAL", "REDUCTION", "OTHER",
+    "OTHER",
+    "REDUCTION",
+    "SPATIAL",
+    "as_list",
+    "at_root",
+    "block_names",
+    "child_stmts",
+    "contiguous_along",
+    "find_realize",
+    "identity",
+    "indexing_dims",
+    "iter_stmts",
+    "loop_kinds",
+    "realize_of",
+    "reuses_data",
+    "sblock_names",
+    "variable_ids",
 ]
 
 SPATIAL = "spatial"

@@ -5,9 +5,10 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import tvm
 
@@ -24,7 +25,7 @@ from probtune.space import DesignSpace, generate_space
 from probtune.targets import resolve_target
 from probtune.workload import Workload, resolve_workload
 
-__all__ = ["TuneResult", "TrialOutcome", "tune", "compile_best"]
+__all__ = ["TrialOutcome", "TuneResult", "compile_best", "tune"]
 
 
 STRATEGIES = ("evolutionary", "random")

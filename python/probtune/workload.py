@@ -15,7 +15,7 @@ import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tvm
@@ -39,7 +39,7 @@ ReferenceFn = Callable[..., list[np.ndarray]]
 
 _UINT64_MASK = (1 << 64) - 1
 _INTEGER_TEXT = re.compile(r"-?[0-9]+")  # signed, so a negative size gets a clear message
-_SHAPE_SEPARATORS = re.compile(r"\s*[,xX×]\s*|\s+")
+_SHAPE_SEPARATORS = re.compile(r"\s*[,xX×]\s*|\s+")  # noqa: RUF001 - the multiplication sign is accepted
 _INTEGER_INPUT_RANGE = 4  # ints drawn from [0, 4]: valid indices of any gathered dimension of 5 or more (an
 # embedding lookup reads out of bounds at a negative one), and no overflow in small sums
 
@@ -209,7 +209,7 @@ class Workload:
                 )
 
 
-WorkloadLike = Union[str, Workload, tvm.IRModule, tvm.tirx.PrimFunc]
+WorkloadLike = str | Workload | tvm.IRModule | tvm.tirx.PrimFunc
 
 
 def count_inputs(func: tvm.tirx.PrimFunc, name: str = "custom") -> int:

@@ -23,14 +23,14 @@ import numpy as np
 from probtune.measure._process import serve
 
 __all__ = [
-    "BuildTask",
     "BuildReply",
-    "RunTask",
+    "BuildTask",
     "RunReply",
+    "RunTask",
     "build_worker_main",
-    "run_worker_main",
     "describe_error",
     "first_mismatch",
+    "run_worker_main",
 ]
 
 _M_MMAP_THRESHOLD = -3  # mallopt parameter, from glibc's malloc.h
@@ -100,7 +100,7 @@ def build_worker_main(connection: Connection) -> None:
             executable = compile_program(mod, task.target, stack_buffer_bytes=task.stack_buffer_bytes)
             os.makedirs(task.scratch_dir, exist_ok=True)
             executable.export_library(task.artifact_path, workspace_dir=task.scratch_dir)
-        except Exception as error:  # a candidate TVM rejects is a result, not a worker failure
+        except Exception as error:  # noqa: BLE001 - a candidate TVM rejects is a result, not a worker failure
             Path(task.artifact_path).unlink(missing_ok=True)
             return BuildReply(describe_error(error), time.perf_counter() - started, me.memory_info().rss)
         finally:
@@ -180,7 +180,7 @@ def run_worker_main(connection: Connection, num_threads: int | None) -> None:
     def run(task: RunTask) -> RunReply:
         try:
             return measure(task)
-        except Exception as error:  # load failures, runtime errors raised by TVM
+        except Exception as error:  # noqa: BLE001 - load failures, runtime errors raised by TVM
             return RunReply("run_error", (), describe_error(error))
 
     serve(connection, run)

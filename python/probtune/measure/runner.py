@@ -27,7 +27,7 @@ from probtune.measure.builder import BuildResult
 if TYPE_CHECKING:
     from probtune.workload import Workload
 
-__all__ = ["RunResult", "MeasureReference", "LocalRunner", "prepare_reference", "save_reference"]
+__all__ = ["LocalRunner", "MeasureReference", "RunResult", "prepare_reference", "save_reference"]
 
 _STARTUP_TIMEOUT = 120.0  # importing TVM takes about a second; minutes mean something is broken
 _DEVICE_OF_TARGET_KIND = {"llvm": "cpu", "c": "cpu"}  # other kinds ("cuda", ...) name their device

@@ -22,7 +22,7 @@ from probtune.model.layouts import convert_layouts
 from probtune.model.prepack import constant_arguments
 from probtune.workload import Workload
 
-__all__ = ["ModelTask", "fuse", "extract_tasks"]
+__all__ = ["ModelTask", "extract_tasks", "fuse"]
 
 
 @dataclass(frozen=True)

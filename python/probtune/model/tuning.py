@@ -12,7 +12,13 @@ from typing import Any
 import tvm
 
 from probtune.defaults import (
-    BATCH_SIZE, BUILD_TIMEOUT, CONFIRM, MODEL_CACHE_FLUSH, MODEL_TRIALS, RUN_TIMEOUT, SCHEDULER,
+    BATCH_SIZE,
+    BUILD_TIMEOUT,
+    CONFIRM,
+    MODEL_CACHE_FLUSH,
+    MODEL_TRIALS,
+    RUN_TIMEOUT,
+    SCHEDULER,
 )
 from probtune.errors import warn_caller
 from probtune.interfaces import CostModel, TargetSpec
@@ -27,7 +33,7 @@ from probtune.targets import resolve_target
 from probtune.task_scheduler import TaskProgress, TaskScheduler, make_scheduler, spend
 from probtune.tuning import check_tuning_options
 
-__all__ = ["TaskRow", "ModelTuneResult", "tune_model"]
+__all__ = ["ModelTuneResult", "TaskRow", "tune_model"]
 
 TUNED, DEFAULT = "tuned", "default"
 

@@ -10,7 +10,8 @@ for it stops before any work, with an error that names the missing runner.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from probtune import TargetSpec, hookimpl
 from probtune_cpu.defaults import DEFAULT_LAYOUTS, DEFAULT_MODULES, DEFAULT_VALIDATORS

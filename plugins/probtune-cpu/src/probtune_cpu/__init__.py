@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from probtune import hookimpl
-
 from probtune_cpu.add_rfactor import AddRFactor
 from probtune_cpu.auto_inline import AutoInline
 from probtune_cpu.multi_level_tiling import MultiLevelTiling, RewritePackedLayout, RewriteWriteBackLocation
+from probtune_cpu.output_reuse import RewriteOutputReuse
 from probtune_cpu.parallel_vectorize import (
     AutoUnroll,
     ParallelVectorize,
@@ -16,14 +17,28 @@ from probtune_cpu.parallel_vectorize import (
     RewriteReductionBlock,
     RewriteSpatialInnermost,
 )
-from probtune_cpu.output_reuse import RewriteOutputReuse
 from probtune_cpu.polynomial_exp import RewriteExpPolynomial
 from probtune_cpu.random_compute_location import RandomComputeLocation
 from probtune_cpu.reciprocal_division import RewriteInvariantDivision
-from probtune_cpu.vector_math import RewriteVectorMath
 from probtune_cpu.validators import VerifyParallel, VerifyStaticLoops, VerifyUnrollSize, VerifyVectorize
+from probtune_cpu.vector_math import RewriteVectorMath
 
-__all__ = ["AutoInline", "AddRFactor", "RandomComputeLocation", "MultiLevelTiling", "ParallelVectorize", "AutoUnroll", "RewriteParallelVectorizeUnroll", "RewriteReductionBlock", "RewriteSpatialInnermost", "RewriteExpPolynomial", "RewriteVectorMath", "RewriteInvariantDivision", "RewriteOutputReuse", "RewritePackedLayout"]
+__all__ = [
+    "AddRFactor",
+    "AutoInline",
+    "AutoUnroll",
+    "MultiLevelTiling",
+    "ParallelVectorize",
+    "RandomComputeLocation",
+    "RewriteExpPolynomial",
+    "RewriteInvariantDivision",
+    "RewriteOutputReuse",
+    "RewritePackedLayout",
+    "RewriteParallelVectorizeUnroll",
+    "RewriteReductionBlock",
+    "RewriteSpatialInnermost",
+    "RewriteVectorMath",
+]
 
 
 @hookimpl

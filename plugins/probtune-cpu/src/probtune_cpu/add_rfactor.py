@@ -34,9 +34,10 @@ spatial or reduction with constant extents:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from math import prod
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import tvm
 from tvm import s_tir
@@ -44,7 +45,6 @@ from tvm import s_tir
 from probtune import SpaceContext
 from probtune.schedule import BlockRV, ExprRV, Schedule
 from probtune.tir import REDUCTION, SPATIAL, loop_kinds, reuses_data
-
 from probtune_cpu.parallel_vectorize import PARALLEL_KEY, VECTORIZE_KEY
 from probtune_cpu.random_compute_location import PLACE_PRODUCERS_KEY, owns_untiled_nest
 

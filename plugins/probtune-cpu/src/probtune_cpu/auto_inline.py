@@ -16,8 +16,8 @@ recorded choice holds on every replay.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 import tvm
 import tvm_ffi

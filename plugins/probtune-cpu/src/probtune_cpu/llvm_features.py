@@ -22,7 +22,7 @@ def llvm_target_has(tvm_target: dict[str, Any], feature: str) -> bool:
     return _has(json.dumps(tvm_target, sort_keys=True), feature)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _has(tvm_target_json: str, feature: str) -> bool:
     # building the Target costs about 135 us: too much to repeat for every candidate
     target = tvm.target.Target(json.loads(tvm_target_json))

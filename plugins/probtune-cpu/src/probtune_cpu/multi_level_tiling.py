@@ -35,27 +35,26 @@ outer tiles: each slice is copied once and read by every row tile.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import tvm_ffi
 from tvm import DataType, ir, s_tir, tirx
 
 from probtune import SpaceContext
-from probtune.schedule import BlockRV, LoopRV, Schedule
 from probtune.errors import last_line
+from probtune.schedule import BlockRV, LoopRV, Schedule
 from probtune.tir import REDUCTION, SPATIAL, at_root, contiguous_along, indexing_dims, loop_kinds, reuses_data, sblock_names
-
 from probtune_cpu.parallel_vectorize import PARALLEL_KEY, UNROLL_KEY, VECTORIZE_KEY
 
 __all__ = [
-    "MultiLevelTiling",
-    "RewriteWriteBackLocation",
-    "RewritePackedLayout",
-    "WRITE_BACK_DEPTH_KEY",
     "PACKED_DIM_KEY",
     "PANEL_DIM_KEY",
     "PANEL_KEY",
+    "WRITE_BACK_DEPTH_KEY",
+    "MultiLevelTiling",
+    "RewritePackedLayout",
+    "RewriteWriteBackLocation",
     "accumulator_bytes",
 ]
 
@@ -430,7 +429,7 @@ class RewritePackedLayout:
         for name, block, dim in _take_annotation(sch, PACKED_DIM_KEY):
             ndim = len(sch.get(block).writes[0].source.shape)
             order = [d for d in range(ndim) if d != dim] + [dim]
-            index_map = tirx.IndexMap.from_func(lambda *indices: [indices[d] for d in order], ndim=ndim)
+            index_map = tirx.IndexMap.from_func(lambda *indices: [indices[d] for d in order], ndim=ndim)  # noqa: B023 - called here
             try:
                 sch.transform_layout(block, ("write", 0), index_map)
             except RuntimeError as exc:  # TVM schedule errors

@@ -32,7 +32,6 @@ from tvm.ir.expr import TensorLoad
 
 from probtune import SpaceContext
 from probtune.tir import as_list, child_stmts, identity, sblock_names, variable_ids
-
 from probtune_cpu.stored_values import map_bottom_up, replace_block
 
 __all__ = ["RewriteOutputReuse"]

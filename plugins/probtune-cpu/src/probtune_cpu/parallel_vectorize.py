@@ -18,20 +18,20 @@ from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
 
 from probtune import SpaceContext
-from probtune.schedule import BlockRV, Schedule
 from probtune.errors import last_line
+from probtune.schedule import BlockRV, Schedule
 from probtune.tir import REDUCTION, SPATIAL, at_root, contiguous_along, loop_kinds, sblock_names
 
 __all__ = [
-    "ParallelVectorize",
+    "PARALLEL_KEY",
+    "UNROLL_KEY",
+    "VECTORIZE_KEY",
+    "VECTOR_SPLIT_KEY",
     "AutoUnroll",
+    "ParallelVectorize",
     "RewriteParallelVectorizeUnroll",
     "RewriteReductionBlock",
     "RewriteSpatialInnermost",
-    "PARALLEL_KEY",
-    "VECTORIZE_KEY",
-    "VECTOR_SPLIT_KEY",
-    "UNROLL_KEY",
 ]
 
 PARALLEL_KEY = "probtune.parallel_jobs"

@@ -25,7 +25,7 @@ from probtune import SpaceContext
 from probtune.schedule import BlockRV, Schedule
 from probtune.tir import iter_stmts, realize_of
 
-__all__ = ["RandomComputeLocation", "PLACE_PRODUCERS_KEY", "owns_untiled_nest"]
+__all__ = ["PLACE_PRODUCERS_KEY", "RandomComputeLocation", "owns_untiled_nest"]
 
 PLACE_PRODUCERS_KEY = "probtune.place_producers"
 """Block annotation: the block's producers were created by a module (e.g. rfactor) and need a location too."""

@@ -36,7 +36,6 @@ from tvm import s_tir, tirx
 
 from probtune import SpaceContext
 from probtune.tir import identity, variable_ids
-
 from probtune_cpu.stored_values import map_bottom_up, rewrite_stored_values, workload_stores_any
 
 __all__ = ["RewriteInvariantDivision", "reciprocal_quotient"]

@@ -7,19 +7,18 @@ of a second or more, or the whole build timeout, and give no measurement.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
 
 from probtune import SpaceContext
 from probtune.tir import as_list, child_stmts, identity, iter_stmts
-
 from probtune_cpu.parallel_vectorize import MAX_VECTORS_PER_LOOP
 from probtune_cpu.stored_values import map_bottom_up
 
-__all__ = ["VerifyStaticLoops", "VerifyVectorize", "VerifyParallel", "VerifyUnrollSize", "estimate_unrolled_size"]
+__all__ = ["VerifyParallel", "VerifyStaticLoops", "VerifyUnrollSize", "VerifyVectorize", "estimate_unrolled_size"]
 
 _UNROLL_STEP_KEY = "pragma_auto_unroll_max_step"  # what TVM's UnrollLoop pass reads
 

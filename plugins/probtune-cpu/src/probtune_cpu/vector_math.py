@@ -21,11 +21,10 @@ import tvm
 from tvm import s_tir, tirx
 
 from probtune import SpaceContext
-
 from probtune_cpu.polynomial_exp import CallRewrite, polynomial_exp, rewrite_calls
 from probtune_cpu.polynomial_log import polynomial_log, polynomial_log2, polynomial_log10
 
-__all__ = ["RewriteVectorMath", "polynomial_tanh", "polynomial_erf", "polynomial_sigmoid", "polynomial_exp2"]
+__all__ = ["RewriteVectorMath", "polynomial_erf", "polynomial_exp2", "polynomial_sigmoid", "polynomial_tanh"]
 
 # Eigen's generic_fast_tanh_float: numerator odd (x^1 .. x^13), denominator even (x^0 .. x^6)
 _TANH_CLAMP = 9.0  # tanh rounds to +-1 in float32 beyond

@@ -8,7 +8,8 @@ portable to machines of that class.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from probtune import TargetSpec, hookimpl
 from probtune.interfaces import TVM_STACK_BYTES

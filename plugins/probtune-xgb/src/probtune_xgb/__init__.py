@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from probtune import hookimpl
-
 from probtune_xgb.model import RandomCostModel, XGBCostModel
 
-__all__ = ["XGBCostModel", "RandomCostModel"]
+__all__ = ["RandomCostModel", "XGBCostModel"]
 
 
 @hookimpl

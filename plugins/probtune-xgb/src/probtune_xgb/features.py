@@ -76,10 +76,10 @@ from probtune.tir import as_list, child_stmts, identity
 __all__ = [
     "AUTO_UNROLL_KEY",
     "LEVELS",
-    "STORE_FEATURE_NAMES",
     "PROGRAM_FEATURE_NAMES",
-    "store_features",
+    "STORE_FEATURE_NAMES",
     "program_features",
+    "store_features",
 ]
 
 AUTO_UNROLL_KEY = "pragma_auto_unroll_max_step"
@@ -96,8 +96,9 @@ _LOOP_NAMES = (
 )
 _BLOCK_NAMES = ("is_reduction", "is_constant", "is_copy", "writes_intermediate", "accumulates")
 _READ_NAMES = ("reads.count", "reads.reuse", "reads.contiguous", "reads.strided")
-_SLOT_NAMES = ("present", "stride", "nonzero_stride", "reuse_iterations", "buffer_bytes") + tuple(
-    f"{level}.{what}" for level in LEVELS for what in ("bytes", "lines", "reuse")
+_SLOT_NAMES = (
+    "present", "stride", "nonzero_stride", "reuse_iterations", "buffer_bytes",
+    *(f"{level}.{what}" for level in LEVELS for what in ("bytes", "lines", "reuse")),
 )
 
 STORE_FEATURE_NAMES: tuple[str, ...] = (
@@ -111,9 +112,10 @@ STORE_FEATURE_NAMES: tuple[str, ...] = (
     + tuple(f"{slot}.{name}" for slot in _SLOTS for name in _SLOT_NAMES)
 )
 PROGRAM_FEATURE_NAMES: tuple[str, ...] = (
-    ("num_stores", "total_float_ops")
-    + tuple(f"sum.{n}" for n in STORE_FEATURE_NAMES)
-    + tuple(f"main.{n}" for n in STORE_FEATURE_NAMES)
+    "num_stores",
+    "total_float_ops",
+    *(f"sum.{n}" for n in STORE_FEATURE_NAMES),
+    *(f"main.{n}" for n in STORE_FEATURE_NAMES),
 )
 
 _SERIAL, _PARALLEL, _VECTORIZED, _UNROLLED = (int(k) for k in (
@@ -260,7 +262,7 @@ class _Walker:
             if kind is tirx.For:
                 self.env[identity(node.loop_var)] = {len(loops): 1.0}
                 step = int(node.annotations.get(AUTO_UNROLL_KEY, unroll))
-                stack.append((node.body, loops + (_Loop(_int(node.extent), int(node.kind)),), step, reduction))
+                stack.append((node.body, (*loops, _Loop(_int(node.extent), int(node.kind))), step, reduction))
             elif kind is s_tir.SBlockRealize:
                 block = node.block
                 is_reduction = False
@@ -374,7 +376,7 @@ def _rows(stores: list[_Store]) -> tuple[np.ndarray, np.ndarray]:
     accesses = [(s, key, info) for s, store in enumerate(stores) for key, info, _ in store.accesses]
     access_store = np.array([s for s, _, _ in accesses])
     sizes = [len(info.shape) for _, _, info in accesses]
-    starts = np.cumsum([0] + sizes[:-1])
+    starts = np.cumsum([0, *sizes[:-1]])
     lasts = starts + np.array(sizes) - 1
     row_store = np.repeat(access_store, sizes)
     shape = np.concatenate([info.shape for _, _, info in accesses])
@@ -433,7 +435,7 @@ def _rows(stores: list[_Store]) -> tuple[np.ndarray, np.ndarray]:
     for s, store in enumerate(stores):
         write_key = store.accesses[0][0]
         reads = [first_access + i for i, (key, _, _) in enumerate(store.accesses) if i and key != write_key]
-        chosen = [first_access] + reads[: len(_SLOTS) - 1]
+        chosen = [first_access, *reads[: len(_SLOTS) - 1]]
         slots[s, : len(chosen)] = chosen
         first_access += len(store.accesses)
 

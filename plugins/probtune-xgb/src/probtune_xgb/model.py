@@ -15,7 +15,8 @@ import sys
 import threading
 import zipfile
 import zlib
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     import tvm
     import xgboost
 
-__all__ = ["XGBCostModel", "RandomCostModel"]
+__all__ = ["RandomCostModel", "XGBCostModel"]
 
 FORMAT_VERSION = 1
 # Samples featurized under another layout cannot be mixed with new ones: a saved state names its layout.
