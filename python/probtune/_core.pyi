@@ -10,16 +10,32 @@ output of an earlier instruction) is the dict ``{"rv": id}``; a dict whose only 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, final
 
-Arg = Any
+_Arg = Any
 """A JSON-like argument value, with ``{"rv": id}`` dicts for random-variable references."""
 
-Decision = list[int] | int
+_Decision = list[int] | int
 """Outcome of a sampling instruction: tile factors (outermost first) or a candidate index."""
 
-PythonMutator = Callable[["Trace", "Rng"], Union["Trace", None]]
+_PythonMutator = Callable[["Trace", "Rng"], "Trace | None"]
 """A mutator written in Python: returns a trace with one decision changed, or None if it finds nothing to change."""
+
+__all__ = [
+    "DecisionSet",
+    "Instruction",
+    "InvalidDecisionError",
+    "Rng",
+    "Trace",
+    "TraceFormatError",
+    "check_categorical",
+    "check_perfect_tile",
+    "evolve",
+    "mutate_categorical",
+    "mutate_tile_size",
+    "sample_categorical",
+    "sample_perfect_tile",
+]
 
 class TraceFormatError(ValueError):
     """Serialized trace text that does not describe a valid trace; the message says what and where."""
@@ -27,6 +43,7 @@ class TraceFormatError(ValueError):
 class InvalidDecisionError(ValueError):
     """A decision that does not fit its instruction (non-sampling kind, wrong tile product...)."""
 
+@final
 class Instruction:
     """One recorded step of a schedule program: ``outputs = kind(inputs, attrs)``. Read-only."""
 
@@ -35,20 +52,21 @@ class Instruction:
         """Instruction kind, e.g. ``"split"``; kinds starting with ``sample_`` are sampling instructions."""
 
     @property
-    def inputs(self) -> list[Arg]:
+    def inputs(self) -> list[_Arg]:
         """Positional arguments (a fresh list on each access)."""
 
     @property
-    def attrs(self) -> dict[str, Arg]:
+    def attrs(self) -> dict[str, _Arg]:
         """Named arguments (a fresh dict on each access)."""
 
     @property
     def outputs(self) -> list[int]:
         """Ids of the random variables this instruction defines."""
 
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
     __hash__: ClassVar[None]  # type: ignore[assignment]
 
+@final
 class Trace:
     """An ordered list of instructions plus the decisions of its sampling instructions.
 
@@ -62,10 +80,10 @@ class Trace:
     def append(
         self,
         kind: str,
-        inputs: list[Arg],
-        attrs: dict[str, Arg],
+        inputs: list[_Arg],
+        attrs: dict[str, _Arg],
         outputs: list[int],
-        decision: Decision | None = None,
+        decision: _Decision | None = None,
     ) -> int:
         """Append an instruction and return its index.
 
@@ -83,13 +101,13 @@ class Trace:
         """Instruction ``index``; ``IndexError`` if out of range."""
 
     @property
-    def decisions(self) -> dict[int, Decision]:
+    def decisions(self) -> dict[int, _Decision]:
         """Decisions by instruction index."""
 
-    def decision(self, index: int) -> Decision | None:
-        """Decision of instruction ``index``, ``None`` if it has none; ``IndexError`` if out of range."""
+    def decision(self, index: int) -> _Decision | None:
+        """_Decision of instruction ``index``, ``None`` if it has none; ``IndexError`` if out of range."""
 
-    def with_decisions(self, decisions: dict[int, Decision]) -> Trace:
+    def with_decisions(self, decisions: dict[int, _Decision]) -> Trace:
         """A trace sharing these instructions with exactly ``decisions``.
 
         ``with_decisions({})`` drops all decisions, so that replay samples fresh ones.
@@ -119,14 +137,15 @@ class Trace:
     def __deepcopy__(self, memo: dict[int, Any]) -> Trace: ...
     def __getstate__(self) -> str: ...
     def __setstate__(self, state: str) -> None: ...
-    def __eq__(self, other: object) -> bool:
+    def __eq__(self, other: object, /) -> bool:
         """Equal instructions and equal decisions."""
     __hash__: ClassVar[None]  # type: ignore[assignment]
 
+@final
 class Rng:
     """Deterministic xoshiro256** generator: equal seeds give equal streams on every platform."""
 
-    def __init__(self, seed: int) -> None:
+    def __new__(cls, seed: int) -> Rng:
         """Seed the generator; ``seed`` must be in ``[0, 2**64)``."""
 
     def next_u64(self) -> int:
@@ -152,7 +171,7 @@ class Rng:
     def __getnewargs__(self) -> tuple[int]: ...
     def __getstate__(self) -> list[int]: ...
     def __setstate__(self, state: list[int]) -> None: ...
-    def __eq__(self, other: object) -> bool:
+    def __eq__(self, other: object, /) -> bool:
         """Same state, i.e. the same stream from here on."""
     __hash__: ClassVar[None]  # type: ignore[assignment]
 
@@ -176,6 +195,7 @@ def sample_categorical(rng: Rng, probs: list[float]) -> int:
 def check_categorical(decision: int, num_candidates: int) -> None:
     """Raise ``InvalidDecisionError`` unless ``0 <= decision < num_candidates``."""
 
+@final
 class DecisionSet:
     """A set of decision hashes (``Trace.decision_hash()``): what was measured, or chosen to be.
 
@@ -183,14 +203,14 @@ class DecisionSet:
     filling it from the database first means the same decisions are never measured twice.
     """
 
-    def __init__(self, hashes: Iterable[int] = ()) -> None: ...
+    def __new__(cls, hashes: Iterable[int] | None = None) -> DecisionSet: ...
     def add(self, decision_hash: int) -> bool:
         """Add a hash; True when it was new. ``OverflowError`` outside ``[0, 2**64)``."""
 
     def extend(self, hashes: Iterable[int]) -> int:
         """Add every hash; returns how many were new."""
 
-    def __contains__(self, decision_hash: object) -> bool:
+    def __contains__(self, decision_hash: object, /) -> bool:
         """Whether the hash is in the set (False for anything that is not a possible hash)."""
 
     def __len__(self) -> int: ...
@@ -218,8 +238,8 @@ def evolve(
     population_size: int = 512,
     generations: int = 4,
     mutate_prob: float = 0.85,
-    mutators: Sequence[tuple[str, float]] = (("tile_size", 0.9), ("categorical", 0.1)),
-    python_mutators: Mapping[str, PythonMutator] | None = None,
+    mutators: Sequence[tuple[str, float]] = ...,
+    python_mutators: Mapping[str, _PythonMutator] | None = None,
     num_select: int = 64,
     eps_greedy: float = 0.05,
 ) -> list[Trace]:
@@ -236,7 +256,8 @@ def evolve(
     ``score`` gets all new candidates of a step in one list (one call for ``initial``, then
     one per generation that produced any) and returns one score per candidate, higher is
     better, ``None`` for an invalid one (it is discarded). Python mutators (``mutators`` names
-    the built-ins ``"tile_size"`` and ``"categorical"`` or keys of ``python_mutators``) are
+    the built-ins ``"tile_size"`` and ``"categorical"`` or keys of ``python_mutators``;
+    by default ``(("tile_size", 0.9), ("categorical", 0.1))``) are
     called once per generation, one after another, each with a parent and its own ``Rng``.
     The GIL is held only for these calls.
 
