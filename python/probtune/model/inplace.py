@@ -10,7 +10,7 @@ output parameter, whose output buffer is the residual's
 (``PrimFunc.specialize``).
 
 Only where it is safe. In the program, every block that writes the output
-reads the input at exactly the element it writes, no other block reads that
+reads the input at exactly the one element it writes, no other block reads that
 input, and nothing reads the output (no accumulation in it). In the model,
 the input is the fresh result of an earlier call (not a model input, a
 constant or a view of another tensor), passed once, and no later binding or
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import tvm
 import tvm_ffi
-from tvm import relax, s_tir, tirx
+from tvm import ir, relax, s_tir, tirx
 
 __all__ = ["overwritable_inputs", "write_in_place"]
 
@@ -89,9 +89,14 @@ def _read_where_written(func: tirx.PrimFunc, param: tirx.Var, output: tirx.Var) 
         wrote = True
         if len(writes) != 1 or not reads_param:
             return False
-        if not all(tvm_ffi.structural_equal(r.region, writes[0].region) for r in reads_param):
+        if not _is_point(writes[0]) or not all(tvm_ffi.structural_equal(r.region, writes[0].region) for r in reads_param):
             return False
     return wrote
+
+
+def _is_point(region: ir.TensorRegion) -> bool:
+    """Whether ``region`` is one element (the block's accesses stay inside its declared regions)."""
+    return all(isinstance(r.extent, tirx.IntImm) and int(r.extent) == 1 for r in region.region)
 
 
 def _calls_in_place(main: relax.Function, positions: dict[str, list[int]]) -> list[tuple[relax.Call, str, int]]:
