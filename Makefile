@@ -50,6 +50,7 @@ tune-op: setup
 
 test: setup
 	$(BIN)/ruff check python plugins tests bench
+	$(BIN)/python -m mypy
 	$(BIN)/python -m mypy.stubtest probtune._core
 	cargo clippy --release --all-targets --quiet -- -D warnings
 	cargo test --release

@@ -88,7 +88,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         return 1
     print(f"best:  {_ms(result.best_latency)}  {_gflops(work.flops, result.best_latency)}  (record {result.best.id})")
     numpy_s = _numpy_seconds(work)
-    if numpy_s is not None:
+    if numpy_s is not None and result.best_latency is not None:
         print(f"numpy: {_ms(numpy_s)}  {_gflops(work.flops, numpy_s)}  "
               f"(probtune/numpy speed ratio {numpy_s / result.best_latency:.2f}x)")
     return 0
@@ -110,8 +110,9 @@ def _cmd_best(args: argparse.Namespace) -> int:
         print(f"{'workload':<40} {'target':<12} {'latency':>12} {'GFLOPS':>8} {'records':>8}  record")
         for workload, record in rows:
             flops = float(estimate_tir_flops(workload.mod))
+            gflops = "-" if not record.mean_latency else f"{flops / record.mean_latency / 1e9:.1f}"
             print(f"{workload.key:<40} {record.target:<12} {_ms(record.mean_latency):>12} "
-                  f"{flops / record.mean_latency / 1e9:>8.1f} {db.count(workload.id, record.target):>8}  {record.id}")
+                  f"{gflops:>8} {db.count(workload.id, record.target):>8}  {record.id}")
     return 0
 
 

@@ -211,11 +211,12 @@ class Database:
             if existing is not None:
                 workload_id = existing.id
             else:
-                workload_id = self._execute(
+                cursor = self._execute(
                     "INSERT INTO workloads (key, structural_hash, program_json, created) "
                     "VALUES (?, ?, ?, ?)",
                     (key, hash_text, program_json, time.time()),
-                ).lastrowid
+                )
+                workload_id = _inserted_id(cursor)
         return workload_id
 
     def find_workload(self, mod: tvm.IRModule) -> WorkloadRow | None:
@@ -292,7 +293,7 @@ class Database:
             ) from exc
         except sqlite3.Error as exc:
             raise self._wrapped(exc) from exc
-        return cursor.lastrowid
+        return _inserted_id(cursor)
 
     def add_latencies(self, record_id: int, latencies: Sequence[float]) -> Record:
         """Append later timings to an "ok" record (a confirmation pass); its mean then covers them all."""
@@ -374,7 +375,8 @@ class Database:
 
     def count(self, workload_id: int | None = None, target: str | None = None) -> int:
         """How many record rows there are (malformed ones included), optionally filtered."""
-        conditions, params = [], []
+        conditions: list[str] = []
+        params: list[Any] = []
         if workload_id is not None:
             conditions.append("workload_id = ?")
             params.append(workload_id)
@@ -579,6 +581,13 @@ class Database:
 
 
 # ---------------------------------------------------------------- row parsing
+
+
+def _inserted_id(cursor: sqlite3.Cursor) -> int:
+    """The id of the row an INSERT just added (SQLite always gives one)."""
+    if cursor.lastrowid is None:
+        raise DatabaseError("SQLite did not report the id of the row it inserted")
+    return cursor.lastrowid
 
 
 def _parse_rows(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import types
 import warnings
 
 from probtune._core import InvalidDecisionError, TraceFormatError
@@ -44,7 +45,8 @@ def warn_caller(message: str, category: type[Warning] = UserWarning) -> None:
     A counted ``stacklevel`` is right for one call path only; the same warning
     is often reached from ``tune``, ``compile_best`` and helpers at different depths.
     """
-    frame, level = sys._getframe(1), 2  # level 2: the caller of this function
+    frame: types.FrameType | None = sys._getframe(1)
+    level = 2  # the caller of this function
     while frame is not None and _inside_probtune(frame.f_code.co_filename):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import pickle
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,7 +134,7 @@ class Realizer:
         self._helpers = self._borrow() if len(jobs) >= 2 else []
         if not self._helpers:
             return self._realize_here(jobs)
-        outcomes: list[Outcome] = [None] * len(jobs)  # type: ignore[list-item] - every slot is filled below
+        outcomes: list[Outcome] = [None] * len(jobs)  # type: ignore[list-item]  # every slot is filled below
         chunks = _Chunks(len(jobs), processes=len(self._helpers) + 1)
         in_flight: list[tuple[WorkerProcess, deque[slice]]] = [(helper, deque()) for helper in self._helpers]
 
@@ -165,7 +165,7 @@ class Realizer:
         self._helpers = []
         return outcomes
 
-    def programs(self, keys: Sequence[int], keep: Sequence[int] = ()) -> dict[int, str]:
+    def programs(self, keys: Sequence[int], keep: Collection[int] = ()) -> dict[int, str]:
         """The ``tvm.ir.save_json`` text of programs that helpers realized, by decision hash.
 
         A helper keeps the programs it realizes, so that the few the search

@@ -17,6 +17,8 @@ from typing import Any
 
 import tvm
 from tvm import s_tir
+from tvm.ir import IRModule
+from tvm.tirx import PrimFunc
 
 from probtune._core import (
     InvalidDecisionError,
@@ -197,7 +199,7 @@ def _without_argument_checks(schedule_class: type[s_tir.Schedule]) -> type[s_tir
     for klass in reversed(schedule_class.__mro__):
         for name, attr in vars(klass).items():
             if inspect.isfunction(attr) and inspect.isfunction(getattr(attr, "__wrapped__", None)):
-                unchecked[name] = attr.__wrapped__
+                unchecked[name] = attr.__wrapped__  # type: ignore[attr-defined]
     return type(f"Unchecked{schedule_class.__name__}", (schedule_class,), unchecked)
 
 
@@ -221,7 +223,7 @@ def _new_tvm_schedule(mod: tvm.IRModule | tvm.tirx.PrimFunc) -> s_tir.Schedule:
         while len(_PRISTINE) > _MAX_PRISTINE:
             _PRISTINE.popitem(last=False)
     _PRISTINE.move_to_end(key)
-    copy = _TVMSchedule.__new__(_TVMSchedule)
+    copy = _TVMSchedule.__new__(_TVMSchedule)  # type: ignore[call-overload]
     copy.__move_handle_from__(entry[1].copy())  # ``copy`` returns TVM's checked class; keep the unchecked one
     return copy
 
@@ -356,7 +358,7 @@ class Schedule:
     # ---- replay ----------------------------------------------------------------
     @classmethod
     def replay(
-        cls, mod: tvm.IRModule | tvm.tirx.PrimFunc, trace: Trace, *, rng: Rng | int = 0, until: int | None = None
+        cls, mod: IRModule | PrimFunc, trace: Trace, *, rng: Rng | int = 0, until: int | None = None
     ) -> Schedule:
         """Apply ``trace`` to ``mod``; sampling instructions without a decision sample fresh ones from ``rng``.
 

@@ -211,8 +211,8 @@ class EvolutionarySearch:
         self._carry_best_unmeasured()
         keys = [trace.decision_hash() for trace in chosen]
         elsewhere = [key for key in keys if key not in self._realized or self._realized[key].mod is None]
-        carried = {trace.decision_hash() for trace in self._carried}
-        texts = self._realizer.programs(elsewhere, keep=carried)
+        carried_keys = {trace.decision_hash() for trace in self._carried}
+        texts = self._realizer.programs(elsewhere, keep=carried_keys)
         batch = []
         for trace in chosen:
             candidate = self._candidate(trace, texts)
@@ -221,7 +221,7 @@ class EvolutionarySearch:
             self.seen_programs.add(candidate.program_hash)
             batch.append(candidate)
         # the programs of the carried candidates realized here are kept: the next batch may choose them
-        self._realized = {key: r for key, r in self._realized.items() if key in carried and r.mod is not None}
+        self._realized = {key: r for key, r in self._realized.items() if key in carried_keys and r.mod is not None}
         return batch
 
     def observe(self, results: Sequence[tuple[Candidate, float | None]]) -> None:
@@ -230,8 +230,8 @@ class EvolutionarySearch:
             return
         missing = [c for c, _ in results if self._scored.get(c.decision_hash) is None]
         if missing:
-            for candidate, features in zip(missing, self.model.featurize([c.mod for c in missing])):
-                self._remember(candidate.decision_hash, _Scored(candidate.program_hash, features))
+            for candidate, feature in zip(missing, self.model.featurize([c.mod for c in missing])):
+                self._remember(candidate.decision_hash, _Scored(candidate.program_hash, feature))
         features = [self._scored[c.decision_hash].features for c, _ in results]  # type: ignore[union-attr]
         latencies = [latency for _, latency in results]
         self.model.update(features, latencies, [self.group] * len(results))

@@ -128,17 +128,22 @@ def _make_search(
     rng: Rng,
 ) -> SearchStrategy:
     """The search, primed with what the database holds: what was measured (the cost model's state is the caller's)."""
-    seen = {
-        "seen_decisions": db.seen_decision_hashes(workload_id, spec.name),
-        "seen_programs": db.seen_program_hashes(workload_id, spec.name),
-    }
+    decisions = db.seen_decision_hashes(workload_id, spec.name)
+    programs = db.seen_program_hashes(workload_id, spec.name)
     if model is None:
-        return RandomSearch(space, rng, **seen)
+        return RandomSearch(space, rng, seen_decisions=decisions, seen_programs=programs)
     best = db.best(workload_id, spec.name, k=options.get("init_measured", INIT_MEASURED))
-    measured = [(replayed.trace, replayed.record.mean_latency) for replayed in replayable(best, space, db.path)]
+    measured = [
+        (replayed.trace, replayed.record.mean_latency)
+        for replayed in replayable(best, space, db.path)
+        if replayed.record.mean_latency is not None
+    ]
     mutators = list(get_registry().mutators.values())
     options = {"realize_workers": _spare_cores(), **options}
-    return EvolutionarySearch(space, rng, model, mutators, group=work.key, measured=measured, **seen, **options)
+    return EvolutionarySearch(
+        space, rng, model, mutators, group=work.key, measured=measured, seen_decisions=decisions, seen_programs=programs,
+        **options,
+    )
 
 
 def _spare_cores() -> int:
@@ -164,7 +169,8 @@ def replayable(records: list[Record], space: DesignSpace, db_path: Path, limit: 
     names it, and stays in the database as it is: one bad row must not stop
     the tuning of its workload.
     """
-    kept, left_out = [], []
+    kept: list[Replayed] = []
+    left_out: list[tuple[int, Exception]] = []
     for record in records:
         if limit is not None and len(kept) == limit:
             break

@@ -140,7 +140,7 @@ class DesignSpace:
         whole space.
         """
         undecided = self.trace.with_decisions({}) if trace is None else trace
-        priors = [module.prior for module in self.modules if callable(getattr(module, "prior", None))]
+        priors = [prior for module in self.modules if callable(prior := getattr(module, "prior", None))]
         until = self.prior_end if priors else None
         for attempt in range(1, MAX_DRAWS + 1):
             sch = Schedule.replay(self.workload.mod, undecided, rng=rng, until=until)

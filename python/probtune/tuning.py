@@ -53,7 +53,7 @@ class TuneResult:
 
     @property
     def best_gflops(self) -> float | None:
-        if self.best is None or not self.workload.flops:
+        if self.best is None or self.best.mean_latency is None or not self.workload.flops:
             return None
         return self.workload.flops / self.best.mean_latency / 1e9
 

@@ -15,7 +15,7 @@ import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 import tvm
@@ -209,7 +209,7 @@ class Workload:
                 )
 
 
-WorkloadLike = str | Workload | tvm.IRModule | tvm.tirx.PrimFunc
+WorkloadLike: TypeAlias = str | Workload | tvm.IRModule | tvm.tirx.PrimFunc
 
 
 def count_inputs(func: tvm.tirx.PrimFunc, name: str = "custom") -> int:
@@ -301,7 +301,7 @@ def resolve_workload(
     )
 
 
-def _as_int(value: object) -> int:
+def _as_int(value: Any) -> int:
     if isinstance(value, bool):
         raise TypeError("bool is not a shape parameter")
     return operator.index(value)  # rejects floats and strings

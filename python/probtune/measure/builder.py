@@ -216,6 +216,7 @@ class LocalBuilder:
             if not slot.ready:  # its first message says it is ready
                 slot.ready = True
                 return None
+            assert slot.task is not None  # a ready worker that sent a result was given a task
             outcome = self._finish(slot, _result_of(message, slot.task))
             if message.resident_bytes > self.max_worker_bytes:
                 self._replace(slot)  # what LLVM allocated stays with the process: start a fresh one

@@ -100,7 +100,8 @@ def save_reference(
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.npz")
-        np.savez(partial, **arrays)
+        payload: dict[str, Any] = dict(arrays)  # numpy's stub reads a key as its allow_pickle flag
+        np.savez(partial, **payload)
         os.replace(partial, path)  # readers never see half a file
     return MeasureReference(str(path), num_inputs, rtol, atol)
 

@@ -76,9 +76,12 @@ class ModelTuneResult:
     @property
     def estimated_latency(self) -> float | None:
         """Sum of weight x best latency over the tuned tasks; None if any task has no measured program."""
-        if any(row.best_latency is None for row in self.tasks):
-            return None
-        return sum(row.weight * row.best_latency for row in self.tasks)  # type: ignore[operator]
+        total = 0.0
+        for row in self.tasks:
+            if row.best_latency is None:
+                return None
+            total += row.weight * row.best_latency
+        return total
 
     def compile(self, *, check: bool = True, num_threads: int | None = None, seed: int = 0) -> CompiledModel:
         """The model with every task's program in place, compiled, running on the target's cores.

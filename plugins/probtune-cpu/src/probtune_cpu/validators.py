@@ -157,11 +157,12 @@ def _unroll(stmt: tirx.Stmt, max_step: int, lanes: int, vector_width: int) -> tu
         if stmt.kind == tirx.ForKind.VECTORIZED and extent is not None:
             return _unroll(stmt.body, max_step, lanes * extent, vector_width)  # one wide statement, no loop left
         steps, rolled_inside, ops = _unroll(stmt.body, max_step, lanes, vector_width)
-        unrolled = extent is not None and (
+        if extent is not None and (
             stmt.kind == tirx.ForKind.UNROLLED
             or (stmt.kind == tirx.ForKind.SERIAL and not rolled_inside and extent * steps <= max_step)
-        )
-        return (steps * extent, False, ops * extent) if unrolled else (steps, True, ops)
+        ):
+            return steps * extent, False, ops * extent  # unrolled
+        return steps, True, ops
     steps, rolled_inside, ops = 0, False, 0
     for child in child_stmts(stmt):
         child_steps, child_rolled, child_ops = _unroll(child, max_step, lanes, vector_width)
