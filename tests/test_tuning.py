@@ -20,8 +20,9 @@ import probtune
 from probtune import Database, Trace, Workload
 from probtune.constant_layouts import MeasuredForm
 from probtune.measure import prepare_reference
-from probtune.measure.builder import BuildResult, LocalBuilder
-from probtune.measure.runner import LocalRunner, RunResult
+from probtune.measure.builder import LocalBuilder
+from probtune.measure.results import BuildResult, RunResult
+from probtune.measure.runner import LocalRunner
 from probtune.pipeline import confirm_best as _confirm_best
 from probtune.realize import Realizer
 from probtune.session import replayable as _replayable

@@ -35,17 +35,17 @@ subtract, square, add; output: subtract, scale, times gamma, plus beta).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import tvm
 from tvm import te
 
-from probtune.errors import WorkloadShapeError
-from probtune.workload import Workload, count_inputs
+from probtune.errors import UnknownWorkloadError, WorkloadShapeError
+from probtune.workload import Workload, WorkloadLike, count_inputs, parse_shape
 
-__all__ = ["BUILTIN_WORKLOADS", "WorkloadSpec"]
+__all__ = ["BUILTIN_WORKLOADS", "WorkloadSpec", "resolve_workload"]
 
 Shape = tuple[int, ...]
 
@@ -519,3 +519,38 @@ BUILTIN_WORKLOADS: tuple[WorkloadSpec, ...] = (
         dtypes=_FLOAT_DTYPES,
     ),
 )
+
+
+def resolve_workload(
+    workload: WorkloadLike,
+    shape: str | Sequence[int] | None = None,
+    dtype: str = "float32",
+    specs: Mapping[str, WorkloadSpec] | None = None,
+) -> Workload:
+    """Turn whatever the user named into a :class:`Workload`.
+
+    ``workload`` is a catalog name (looked up in ``specs``, default: the built-in
+    catalog), a ready :class:`Workload`, an IRModule or a PrimFunc.  ``shape`` (default:
+    the entry's default shape) and ``dtype`` apply to catalog names only.
+    """
+    if isinstance(workload, str):
+        if specs is None:
+            specs = {spec.name: spec for spec in BUILTIN_WORKLOADS}
+        spec = specs.get(workload)
+        if spec is None:
+            known = ", ".join(sorted(specs)) or "(none)"
+            raise UnknownWorkloadError(f"unknown workload {workload!r}; known workloads: {known}")
+        values = spec.default_shape if shape is None else parse_shape(shape, allow_zero=True)
+        return spec.instantiate(values, dtype)
+    if shape is not None:
+        raise WorkloadShapeError(
+            f"a shape ({shape!r}) applies only to catalog workloads, not to a given module"
+        )
+    if isinstance(workload, Workload):
+        return workload
+    if isinstance(workload, (tvm.IRModule, tvm.tirx.PrimFunc)):
+        return Workload.from_module(workload)
+    raise TypeError(
+        "workload must be a catalog name, a Workload, an IRModule or a PrimFunc, "
+        f"got {type(workload).__name__}"
+    )

@@ -54,9 +54,9 @@ def _numpy_seconds(workload, repeat: int = 10) -> float | None:  # type: ignore[
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     from probtune import tune
+    from probtune.catalog import resolve_workload
     from probtune.plugins import get_registry
     from probtune.targets import resolve_target
-    from probtune.workload import resolve_workload
 
     # resolved before the header, so that a refused run shows only its error
     target = resolve_target(args.target)

@@ -7,12 +7,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from probtune.defaults import TVM_STACK_BYTES
+
 if TYPE_CHECKING:
     import numpy as np
     import tvm
 
     from probtune._core import Rng, Trace
-    from probtune.measure import BuildResult, MeasureReference, RunResult
+    from probtune.measure.results import BuildResult, MeasureReference, RunResult
     from probtune.schedule import BlockRV, Schedule
     from probtune.workload import Workload
 
@@ -32,8 +34,6 @@ __all__ = [
 ]
 
 
-TVM_STACK_BYTES = 1024
-"""TVM's own cut-off: it puts a constant-size buffer smaller than this on the stack, a larger one in a heap workspace."""
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Any
 import tvm
 
 from probtune._core import Trace
+from probtune.catalog import resolve_workload
 from probtune.codegen import compile_for
 from probtune.database import Database, Record
 from probtune.defaults import BATCH_SIZE, BUILD_TIMEOUT, CONFIRM, OPERATOR_TRIALS, RUN_TIMEOUT
@@ -23,7 +24,7 @@ from probtune.plugins import get_registry
 from probtune.session import TaskSession, best_replayable
 from probtune.space import DesignSpace, generate_space
 from probtune.targets import resolve_target
-from probtune.workload import Workload, resolve_workload
+from probtune.workload import Workload
 
 __all__ = ["TrialOutcome", "TuneResult", "compile_best", "tune"]
 

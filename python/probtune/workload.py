@@ -13,26 +13,22 @@ import functools
 import math
 import operator
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
 import numpy as np
 import tvm
 import tvm_ffi
 from tvm.s_tir.analysis import estimate_tir_flops
 
-from probtune.errors import UnknownWorkloadError, WorkloadShapeError
-
-if TYPE_CHECKING:
-    from probtune.catalog import WorkloadSpec
+from probtune.errors import WorkloadShapeError
 
 __all__ = [
     "Workload",
     "WorkloadLike",
     "count_inputs",
     "parse_shape",
-    "resolve_workload",
 ]
 
 ReferenceFn = Callable[..., list[np.ndarray]]
@@ -262,43 +258,6 @@ def parse_shape(text: str | Sequence[int], *, allow_zero: bool = False) -> tuple
         bound = "non-negative" if allow_zero else "positive"
         raise WorkloadShapeError(f"shape parameters must be {bound}, got {tuple(values)}")
     return tuple(values)
-
-
-def resolve_workload(
-    workload: WorkloadLike,
-    shape: str | Sequence[int] | None = None,
-    dtype: str = "float32",
-    specs: Mapping[str, WorkloadSpec] | None = None,
-) -> Workload:
-    """Turn whatever the user named into a :class:`Workload`.
-
-    ``workload`` is a catalog name (looked up in ``specs``, default: the built-in
-    catalog), a ready :class:`Workload`, an IRModule or a PrimFunc.  ``shape`` (default:
-    the entry's default shape) and ``dtype`` apply to catalog names only.
-    """
-    if isinstance(workload, str):
-        if specs is None:
-            from probtune.catalog import BUILTIN_WORKLOADS
-
-            specs = {spec.name: spec for spec in BUILTIN_WORKLOADS}
-        spec = specs.get(workload)
-        if spec is None:
-            known = ", ".join(sorted(specs)) or "(none)"
-            raise UnknownWorkloadError(f"unknown workload {workload!r}; known workloads: {known}")
-        values = spec.default_shape if shape is None else parse_shape(shape, allow_zero=True)
-        return spec.instantiate(values, dtype)
-    if shape is not None:
-        raise WorkloadShapeError(
-            f"a shape ({shape!r}) applies only to catalog workloads, not to a given module"
-        )
-    if isinstance(workload, Workload):
-        return workload
-    if isinstance(workload, (tvm.IRModule, tvm.tirx.PrimFunc)):
-        return Workload.from_module(workload)
-    raise TypeError(
-        "workload must be a catalog name, a Workload, an IRModule or a PrimFunc, "
-        f"got {type(workload).__name__}"
-    )
 
 
 def _as_int(value: Any) -> int:

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 from probtune._lazy import lazy_attributes
 
 if TYPE_CHECKING:
-    from probtune.measure.builder import BuildResult, LocalBuilder
-    from probtune.measure.runner import LocalRunner, MeasureReference, RunResult, prepare_reference, save_reference
+    from probtune.measure.builder import LocalBuilder
+    from probtune.measure.results import BuildResult, MeasureReference, RunResult
+    from probtune.measure.runner import LocalRunner, prepare_reference, save_reference
 
 __all__ = [
     "BuildResult",
@@ -27,11 +28,11 @@ __all__ = [
 # Imported on first use (PEP 562), as in probtune's own facade: a measurement
 # child imports probtune.measure._worker, and with it this package, but not TVM.
 _SOURCE_OF = {
-    "BuildResult": "probtune.measure.builder",
+    "BuildResult": "probtune.measure.results",
     "LocalBuilder": "probtune.measure.builder",
     "LocalRunner": "probtune.measure.runner",
-    "MeasureReference": "probtune.measure.runner",
-    "RunResult": "probtune.measure.runner",
+    "MeasureReference": "probtune.measure.results",
+    "RunResult": "probtune.measure.results",
     "prepare_reference": "probtune.measure.runner",
     "save_reference": "probtune.measure.runner",
 }

@@ -22,11 +22,12 @@ from typing import Any, NamedTuple
 
 import tvm
 
-from probtune.interfaces import TVM_STACK_BYTES
+from probtune.defaults import TVM_STACK_BYTES
 from probtune.measure._process import WorkerProcess, WorkerStartError
 from probtune.measure._worker import BuildReply, BuildTask, build_worker_main
+from probtune.measure.results import BuildResult
 
-__all__ = ["BuildResult", "LocalBuilder"]
+__all__ = ["LocalBuilder"]
 
 
 class _Compilation(NamedTuple):
@@ -37,15 +38,6 @@ class _Compilation(NamedTuple):
 
 
 _STARTUP_TIMEOUT = 120.0  # importing TVM takes about a second; minutes mean something is broken
-
-
-@dataclass(frozen=True)
-class BuildResult:
-    """One candidate's build: the shared library's path, or why there is none."""
-
-    artifact: str | None
-    error: str | None
-    seconds: float  # compile and export time, or until the worker was found dead or too slow
 
 
 @dataclass

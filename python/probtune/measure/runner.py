@@ -14,7 +14,6 @@ import re
 import time
 import weakref
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,40 +21,15 @@ import numpy as np
 
 from probtune.measure._process import WorkerProcess
 from probtune.measure._worker import RunTask, run_worker_main
-from probtune.measure.builder import BuildResult
+from probtune.measure.results import BuildResult, MeasureReference, RunResult
 
 if TYPE_CHECKING:
     from probtune.workload import Workload
 
-__all__ = ["LocalRunner", "MeasureReference", "RunResult", "prepare_reference", "save_reference"]
+__all__ = ["LocalRunner", "prepare_reference", "save_reference"]
 
 _STARTUP_TIMEOUT = 120.0  # importing TVM takes about a second; minutes mean something is broken
 _DEVICE_OF_TARGET_KIND = {"llvm": "cpu", "c": "cpu"}  # other kinds ("cuda", ...) name their device
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """One candidate's measurement.
-
-    ``status`` is "ok", "build_error", "run_error", "timeout", "crash" or
-    "wrong_result"; ``latencies`` (seconds per call, one per repeat) are given
-    for "ok" only, ``error`` says what went wrong otherwise.
-    """
-
-    status: str
-    latencies: tuple[float, ...]
-    error: str | None
-    seconds: float  # wall time spent on this candidate
-
-
-@dataclass(frozen=True)
-class MeasureReference:
-    """Where the runner finds the inputs and expected outputs, and how close outputs must be."""
-
-    path: str  # .npz with input_0.. and output_0..; its name carries a digest of its content
-    num_inputs: int
-    rtol: float
-    atol: float
 
 
 def prepare_reference(

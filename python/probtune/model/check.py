@@ -9,16 +9,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import tvm
 from tvm import relax
 
 from probtune.errors import ModelCheckError
-from probtune.model.compile import outputs_to_numpy
 from probtune.model.importer import Model
 
-__all__ = ["CheckReport", "check_outputs", "onnxruntime_runner", "reference_outputs"]
+__all__ = ["CheckReport", "check_outputs", "onnxruntime_runner", "outputs_to_numpy", "reference_outputs"]
 
 RTOL = 1e-3
 """Outputs agree when ``|got - want| <= RTOL * |want| + ATOL_SCALE * rms(want)``, per output.
@@ -103,3 +103,10 @@ def _untuned_outputs(model: Model, inputs: Sequence[np.ndarray]) -> list[np.ndar
     executable = tvm.compile(model.mod, target=tvm.target.Target({"kind": "llvm"}))
     vm = relax.VirtualMachine(executable, tvm.cpu())
     return outputs_to_numpy(vm["main"](*[tvm.runtime.tensor(np.asarray(a, order="C")) for a in inputs]))
+
+
+def outputs_to_numpy(out: Any) -> list[np.ndarray]:
+    """A VM's result (a tensor, or nested tuples of them) as a flat list of arrays."""
+    if isinstance(out, tvm.runtime.Tensor):
+        return [out.numpy()]
+    return [array for item in out for array in outputs_to_numpy(item)]

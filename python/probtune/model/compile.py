@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import tvm
@@ -15,16 +15,14 @@ from probtune._core import Rng
 from probtune.codegen import compile_for
 from probtune.errors import NOT_REPLAYABLE
 from probtune.interfaces import TargetSpec
+from probtune.model.check import CheckReport, outputs_to_numpy
 from probtune.model.importer import InputSpec
 from probtune.model.inplace import write_in_place
 from probtune.model.prepack import prepack_weights
 from probtune.model.threads import PoolThread
 from probtune.space import DesignSpace
 
-if TYPE_CHECKING:
-    from probtune.model.check import CheckReport
-
-__all__ = ["CompiledModel", "compile_model", "default_program", "outputs_to_numpy"]
+__all__ = ["CompiledModel", "compile_model", "default_program"]
 
 DEFAULT_DRAWS = 64  # draws of a task's space tried for a valid default program
 
@@ -128,10 +126,3 @@ class CompiledModel:
                 )
             tensors.append(tvm.runtime.tensor(array, self._device))
         return tensors
-
-
-def outputs_to_numpy(out: Any) -> list[np.ndarray]:
-    """A VM's result (a tensor, or nested tuples of them) as a flat list of arrays."""
-    if isinstance(out, tvm.runtime.Tensor):
-        return [out.numpy()]
-    return [array for item in out for array in outputs_to_numpy(item)]
