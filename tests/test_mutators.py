@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from probtune import Rng
+from probtune.catalog import resolve_workload
 from probtune.errors import ReplayError
 from probtune.mutators import ComputeLocationMutator, CoreMutator
 from probtune.plugins import get_registry
 from probtune.space import generate_space
-from probtune.workload import resolve_workload
 
 
 def _space(name: str, host):

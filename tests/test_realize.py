@@ -12,11 +12,11 @@ import tvm_ffi
 
 import probtune.realize as realize_module
 from probtune import Rng
+from probtune.catalog import resolve_workload
 from probtune.plugins import get_registry
 from probtune.realize import REPLAY_FAILED, Realized, Realizer, Rejected, _Chunks, realize_in_process
 from probtune.search import EvolutionarySearch
 from probtune.space import generate_space
-from probtune.workload import resolve_workload
 from probtune_xgb.model import XGBCostModel
 
 _PARENT_PID = "PROBTUNE_TEST_PARENT_PID"

@@ -7,10 +7,10 @@ import pytest
 
 import probtune.search as search_module
 from probtune import Rng
+from probtune.catalog import resolve_workload
 from probtune.plugins import get_registry
 from probtune.search import EvolutionarySearch, RandomSearch
 from probtune.space import generate_space
-from probtune.workload import resolve_workload
 
 
 class LoopCountModel:

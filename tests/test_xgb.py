@@ -14,10 +14,10 @@ from tvm import s_tir, te
 from tvm.script import tirx as T
 
 from probtune import Rng
+from probtune.catalog import resolve_workload
 from probtune.interfaces import CostModel
 from probtune.plugins import get_registry
 from probtune.space import generate_space
-from probtune.workload import resolve_workload
 from probtune_xgb import RandomCostModel, XGBCostModel
 from probtune_xgb.features import AUTO_UNROLL_KEY, PROGRAM_FEATURE_NAMES, STORE_FEATURE_NAMES, program_features, store_features
 
