@@ -25,6 +25,8 @@ import tvm
 import tvm_ffi
 from tvm import ir, relax, s_tir, tirx
 
+from probtune.model.prepack import global_for
+
 __all__ = ["overwritable_inputs", "write_in_place"]
 
 _INPLACE_SUFFIX = "_inplace"
@@ -56,7 +58,7 @@ def write_in_place(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
     for name, position in sorted({(name, position) for _, name, position in calls}):
         func = mod[name]
         specialized = func.specialize({func.params[-1]: func.params[position]})
-        gv = _callee(f"{name}{_INPLACE_SUFFIX}{position}", specialized, mod.get_global_var(name))
+        gv = global_for(f"{name}{_INPLACE_SUFFIX}{position}", specialized, mod.get_global_var(name))
         functions[gv] = specialized.with_attr("global_symbol", gv.name_hint)
         callees[name, position] = gv
     functions[mod.get_global_var("main")] = _InPlace(mod, calls, callees).visit_expr(main)
@@ -145,14 +147,6 @@ def _is_call_tir(value: relax.Expr) -> bool:
     """Whether ``value`` is a call that writes a tensor of its own (not a view, an input or a constant)."""
     ops = (tvm.ir.Op.get("relax.call_tir"), tvm.ir.Op.get("relax.call_tir_inplace"))
     return isinstance(value, relax.Call) and any(value.op.same_as(op) for op in ops)
-
-
-def _callee(name: str, func: tirx.PrimFunc, old: tvm.ir.GlobalVar) -> tvm.ir.GlobalVar:
-    """A global for the in-place version: Relax checks calls against its global's type."""
-    gv = tvm.ir.GlobalVar(name)
-    params = [relax.TensorType(list(param.shape), str(param.dtype)) for param in func.params]
-    relax.expr._update_type(gv, relax.FuncType(params, old.ty.ret, old.ty.purity))
-    return gv
 
 
 @relax.expr_functor.mutator

@@ -19,7 +19,7 @@ from tvm.ir.expr import Constant
 
 from probtune.constant_layouts import read_constants_packed
 
-__all__ = ["constant_arguments", "prepack_weights"]
+__all__ = ["constant_arguments", "global_for", "prepack_weights"]
 
 
 def constant_arguments(fused: tvm.IRModule) -> dict[str, set[int]]:
@@ -60,8 +60,8 @@ class _PackArguments(relax.PyExprMutator):  # type: ignore[misc]
         return relax.Call(call.op, [self.callees[name], relax.Tuple(fields)], call.attrs, call.ty_args)
 
 
-def _callee(name: str, func: tirx.PrimFunc, old: tvm.ir.GlobalVar) -> tvm.ir.GlobalVar:
-    """A new global for a PrimFunc whose parameters changed: Relax checks calls against its global's type."""
+def global_for(name: str, func: tirx.PrimFunc, old: tvm.ir.GlobalVar) -> tvm.ir.GlobalVar:
+    """A new global ``name`` for ``func``, a changed version of ``old``'s PrimFunc: Relax checks calls against its global's type."""
     gv = tvm.ir.GlobalVar(name)
     params = [relax.TensorType(list(param.shape), str(param.dtype)) for param in func.params]
     relax.expr._update_type(gv, relax.FuncType(params, old.ty.ret, old.ty.purity))
@@ -86,7 +86,7 @@ def prepack_weights(
             layouts[name] = packed
     if not layouts:
         return fused, updated, 0
-    callees = {name: _callee(name, updated[name]["main"], fused.get_global_var(name)) for name in layouts}
+    callees = {name: global_for(name, updated[name]["main"], fused.get_global_var(name)) for name in layouts}
     main = _PackArguments(fused, layouts, callees).visit_expr(fused["main"])
     functions = {gv: func for gv, func in fused.functions.items() if gv.name_hint not in layouts}
     functions[fused.get_global_var("main")] = main
