@@ -10,7 +10,7 @@ from tvm import te
 
 from probtune import Rng, SpaceContext, generate_space
 from probtune.catalog import BUILTIN_WORKLOADS
-from probtune.codegen import compile_program
+from probtune.codegen import compile_for
 from probtune.search import RandomSearch
 from probtune.targets import resolve_target
 from probtune.workload import Workload
@@ -70,7 +70,7 @@ def assert_program_correct(workload, mod: tvm.IRModule, host) -> None:
     """``mod`` compiles for the host as the tuner compiles it, and its outputs match the workload's numpy reference."""
     inputs = workload.random_inputs(0)
     rtol, atol = workload.tolerance()
-    lib = compile_program(mod, host.tvm_target, stack_buffer_bytes=host.stack_buffer_bytes)
+    lib = compile_for(mod, host)
     outputs = [np.zeros(shape, dtype) for shape, dtype in workload.param_specs()[workload.num_inputs :]]
     results = run_module(lib, [*inputs, *outputs])[workload.num_inputs :]
     for got, want in zip(results, workload.reference(*inputs)):

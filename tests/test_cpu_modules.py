@@ -17,6 +17,7 @@ from probtune_cpu.auto_inline import AutoInline
 from probtune_cpu.defaults import DEFAULT_MODULES
 from probtune_cpu.parallel_vectorize import MAX_UNROLLED_EXTREMUM_STEPS, VECTOR_SPLIT_KEY, AutoUnroll
 from probtune_cpu.random_compute_location import PLACE_PRODUCERS_KEY
+from probtune_cpu.vector_unit import vector_width
 
 CATALOG = {spec.name: spec for spec in BUILTIN_WORKLOADS}
 FULL_CPU_SPACE = list(DEFAULT_MODULES)
@@ -250,11 +251,11 @@ def test_multi_level_tiling_leaves_row_reductions_alone(name, shape, host):
 
 
 def test_a_long_elementwise_loop_is_split_at_a_sampled_width_and_vectorized(host):
-    workload = catalog_workload("softmax", (4, 32 * host.vector_width))  # rows of more than 16 vectors
+    workload = catalog_workload("softmax", (4, 32 * vector_width(host)))  # rows of more than 16 vectors
     space = generate_space(workload, host, modules=["parallel-vectorize"])
     splits = [i for i, inst in enumerate(space.trace.instructions) if inst.kind == "sample_categorical"]
     assert len(splits) == 2  # the exponentials and the normalisation; the reductions' innermost loops are not spatial
-    lanes = host.vector_width
+    lanes = vector_width(host)
     for choice, vectors in enumerate((1, 2, 4, 8)):
         sch, rejected = space.realize(space.trace.with_decisions({i: choice for i in splits}), Rng(0))
         assert rejected is None

@@ -29,6 +29,7 @@ from probtune_cpu.multi_level_tiling import (
     accumulator_bytes,
 )
 from probtune_cpu.validators import estimate_unrolled_size
+from probtune_cpu.vector_unit import vector_register_bytes, vector_width
 
 VERIFIERS = ["verify-static-loops", "verify-vectorize", "verify-parallel", "verify-unroll-size"]
 CATALOG = {spec.name: spec for spec in BUILTIN_WORKLOADS}
@@ -117,7 +118,7 @@ def test_matmul_writes_back_through_a_cache_at_the_sampled_level(host, level):
     depths = space.trace.instructions[index].attrs["candidates"]
     assert depths == [2, 4]  # after the first and the second spatial tile level of i and j
 
-    sch, rejected = space.realize(space.trace.with_decisions(_matmul_decisions(space.trace, level, host.vector_width)))
+    sch, rejected = space.realize(space.trace.with_decisions(_matmul_decisions(space.trace, level, vector_width(host))))
     assert rejected is None
     assert len(_shared_loops(sch.tvm, "C", "C_global")) == depths[level]
     assert sch.trace.structure_hash() == space.trace.structure_hash()  # the level moves the block, not the trace
@@ -127,7 +128,7 @@ def test_matmul_write_back_is_vectorized_inside_the_parallel_tile(host):
     workload = Workload.from_module(matmul_module(64, 64, 64))
     space = generate_space(workload, host)
     for level, tile_iterations in [(0, 2 * 2), (1, 2 * 2 * 2 * 2)]:
-        sch, rejected = space.realize(space.trace.with_decisions(_matmul_decisions(space.trace, level, host.vector_width)))
+        sch, rejected = space.realize(space.trace.with_decisions(_matmul_decisions(space.trace, level, vector_width(host))))
         assert rejected is None
         shared = _shared_loops(sch.tvm, "C_update", "C_global")
         assert shared and shared[0].kind == tvm.tirx.ForKind.PARALLEL
@@ -163,7 +164,7 @@ def test_dense_packs_its_weight_per_outer_tile_in_panels_of_the_vector_tile(host
         innermost = raw.get_loops(tiled)[-1]
         width = int(raw.get(innermost).extent)
         assert raw.get(innermost).kind == tvm.tirx.ForKind.VECTORIZED
-        assert width % host.vector_width == 0  # whole vectors, as if W were contiguous
+        assert width % vector_width(host) == 0  # whole vectors, as if W were contiguous
         packed = raw.get(raw.get_sblock("W_global")).writes[0].source
         assert [int(extent) for extent in packed.shape] == [n // width, k, width]  # W[j, k] as [j // w, k, j % w]
         (shared,) = _shared_loops(raw, "W_global", "T_dense_update")  # copied once per tile of j, for every row tile
@@ -217,7 +218,7 @@ def _outer_tile_of_last_spatial_loop(trace) -> int:
 @pytest.mark.parametrize(("name", "input_name", "kernel"), [("matmul", "B", "C_update"), ("batch_matmul", "B", "C_update")])
 def test_an_input_walked_with_a_stride_by_the_reduction_may_be_packed_in_panels(host, two_cores, name, input_name, kernel):
     """``B[k, j]``: packed, its copy is laid out ``[j // w, ..., k, j % w]`` for a kernel vector tile of w; or not."""
-    lanes = host.vector_width  # j spans whole vectors: 5 or 3 of them
+    lanes = vector_width(host)  # j spans whole vectors: 5 or 3 of them
     shape = {"matmul": (24, 5 * lanes, 56), "batch_matmul": (3, 16, 3 * lanes, 40)}[name]
     workload = CATALOG[name].instantiate(shape)
     space = generate_space(workload, two_cores)
@@ -228,7 +229,7 @@ def test_an_input_walked_with_a_stride_by_the_reduction_may_be_packed_in_panels(
         copies = [name for name in block_names(raw.mod["main"]) if name == f"{input_name}_global"]
         if pack:
             width = int(raw.get(raw.get_loops(raw.get_sblock(kernel))[-1]).extent)
-            assert width % host.vector_width == 0
+            assert width % vector_width(host) == 0
             original = list(workload.param_specs()[1][0])
             packed = raw.get(raw.get_sblock(copies[0])).writes[0].source
             assert [int(extent) for extent in packed.shape] == [original[-1] // width, *original[:-1], width]
@@ -243,9 +244,9 @@ def test_a_panel_copy_under_an_outer_tile_of_one_leaves_the_row_tiles_parallel(h
     """The copy sits under the vector loop's outermost tile; drawn as 1, the loops under it run in parallel."""
     workload = CATALOG["matmul"].instantiate((64, 64, 64))
     space = generate_space(workload, host)
-    decisions = {**_matmul_decisions(space.trace, 0, host.vector_width), _annotation_sample(space.trace, PANEL_KEY): 1}
+    decisions = {**_matmul_decisions(space.trace, 0, vector_width(host)), _annotation_sample(space.trace, PANEL_KEY): 1}
     j_tiling = _perfect_tile_sites(space.trace)[1]
-    decisions[j_tiling] = [1, 2, 64 // host.vector_width // 2, 1]
+    decisions[j_tiling] = [1, 2, 64 // vector_width(host) // 2, 1]
     sch, rejected = space.realize(space.trace.with_decisions(decisions))
     assert rejected is None
     raw = sch.tvm
@@ -265,8 +266,8 @@ def test_a_parallel_loop_that_leaves_cores_idle_is_rejected(host, two_cores, i_t
     workload = CATALOG["matmul"].instantiate((48, 64, 64))
     space = generate_space(workload, two_cores)
     tile_indices = _perfect_tile_sites(space.trace)
-    decisions = {**_matmul_decisions(space.trace, level, host.vector_width), tile_indices[0]: i_tiles}
-    decisions[tile_indices[1]] = [1, 1, 64 // host.vector_width, 1]  # the jobs come from i alone
+    decisions = {**_matmul_decisions(space.trace, level, vector_width(host)), tile_indices[0]: i_tiles}
+    decisions[tile_indices[1]] = [1, 1, 64 // vector_width(host), 1]  # the jobs come from i alone
     sch, rejection = space.realize(space.trace.with_decisions(decisions))
     if rejected:
         assert rejection.validator == "rewrite-parallel-vectorize-unroll"
@@ -493,9 +494,9 @@ def test_unroll_estimate_follows_tvm_unroll_rule(host):
         sch.annotate(i, "pragma_auto_unroll_max_step", max_step)
         return sch.mod["main"].body
 
-    assert estimate_unrolled_size(nest(32), host.vector_width) == 32  # both loops unrolled: 4 x 8 stores
-    assert estimate_unrolled_size(nest(8), host.vector_width) == 8  # only the inner loop fits: 8 stores, once
-    assert estimate_unrolled_size(nest(0), host.vector_width) == 1  # nothing unrolled
+    assert estimate_unrolled_size(nest(32), vector_width(host)) == 32  # both loops unrolled: 4 x 8 stores
+    assert estimate_unrolled_size(nest(8), vector_width(host)) == 8  # only the inner loop fits: 8 stores, once
+    assert estimate_unrolled_size(nest(0), vector_width(host)) == 1  # nothing unrolled
 
 
 def test_unroll_estimate_counts_the_operations_of_each_store(host):
@@ -507,7 +508,7 @@ def test_unroll_estimate_counts_the_operations_of_each_store(host):
         sch = tvm.s_tir.Schedule(te.create_prim_func([a, b]))
         i, _ = sch.get_loops(sch.get_sblock("B"))
         sch.annotate(i, "pragma_auto_unroll_max_step", 32)
-        return estimate_unrolled_size(sch.mod["main"].body, host.vector_width)
+        return estimate_unrolled_size(sch.mod["main"].body, vector_width(host))
 
     def horner(x):  # eight multiply-adds: 16 floating-point nodes, about 8 instructions
         result = x
@@ -525,10 +526,10 @@ def test_accumulator_is_the_output_tile_under_the_innermost_reduction_loop(host,
     # i: 2x2x4x4; j: 2x2x(64 / lanes / 4)x(1 vector); a unit inner k tile adds the spatial level above it
     workload = Workload.from_module(matmul_module(64, 64, 64))
     space = generate_space(workload, host, modules=[MultiLevelTiling()], validators=[])
-    decisions = _matmul_decisions(space.trace, 0, host.vector_width)
+    decisions = _matmul_decisions(space.trace, 0, vector_width(host))
     decisions[_perfect_tile_sites(space.trace)[2]] = k_tiles
     sch, _ = space.realize(space.trace.with_decisions(decisions))
-    rows, columns = (4, host.vector_width) if inner_levels == 1 else (4 * 4, 64 // 4)
+    rows, columns = (4, vector_width(host)) if inner_levels == 1 else (4 * 4, 64 // 4)
     assert accumulator_bytes(sch.tvm, sch.tvm.get_sblock("C")) == rows * columns * 4
     assert accumulator_bytes(sch.tvm, sch.tvm.get_sblock("C_global")) is None  # the copy-out reduces nothing
 
@@ -537,8 +538,8 @@ def test_register_tile_prior_keeps_a_draw_by_its_accumulator_share_of_the_regist
     workload = Workload.from_module(matmul_module(64, 64, 64))
     tiling = MultiLevelTiling()
     space = generate_space(workload, host, modules=[tiling], validators=[])
-    decisions = _matmul_decisions(space.trace, 0, host.vector_width)
-    register_bytes = host.vector_register_bytes
+    decisions = _matmul_decisions(space.trace, 0, vector_width(host))
+    register_bytes = vector_register_bytes(host)
     weights = set()
     for k_tiles in [[8, 8], [64, 1], [1, 64]]:
         decisions[_perfect_tile_sites(space.trace)[2]] = k_tiles
@@ -561,7 +562,7 @@ def test_draws_under_the_register_tile_prior_fill_the_registers_more_often(targe
     target = resolve_target(target_name)  # drawn, not run: any x86 machine
     workload = Workload.from_module(matmul_module(256, 256, 256))
     tiling = MultiLevelTiling()
-    low, high = (share * target.vector_register_bytes for share in tiling.register_tile)
+    low, high = (share * vector_register_bytes(target) for share in tiling.register_tile)
 
     def share_in_range(modules) -> float:
         space = generate_space(workload, target, modules=modules, validators=[])
@@ -578,8 +579,14 @@ def test_draws_under_the_register_tile_prior_fill_the_registers_more_often(targe
 
 
 def test_targets_know_their_vector_register_files():
-    assert resolve_target("x86-avx512").vector_register_bytes == 32 * 64
-    assert resolve_target("x86-avx2").vector_register_bytes == 16 * 32
-    assert resolve_target("arm-neon").vector_register_bytes == 32 * 16
+    assert vector_register_bytes(resolve_target("x86-avx512")) == 32 * 64
+    assert vector_register_bytes(resolve_target("x86-avx2")) == 16 * 32
+    assert vector_register_bytes(resolve_target("arm-neon")) == 32 * 16
     host = resolve_target("host")
-    assert host.vector_registers == (32 if host.vector_width == 16 else 16)
+    assert vector_register_bytes(host) == (32 * 64 if vector_width(host) == 16 else 16 * vector_width(host) * 4)
+
+
+def test_a_cpu_module_on_a_target_without_a_vector_unit_names_what_is_missing():
+    bare = dataclasses.replace(resolve_target("host"), name="bare", attrs={})
+    with pytest.raises(ValueError, match=r"target 'bare' has no 'vector_width'"):
+        vector_width(bare)

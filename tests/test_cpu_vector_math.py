@@ -12,7 +12,7 @@ from conftest import context_of, run_module
 from tvm import s_tir, te, tirx
 
 from probtune import Rng, generate_space
-from probtune.codegen import compile_program
+from probtune.codegen import compile_for
 from probtune.search import RandomSearch
 from probtune.workload import Workload
 from probtune_cpu.vector_math import RewriteVectorMath
@@ -108,6 +108,6 @@ def test_a_dense_gelu_is_tuned_with_it_and_stays_correct(host):
     want = workload.reference_outputs(inputs)[0]  # the unscheduled program, with libm's erf
     for candidate in RandomSearch(space, Rng(3)).next_batch(3):
         assert "T.erf(" not in candidate.mod.script()
-        lib = compile_program(candidate.mod, host.tvm_target, stack_buffer_bytes=host.stack_buffer_bytes)
+        lib = compile_for(candidate.mod, host)
         got = run_module(lib, [*inputs, np.zeros((16, 64), "float32")])[2]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

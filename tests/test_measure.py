@@ -23,6 +23,7 @@ import tvm
 from tvm import te
 from tvm.script import tirx as T
 
+from probtune.interfaces import TargetSpec
 from probtune.measure import (
     BuildResult,
     LocalBuilder,
@@ -35,7 +36,7 @@ from probtune.measure._process import _BOOTSTRAP
 from probtune.workload import Workload
 
 N = 64
-TARGET = {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu(), "num-cores": 2}
+TARGET = TargetSpec("test-cpu", "this CPU", {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu(), "num-cores": 2}, ())
 RUNNER_TIMEOUT = 5.0
 
 
@@ -298,8 +299,8 @@ def test_cold_timing_flushes_before_every_call_and_averages_up_to_ten_a_repeat(f
 
 def test_cache_flush_is_refused_for_a_device_other_than_the_cpu(reference: MeasureReference) -> None:
     with LocalRunner(cache_flush=True) as cold:
-        with pytest.raises(ValueError, match=r"cache_flush flushes CPU caches.*'cuda'"):
-            cold.run(reference, [None], {"kind": "cuda"})
+        with pytest.raises(ValueError, match=r"cache_flush flushes CPU caches; target 'gpu' runs on cuda"):
+            cold.run(reference, [None], TargetSpec("gpu", "a GPU", {"kind": "cuda"}, ()))
 
 
 @pytest.mark.parametrize("stop_above", [-1.0, float("nan")])

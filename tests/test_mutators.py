@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from probtune import Rng
 from probtune.catalog import resolve_workload
-from probtune.errors import ReplayError
+from probtune.errors import ReplayError, TuningConfigError
 from probtune.mutators import ComputeLocationMutator, CoreMutator
 from probtune.plugins import get_registry
+from probtune.session import target_mutators
 from probtune.space import generate_space
 
 
@@ -33,6 +36,17 @@ def test_builtin_mutators_are_registered_with_weights():
     assert mutators["tile_size"].core_mutator == "tile_size"
     assert not hasattr(mutators["compute_location"], "core_mutator")
     assert sum(m.probability for m in mutators.values()) == pytest.approx(1.0)
+
+
+def test_a_target_sets_which_mutators_the_search_uses_and_their_weights(host):
+    assert host.mutators == {"tile_size": 0.9, "categorical": 0.05, "compute_location": 0.05}  # the CPU plugin's
+    assert [m.name for m in target_mutators(host)] == ["tile_size", "categorical", "compute_location"]
+    tiles_only = dataclasses.replace(host, mutators={"tile_size": 1.0})
+    assert [m.name for m in target_mutators(tiles_only)] == ["tile_size"]
+    everything = dataclasses.replace(host, mutators={})
+    assert [m.name for m in target_mutators(everything)] == list(get_registry().mutators)
+    with pytest.raises(TuningConfigError, match=r"target 'host' names unknown mutator\(s\) warp"):
+        target_mutators(dataclasses.replace(host, mutators={"warp": 1.0}))
 
 
 @pytest.mark.parametrize("name", ["tile_size", "categorical"])

@@ -30,7 +30,7 @@ THIRD_PARTY = {
         @hookimpl
         def probtune_register_targets(register):
             register(TargetSpec(name="hello-cpu", description="a third party's target",
-                                tvm_target={"kind": "llvm"}, vector_width=4, modules=("hello-noop",)))
+                                tvm_target={"kind": "llvm"}, modules=("hello-noop",)))
         """,
     ),
     "probtune-broken": ("broken", "raise RuntimeError('this plugin is broken on purpose')\n"),
@@ -148,7 +148,7 @@ def test_conflicting_registration_is_reported(monkeypatch):
 
         @hookimpl
         def probtune_register_targets(self, register):
-            register(TargetSpec("host", "dup", {"kind": "llvm"}, 4, ()))
+            register(TargetSpec("host", "dup", {"kind": "llvm"}, ()))
 
     monkeypatch.setenv("PROBTUNE_LOAD_PLUGINS", "x86,cpu")
     with pytest.warns(UserWarning, match="'clash'.*already registered by plugin 'x86'"):

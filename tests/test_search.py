@@ -57,6 +57,14 @@ def _search(host, seed=0, model=None, **options):
     return search, model
 
 
+def test_weights_by_name_override_the_mutators_own_probabilities(host):
+    search, _ = _search(host, weights={"tile_size": 0.7})
+    weights = dict(search._mutator_weights)
+    assert weights["tile_size"] == 0.7
+    assert weights["categorical"] == get_registry().mutators["categorical"].probability
+    search.close()
+
+
 def _loops(candidate) -> int:
     return candidate.mod.script().count("for ")
 

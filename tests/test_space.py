@@ -16,6 +16,7 @@ from probtune.search import RandomSearch
 from probtune.space import MAX_DRAWS
 from probtune.workload import Workload
 from probtune_cpu.multi_level_tiling import MultiLevelTiling
+from probtune_cpu.vector_unit import vector_width
 
 SAMPLES_PER_WORKLOAD = 3
 
@@ -36,7 +37,7 @@ def test_matmul_space_is_tiled_parallel_and_vectorized(host):
         text = candidate.mod.script()
         assert "T.parallel" in text
         lanes = [int(n) for n in re.findall(r"T\.vectorized\((\d+)\)", text)]
-        assert lanes and all(n % host.vector_width == 0 for n in lanes)
+        assert lanes and all(n % vector_width(host) == 0 for n in lanes)
 
 
 def test_strided_vector_loop_is_not_forced_to_whole_vectors_unless_packed(host):

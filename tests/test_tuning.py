@@ -27,7 +27,8 @@ from probtune.pipeline import confirm_best as _confirm_best
 from probtune.realize import Realizer
 from probtune.session import replayable as _replayable
 from probtune.space import program_hash
-from probtune.targets import cpu_features, resolve_target
+from probtune.targets import resolve_target
+from probtune_cpu.host_cpu import cpu_features
 
 SMALL = dict(shape=(64, 64, 64), target="host", batch_size=4)
 

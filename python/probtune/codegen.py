@@ -1,20 +1,9 @@
-"""How probtune compiles a finished program: TVM's lowering, with register-sized buffers kept on the stack.
+"""How probtune compiles a finished program: the way its target says, the same for measuring and for use.
 
-TVM's lowering gives any buffer of 1 KB or more a heap workspace
-(``TVMBackendAllocWorkspace``). On AVX-512 that catches the accumulator tile
-most fast kernels use, 16 vectors of 64 bytes: a write cache of exactly 1 KB
-then lives in memory that LLVM cannot keep in registers, and a call allocates
-it for every tile. On the stack, LLVM holds it in registers (batch matmul
-12x128x128x64 with MetaSchedule's best 8x32 tiling plus a write cache, 2-core
-Zen 4: 0.0566 ms with the workspace, 0.0518 ms on the stack; MetaSchedule's
-own program, which has no cache, 0.0506 ms). A target sets how far this goes, ``TargetSpec.stack_buffer_bytes``:
-the size of its vector register file, as a larger buffer spills anyway and
-runs better in its workspace (a 2 KB tile: 0.095 ms, against 0.126 ms on the
-stack).
-
-Every compile of a tuned program goes through :func:`compile_program`: the
-builder's, :func:`probtune.compile_best`'s and the benchmarks', so a program
-runs as fast as it measured.
+Every compile of a tuned program goes through :func:`compile_for` (or
+:func:`compile_with`, its form for a builder process): the builder's,
+:func:`probtune.compile_best`'s and the benchmarks', so a program runs as fast
+as it measured.
 """
 
 from __future__ import annotations
@@ -22,100 +11,19 @@ from __future__ import annotations
 from typing import Any
 
 import tvm
-from tvm import tirx
 
-from probtune.interfaces import TVM_STACK_BYTES, TargetSpec
+from probtune.interfaces import Compiler, TargetSpec
 
-__all__ = ["TVM_STACK_BYTES", "compile_for", "compile_program"]
-
-_ON_STACK = "disable_lower_builtin"  # TVM's allocation annotation: leave the buffer to the code generator (an alloca)
+__all__ = ["compile_for", "compile_with"]
 
 
-def _size_in_bytes(buffer: Any) -> int | None:
-    if not all(isinstance(extent, tirx.IntImm) for extent in buffer.shape):
-        return None
-    elements = 1
-    for extent in buffer.shape:
-        elements *= int(extent)
-    dtype = tvm.runtime.DataType(buffer.dtype)  # lowered buffers may hold vectors: float32x16
-    return elements * dtype.bits * dtype.lanes // 8
-
-
-def _keep_on_stack(stmt: Any, limit: int) -> Any | None:
-    """``stmt`` with its allocations under ``limit`` bytes annotated to stay on the stack, or None if none changed.
-
-    TVM 0.27 offers no statement mutator in Python, so the statements that hold
-    others are rebuilt here; an allocation under any other kind keeps TVM's choice.
-    """
-    if isinstance(stmt, tirx.AllocBuffer):
-        size = _size_in_bytes(stmt.buffer)
-        annotations = dict(stmt.annotations or {})
-        if size is None or not TVM_STACK_BYTES <= size < limit or _ON_STACK in annotations:
-            return None
-        annotations[_ON_STACK] = tirx.IntImm("int32", 1)
-        return tirx.AllocBuffer(stmt.buffer, annotations, stmt.span)
-    if isinstance(stmt, tirx.SeqStmt):
-        rewritten = [_keep_on_stack(s, limit) for s in stmt.seq]
-        if all(r is None for r in rewritten):
-            return None
-        return tirx.SeqStmt([r if r is not None else s for r, s in zip(rewritten, stmt.seq)], stmt.span)
-    if isinstance(stmt, tirx.For):
-        body = _keep_on_stack(stmt.body, limit)
-        if body is None:
-            return None
-        return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding,
-                        stmt.annotations, stmt.step, stmt.span)
-    if isinstance(stmt, tirx.AttrStmt):
-        body = _keep_on_stack(stmt.body, limit)
-        return None if body is None else tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, body, stmt.span)
-    if isinstance(stmt, tirx.IfThenElse):
-        then_case = _keep_on_stack(stmt.then_case, limit)
-        else_case = None if stmt.else_case is None else _keep_on_stack(stmt.else_case, limit)
-        if then_case is None and else_case is None:
-            return None
-        return tirx.IfThenElse(stmt.condition, then_case or stmt.then_case, else_case or stmt.else_case, stmt.span)
-    return None
-
-
-_registered: set[str] = set()  # names of the pipelines registered with TVM by this process
-
-
-def _pipeline_name(limit: int) -> str:
-    """TVM's lowering (its "s_tir" pipeline, what ``tvm.compile`` uses for CPUs), registered once per ``limit``."""
-    name = f"probtune-stack-{limit}"
-    if name in _registered:
-        return name
-
-    @tirx.transform.prim_func_pass(opt_level=0, name="probtune.KeepRegisterTilesOnStack")
-    def keep_on_stack(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx: Any) -> tirx.PrimFunc:
-        body = _keep_on_stack(func.body, limit)
-        return func if body is None else func.with_body(body)
-
-    def pipeline() -> tuple[Any, Any, Any]:
-        lower, finalize_host, finalize_device = tvm.tirx.get_tir_pipeline("s_tir")
-        return lower, lambda: tvm.transform.Sequential([keep_on_stack, finalize_host()]), finalize_device
-
-    tvm.tirx.register_tir_pipeline(name, pipeline)  # the pass runs before LowerTVMBuiltin, which allocates
-    _registered.add(name)
-    return name
-
-
-def compile_program(
-    mod: tvm.IRModule, target: tvm.target.Target | dict[str, Any] | str, *, stack_buffer_bytes: int = TVM_STACK_BYTES
-) -> Any:
-    """Compile a finished program for ``target`` (a TVM target or what makes one) the way the tuner measures it.
-
-    Constant-size buffers smaller than ``stack_buffer_bytes`` go on the stack
-    (the target's ``TargetSpec.stack_buffer_bytes``); at TVM's own cut-off or
-    below, this is plain ``tvm.compile``.
-    """
-    if not isinstance(target, tvm.target.Target):
-        target = tvm.target.Target(target)
-    if stack_buffer_bytes <= TVM_STACK_BYTES:
-        return tvm.compile(mod, target=target)
-    return tvm.compile(mod, target=target, tir_pipeline=_pipeline_name(stack_buffer_bytes))
+def compile_with(compiler: Compiler | None, mod: tvm.IRModule, tvm_target: dict[str, Any]) -> Any:
+    """Compile ``mod`` for ``tvm_target`` with a target's ``compiler`` (None: plain ``tvm.compile``)."""
+    if compiler is None:
+        return tvm.compile(mod, target=tvm.target.Target(tvm_target))
+    return compiler(mod, tvm_target)
 
 
 def compile_for(mod: tvm.IRModule, target: TargetSpec) -> Any:
-    """Compile a finished program for a registered target, with its ``stack_buffer_bytes``."""
-    return compile_program(mod, target.tvm_target, stack_buffer_bytes=target.stack_buffer_bytes)
+    """Compile a finished program for a registered target, as that target compiles it."""
+    return compile_with(target.compiler, mod, target.tvm_target)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 __all__ = [
     "BATCH_SIZE", "BUILD_TIMEOUT", "CONFIRM", "MODEL_CACHE_FLUSH", "MODEL_TRIALS", "OPERATOR_TRIALS", "RUN_TIMEOUT",
-    "SCHEDULER", "TVM_STACK_BYTES",
+    "SCHEDULER",
 ]
 
 OPERATOR_TRIALS = 64
@@ -39,7 +39,3 @@ other layers have run, and the estimated model time falls short of the real one.
 
 SCHEDULER = "gradient"
 """The task scheduler of a model's run."""
-
-TVM_STACK_BYTES = 1024
-"""TVM's own cut-off, a target's default ``stack_buffer_bytes``: TVM puts a constant-size buffer smaller than this on the
-stack, a larger one in a heap workspace."""

@@ -72,7 +72,7 @@ class UnknownTargetError(ProbtuneError, ValueError):
 
 
 class UnsupportedTargetError(ProbtuneError, RuntimeError):
-    """A target whose code this machine cannot run (e.g. AVX-512 code on an AVX2 CPU)."""
+    """A target whose code this machine cannot run (an instruction set or a device it lacks)."""
 
 
 class DatabaseError(ProbtuneError):

@@ -7,8 +7,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from probtune.defaults import TVM_STACK_BYTES
-
 if TYPE_CHECKING:
     import numpy as np
     import tvm
@@ -19,9 +17,9 @@ if TYPE_CHECKING:
     from probtune.workload import Workload
 
 __all__ = [
-    "TVM_STACK_BYTES",
     "Builder",
     "BuilderFactory",
+    "Compiler",
     "CostModel",
     "CostModelFactory",
     "Mutator",
@@ -36,46 +34,45 @@ __all__ = [
 
 
 
+Compiler = Callable[["tvm.IRModule", dict[str, Any]], Any]
+"""Compiles a finished program for a TVM target (dict form) into what ``tvm.compile`` returns; must pickle."""
+
+
 @dataclass(frozen=True)
 class TargetSpec:
-    """A named hardware target.
+    """A named hardware target, as a plugin describes it; the kernel reads nothing target-specific from it.
 
     ``tvm_target`` is TVM's target in dict form (the string form is rejected by
     TVM 0.27). ``modules`` and ``validators`` name the design-space modules and
-    validators used by default; ``required_cpu_features`` lets the local runner
-    refuse, with a clear message, code this CPU cannot execute.
+    validators used by default; ``mutators`` the mutators the search uses, with
+    their probabilities (empty: every registered mutator, at its own).
+    ``builder`` and ``runner`` name the registered factories that measure it
+    by default. ``attrs`` holds what the target's own plugins read (a CPU's
+    vector width, say), opaque to the kernel.
     """
 
     name: str
     description: str
     tvm_target: dict[str, Any]
-    vector_width: int
     modules: tuple[str, ...]
     validators: tuple[str, ...] = ()
-    required_cpu_features: tuple[str, ...] = ()
+    mutators: Mapping[str, float] = field(default_factory=dict)
     builder: str = "local"
     runner: str = "local"
-    vector_registers: int = 16
-    """How many vector registers the target has (x86 AVX2: 16; AVX-512 and AArch64 NEON: 32).
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    compiler: Compiler | None = None
+    """How a finished program is compiled, by the builder and by :func:`probtune.compile_best` alike; None: ``tvm.compile``.
 
-    With ``vector_width`` it gives the register file that a kernel's
-    accumulator tile must share with its inputs."""
-    stack_buffer_bytes: int = TVM_STACK_BYTES
-    """Constant-size buffers smaller than this are allocated on the stack, larger ones in a heap workspace.
+    It is sent to builder processes, so it must pickle (a module-level function or a small dataclass)."""
+    runs_here: Callable[[], str | None] | None = None
+    """Asked before a local runner starts: why this machine cannot run the target's code, or None if it can.
 
-    The default is TVM's own cut-off. A target with a larger vector register file
-    raises it, so that an accumulator tile that fits the registers can be kept
-    in them (:mod:`probtune.codegen`)."""
+    No callable: any machine can."""
     layouts: Mapping[str, Sequence[str]] = field(default_factory=dict)
     """The data layouts the target's kernels are fastest in, by Relax operator, as TVM's ``ConvertLayout`` takes them.
 
     A model's operators are converted to these layouts before it is fused
     into tasks (:func:`probtune.model.tasks.fuse`); empty keeps the model's own."""
-
-    @property
-    def vector_register_bytes(self) -> int:
-        """Bytes of the vector register file, counting ``vector_width`` fp32 lanes per register."""
-        return self.vector_registers * self.vector_width * 4
 
     @property
     def num_cores(self) -> int:
@@ -183,20 +180,15 @@ class Builder(Protocol):
     """Compiles candidates into artifacts a runner can load; yields (index, result) as each finishes.
 
     Each program comes as an ``IRModule`` or as its ``tvm.ir.save_json`` text
-    (what a search helper process sends back). A builder compiles it as
-    :func:`probtune.codegen.compile_program` does, with the target's
-    ``stack_buffer_bytes``, so that it runs as :func:`probtune.compile_best` will compile it.
+    (what a search helper process sends back). A builder compiles it as the
+    target says (:func:`probtune.codegen.compile_for`), so that it runs as
+    :func:`probtune.compile_best` will compile it.
     """
 
     name: str
 
     def build(
-        self,
-        programs: Sequence[tvm.IRModule | str],
-        target: dict[str, Any],
-        workdir: str | os.PathLike[str],
-        *,
-        stack_buffer_bytes: int = TVM_STACK_BYTES,
+        self, programs: Sequence[tvm.IRModule | str], target: TargetSpec, workdir: str | os.PathLike[str]
     ) -> Iterator[tuple[int, BuildResult]]: ...
 
     def close(self) -> None: ...
@@ -212,7 +204,7 @@ class Runner(Protocol):
         self,
         reference: MeasureReference,
         artifacts: Sequence[str | None],
-        target: dict[str, Any],
+        target: TargetSpec,
         *,
         stop_above: float | None = None,
     ) -> Iterator[tuple[int, RunResult]]:

@@ -42,7 +42,7 @@ class ComputeLocationMutator:
 
     name = "compute_location"
 
-    def __init__(self, probability: float = 0.05, attempts: int = 8) -> None:
+    def __init__(self, probability: float = 1 / 3, attempts: int = 8) -> None:
         self.probability = probability
         self.attempts = attempts
 
@@ -65,8 +65,8 @@ class ComputeLocationMutator:
 
 
 BUILTIN_MUTATORS = (
-    CoreMutator("tile_size", 0.9, mutate_tile_size),
-    CoreMutator("categorical", 0.05, mutate_categorical),
-    ComputeLocationMutator(0.05),
+    CoreMutator("tile_size", 1 / 3, mutate_tile_size),
+    CoreMutator("categorical", 1 / 3, mutate_categorical),
+    ComputeLocationMutator(1 / 3),
 )
-"""The weights follow TVM MetaSchedule's CPU defaults (tile size 0.9; the rest share 0.1)."""
+"""Equal shares: a target sets its own (``TargetSpec.mutators``); these apply where it sets none."""

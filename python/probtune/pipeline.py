@@ -175,8 +175,10 @@ def open_pipeline(
         db = stack.enter_context(Database(db_path))
         if model is not None:
             _load_state(model, db, target)
-        builder = stack.enter_context(builder_factory(timeout=build_timeout))
-        runner = stack.enter_context(runner_factory(**runner_options))
+        builder = builder_factory(timeout=build_timeout)
+        stack.callback(builder.close)  # the Builder and Runner protocols ask for close(), not a context manager
+        runner = runner_factory(**runner_options)
+        stack.callback(runner.close)
         yield MeasurePipeline(db, target, builder, runner, model, scratch, trials=trials, progress=progress)
 
 
@@ -255,7 +257,7 @@ def _run(
         groups.setdefault(references[index].path, []).append(index)
     for indices in groups.values():
         artifacts = [built[i].artifact for i in indices]
-        for position, result in runner.run(references[indices[0]], artifacts, spec.tvm_target, stop_above=stop_above):
+        for position, result in runner.run(references[indices[0]], artifacts, spec, stop_above=stop_above):
             yield indices[position], result
 
 
@@ -263,7 +265,7 @@ def build(
     programs: list[tvm.IRModule | str], builder: Any, spec: TargetSpec, workdir: str
 ) -> tuple[dict[int, Any], list[int]]:
     """Build ``programs``: each one's build result by index, and the indices of those that gave an artifact."""
-    built = dict(builder.build(programs, spec.tvm_target, workdir, stack_buffer_bytes=spec.stack_buffer_bytes))
+    built = dict(builder.build(programs, spec, workdir))
     return built, [i for i in range(len(programs)) if built[i].artifact is not None]
 
 

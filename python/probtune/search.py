@@ -9,7 +9,7 @@ a program twice: not the same decisions, not the same program.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -105,7 +105,8 @@ class EvolutionarySearch:
     Each batch: an initial population of the best measured traces of this
     workload, the previous batch's ``carry`` best-scored unmeasured
     candidates and ``init_samples`` unmeasured random samples is evolved by
-    the registered mutators for ``generations`` generations (one: see
+    ``mutators`` (at their probability, or at ``weights`` by name: a
+    target's own) for ``generations`` generations (one: see
     ``BATCH_SIZE``), scored by ``model`` in one batched call per generation
     (replay, validators and features here, in Python; mutation, dedup and
     selection in Rust). The batch is the model's
@@ -136,6 +137,7 @@ class EvolutionarySearch:
         mutators: Sequence[Mutator],
         *,
         group: str,
+        weights: Mapping[str, float] | None = None,
         seen_decisions: set[int] | None = None,
         seen_programs: set[int] | None = None,
         measured: Sequence[tuple[Trace, float]] = (),
@@ -173,7 +175,8 @@ class EvolutionarySearch:
         self.seen = self._random.seen_decisions
         self.seen_programs = self._random.seen_programs
         self._measured = sorted(measured, key=lambda item: item[1])[:init_measured]  # fastest first
-        self._mutator_weights = [(m.name, float(m.probability)) for m in mutators]
+        weights = weights or {}
+        self._mutator_weights = [(m.name, float(weights.get(m.name, m.probability))) for m in mutators]
         context = space.context
         self._python_mutators = {
             m.name: (lambda trace, r, m=m: m.mutate(trace, r, context))

@@ -21,8 +21,8 @@ import tvm
 from probtune._core import Rng, Trace
 from probtune.constant_layouts import MeasuredForm
 from probtune.database import Database, Record
-from probtune.errors import NOT_REPLAYABLE, warn_caller
-from probtune.interfaces import CostModel, SpaceModule, TargetSpec
+from probtune.errors import NOT_REPLAYABLE, TuningConfigError, warn_caller
+from probtune.interfaces import CostModel, Mutator, SpaceModule, TargetSpec
 from probtune.measure import prepare_reference
 from probtune.plugins import get_registry
 from probtune.search import INIT_MEASURED, EvolutionarySearch, RandomSearch, SearchStrategy
@@ -138,12 +138,22 @@ def _make_search(
         for replayed in replayable(best, space, db.path)
         if replayed.record.mean_latency is not None
     ]
-    mutators = list(get_registry().mutators.values())
     options = {"realize_workers": _spare_cores(), **options}
     return EvolutionarySearch(
-        space, rng, model, mutators, group=work.key, measured=measured, seen_decisions=decisions, seen_programs=programs,
-        **options,
+        space, rng, model, target_mutators(spec), group=work.key, weights=spec.mutators, measured=measured,
+        seen_decisions=decisions, seen_programs=programs, **options,
     )
+
+
+def target_mutators(spec: TargetSpec) -> list[Mutator]:
+    """The registered mutators that ``spec`` names (all of them where it names none); an unknown name is an error."""
+    registered = get_registry().mutators
+    unknown = sorted(set(spec.mutators) - set(registered))
+    if unknown:
+        raise TuningConfigError(
+            f"target {spec.name!r} names unknown mutator(s) {', '.join(unknown)}; registered: {', '.join(sorted(registered))}"
+        )
+    return [registered[name] for name in spec.mutators] if spec.mutators else list(registered.values())
 
 
 def _spare_cores() -> int:

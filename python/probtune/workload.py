@@ -178,7 +178,7 @@ class Workload:
 
     @functools.cached_property
     def _untuned_executable(self) -> tvm.runtime.Executable:
-        # A generic llvm target runs on any x86/AArch64 host (no AVX-512 assumptions).
+        # The reference runs on the tuning machine's own CPU, whatever the target: plain LLVM code, no ISA extensions.
         return tvm.compile(self.mod, target=tvm.target.Target({"kind": "llvm"}))
 
     def _run_untuned(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:

@@ -44,7 +44,7 @@ _ERROR_CHARS = 2000
 class BuildTask:
     mod_json: str  # tvm.ir.save_json of the candidate: TVM objects do not pickle reliably
     target: dict[str, Any]
-    stack_buffer_bytes: int
+    compiler: Any  # the target's Compiler, or None for tvm.compile
     artifact_path: str
     scratch_dir: str  # export_library's object files: removed afterwards (by the parent if we die)
 
@@ -63,7 +63,7 @@ class RunTask:
     rtol: float
     atol: float
     artifact_path: str
-    device: str  # a tvm.device name: "cpu", "cuda", ...
+    device: int  # DLPack device type, as tvm.device takes it (1: the CPU, 2: CUDA, ...)
     repeat: int
     min_repeat_ms: float
     warmup: int
@@ -89,7 +89,7 @@ def build_worker_main(connection: Connection) -> None:
     import psutil
     import tvm
 
-    from probtune.codegen import compile_program
+    from probtune.codegen import compile_with
 
     me = psutil.Process()
 
@@ -97,7 +97,7 @@ def build_worker_main(connection: Connection) -> None:
         started = time.perf_counter()
         try:
             mod = tvm.ir.load_json(task.mod_json)
-            executable = compile_program(mod, task.target, stack_buffer_bytes=task.stack_buffer_bytes)
+            executable = compile_with(task.compiler, mod, task.target)
             os.makedirs(task.scratch_dir, exist_ok=True)
             executable.export_library(task.artifact_path, workspace_dir=task.scratch_dir)
         except Exception as error:  # noqa: BLE001 - a candidate TVM rejects is a result, not a worker failure

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import tvm
 
-from probtune.defaults import TVM_STACK_BYTES
+from probtune.interfaces import Compiler, TargetSpec
 from probtune.measure._process import WorkerProcess, WorkerStartError
 from probtune.measure._worker import BuildReply, BuildTask, build_worker_main
 from probtune.measure.results import BuildResult
@@ -34,7 +34,7 @@ class _Compilation(NamedTuple):
     """What every candidate of one ``build`` call is compiled for."""
 
     target: dict[str, Any]
-    stack_buffer_bytes: int
+    compiler: Compiler | None
 
 
 _STARTUP_TIMEOUT = 120.0  # importing TVM takes about a second; minutes mean something is broken
@@ -81,24 +81,22 @@ class LocalBuilder:
     def build(
         self,
         programs: Sequence[tvm.IRModule | str],
-        target: dict[str, Any],
+        target: TargetSpec,
         workdir: str | os.PathLike[str],
-        *,
-        stack_buffer_bytes: int = TVM_STACK_BYTES,
     ) -> Iterator[tuple[int, BuildResult]]:
         """Yield ``(index into programs, result)`` for every candidate, in the order they finish.
 
         A program is an ``IRModule`` or its ``tvm.ir.save_json`` text, compiled
-        by :func:`probtune.codegen.compile_program` with ``stack_buffer_bytes``.
+        as ``target`` compiles it (:func:`probtune.codegen.compile_for`).
 
         Stopping the iteration early kills the workers still compiling.
         """
         if not self._finalizer.alive:
             raise RuntimeError("this LocalBuilder is closed")
-        tvm.target.Target(target)  # a bad target fails here once, not once per candidate
+        tvm.target.Target(target.tvm_target)  # a bad target fails here once, not once per candidate
         workdir = Path(workdir).resolve()
         workdir.mkdir(parents=True, exist_ok=True)
-        return self._build(list(programs), _Compilation(dict(target), stack_buffer_bytes), workdir)
+        return self._build(list(programs), _Compilation(dict(target.tvm_target), target.compiler), workdir)
 
     def lend_workers(self, count: int) -> list[WorkerProcess]:
         """Up to ``count`` of the workers, started if need be and ready, for other tasks between builds.
@@ -183,7 +181,7 @@ class LocalBuilder:
             stem = workdir / f"candidate-{uuid.uuid4().hex}"
             program = programs[index]
             text = program if isinstance(program, str) else tvm.ir.save_json(program)
-            task = BuildTask(text, compilation.target, compilation.stack_buffer_bytes, f"{stem}.so", f"{stem}.tmp")
+            task = BuildTask(text, compilation.target, compilation.compiler, f"{stem}.so", f"{stem}.tmp")
             slot.worker.connection.send(task)
             slot.index, slot.task, slot.since = index, task, time.perf_counter()
 

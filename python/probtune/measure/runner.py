@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import tvm
 
+from probtune.interfaces import TargetSpec
 from probtune.measure._process import WorkerProcess
 from probtune.measure._worker import RunTask, run_worker_main
 from probtune.measure.results import BuildResult, MeasureReference, RunResult
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["LocalRunner", "prepare_reference", "save_reference"]
 
 _STARTUP_TIMEOUT = 120.0  # importing TVM takes about a second; minutes mean something is broken
-_DEVICE_OF_TARGET_KIND = {"llvm": "cpu", "c": "cpu"}  # other kinds ("cuda", ...) name their device
+_CPU = 1  # DLPack's device type of the host CPU
 
 
 def prepare_reference(
@@ -87,7 +89,7 @@ class LocalRunner:
     ``min_repeat_ms`` makes TVM's timer run each repeat that long (it picks how
     many calls one repeat makes); ``latencies`` are seconds per call, one per
     repeat.  ``num_threads`` sets TVM's thread pool in the child; ``None`` takes
-    the target's ``num-cores`` (TVM's own default on x86 is half the logical
+    the target's ``num-cores`` (TVM's own default is half the logical
     CPUs, as it assumes SMT, which would leave a core of this machine idle).
     With ``cache_flush``, every call is timed cold: all the candidate's
     arguments but the first (its weights and outputs) are flushed from the CPU
@@ -127,7 +129,7 @@ class LocalRunner:
         self,
         reference: MeasureReference,
         artifacts: Sequence[str | BuildResult | None],
-        target: dict[str, Any],
+        target: TargetSpec,
         *,
         stop_above: float | None = None,
     ) -> Iterator[tuple[int, RunResult]]:
@@ -145,11 +147,10 @@ class LocalRunner:
             raise ValueError(f"stop_above must not be negative, got {stop_above}")
         if not os.path.isfile(reference.path):
             raise FileNotFoundError(f"reference file {reference.path} does not exist")
-        kind = target["kind"]
-        device = _DEVICE_OF_TARGET_KIND.get(kind, kind)
-        if self.cache_flush and device != "cpu":
-            raise ValueError(f"cache_flush flushes CPU caches; target kind {kind!r} runs on device {device!r}")
-        threads = self.num_threads if self.num_threads is not None else target.get("num-cores")
+        device = int(tvm.target.Target(target.tvm_target).get_target_device_type())
+        if self.cache_flush and device != _CPU:
+            raise ValueError(f"cache_flush flushes CPU caches; target {target.name!r} runs on {tvm.device(device, 0)}")
+        threads = self.num_threads if self.num_threads is not None else target.tvm_target.get("num-cores")
         threads = None if threads is None else int(threads)
         return self._run(reference, list(artifacts), device, threads, stop_above)
 
@@ -167,7 +168,7 @@ class LocalRunner:
         self,
         reference: MeasureReference,
         artifacts: list[str | BuildResult | None],
-        device: str,
+        device: int,
         threads: int | None,
         stop_above: float | None,
     ) -> Iterator[tuple[int, RunResult]]:

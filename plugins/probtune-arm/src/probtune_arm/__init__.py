@@ -14,7 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 from probtune import TargetSpec, hookimpl
-from probtune_cpu.defaults import DEFAULT_LAYOUTS, DEFAULT_MODULES, DEFAULT_VALIDATORS
+from probtune_cpu.codegen import LLVMCompiler
+from probtune_cpu.defaults import DEFAULT_LAYOUTS, DEFAULT_MODULES, DEFAULT_MUTATORS, DEFAULT_VALIDATORS
+from probtune_cpu.host_cpu import CPURequirement
+from probtune_cpu.vector_unit import vector_attrs
 
 __all__ = ["make_targets"]
 
@@ -31,11 +34,13 @@ def make_targets() -> list[TargetSpec]:
                 "mattr": ["+neon"],
                 "num-cores": 4,
             },
-            vector_width=4,
-            vector_registers=32,
             modules=DEFAULT_MODULES,
             validators=DEFAULT_VALIDATORS,
+            mutators=DEFAULT_MUTATORS,
             layouts=DEFAULT_LAYOUTS,
+            attrs=vector_attrs(width=4, registers=32),
+            compiler=LLVMCompiler(),  # 32 registers of 16 bytes: under TVM's own stack cut-off
+            runs_here=CPURequirement(("aarch64", "arm64"), ("asimd",)),
             runner="rpc",
         ),
     ]

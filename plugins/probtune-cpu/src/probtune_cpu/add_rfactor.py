@@ -47,6 +47,7 @@ from probtune.schedule import BlockRV, ExprRV, Schedule
 from probtune.tir import REDUCTION, SPATIAL, loop_kinds, reuses_data
 from probtune_cpu.parallel_vectorize import PARALLEL_KEY, VECTORIZE_KEY
 from probtune_cpu.random_compute_location import PLACE_PRODUCERS_KEY, owns_untiled_nest
+from probtune_cpu.vector_unit import vector_width
 
 __all__ = ["AddRFactor"]
 
@@ -96,7 +97,7 @@ class AddRFactor:
         # the modules never visit the new block: ask for its parallel loop and vectors here (dropped
         # by the rewrite if it is placed inside its consumer's parallel loop nest)
         sch.annotate(partials, PARALLEL_KEY, self.max_jobs_per_core * ctx.target.num_cores)
-        sch.annotate(partials, VECTORIZE_KEY, ctx.target.vector_width)
+        sch.annotate(partials, VECTORIZE_KEY, vector_width(ctx.target))
 
     def _kinds_if_wanted(
         self, raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV, ctx: SpaceContext
@@ -114,7 +115,7 @@ class AddRFactor:
             return None
         spatial = prod(int(e) for e, kind in zip(extents, kinds) if kind == SPATIAL)
         reduction = prod(int(e) for e, kind in zip(extents, kinds) if kind == REDUCTION)
-        if reduction < self.min_vectors * ctx.target.vector_width:
+        if reduction < self.min_vectors * vector_width(ctx.target):
             return None
         if reuses_data(sblock) and not spatial < min(reduction, ctx.target.num_cores * self.max_jobs_per_core):
             return None

@@ -1,4 +1,4 @@
-"""The module and validator lists and the model layouts every CPU target uses by default.
+"""The module, validator and mutator lists and the model layouts every CPU target uses by default.
 
 Target plugins (probtune-x86, probtune-arm) import these, so that a module
 added to the CPU space reaches every CPU target at once.
@@ -6,7 +6,7 @@ added to the CPU space reaches every CPU target at once.
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_LAYOUTS", "DEFAULT_MODULES", "DEFAULT_VALIDATORS"]
+__all__ = ["DEFAULT_LAYOUTS", "DEFAULT_MODULES", "DEFAULT_MUTATORS", "DEFAULT_VALIDATORS"]
 
 # auto-inline first, so tiling sees single elementwise consumers; add-rfactor before tiling splits the
 # loop nest; random-compute-location last, since its inline decision removes the block
@@ -33,6 +33,9 @@ DEFAULT_VALIDATORS = (
     "verify-parallel",
     "verify-unroll-size",
 )
+
+DEFAULT_MUTATORS = {"tile_size": 0.9, "categorical": 0.05, "compute_location": 0.05}
+"""Mutators by probability, after TVM MetaSchedule's CPU defaults (tile sizes 0.9; the rest share 0.1)."""
 
 # Channels last: a convolution's output channels are the innermost, vectorized dimension, a whole number
 # of vectors at any feature-map size (NCHW vectorizes the width, 7 or 14 in late CNN stages), and HWIO

@@ -46,6 +46,7 @@ from probtune.errors import last_line
 from probtune.schedule import BlockRV, LoopRV, Schedule
 from probtune.tir import REDUCTION, SPATIAL, at_root, contiguous_along, indexing_dims, loop_kinds, reuses_data, sblock_names
 from probtune_cpu.parallel_vectorize import PARALLEL_KEY, UNROLL_KEY, VECTORIZE_KEY
+from probtune_cpu.vector_unit import vector_register_bytes, vector_width
 
 __all__ = [
     "PACKED_DIM_KEY",
@@ -224,7 +225,7 @@ class MultiLevelTiling:
         them). Under the prior, 30% of conv2d draws (6% without) and 86% of
         12x128x128x64 batch matmul draws (48%) are in the range.
         """
-        low, high = (share * ctx.target.vector_register_bytes for share in self.register_tile)
+        low, high = (share * vector_register_bytes(ctx.target) for share in self.register_tile)
         weight = 1.0
         for name in sblock_names(sch):
             tile = accumulator_bytes(sch, sch.get_sblock(name))
@@ -252,15 +253,15 @@ class MultiLevelTiling:
         # the reads that are the same for every iteration of some other spatial loop (a copy of them is reused)
         reused_over = [indexing_dims(raw, block_rv, sch.resolve(loop)) for loop in spatial[:-1] if sch.loop_extent(loop) != 1]
         packed = self._packable_inputs(sch, block, spatial, reused_over)
-        vector_loop = self._vector_loop(sch, block, spatial[-1], ctx.target.vector_width, packed)
+        vector_loop = self._vector_loop(sch, block, spatial[-1], vector_width(ctx.target), packed)
         panels = self._panel_inputs(sch, block, spatial, reductions, reused_over) if vector_loop is not None else []
         lanes_loop: LoopRV | None = None
         for loop, kind in zip(loops, kinds):
             depth = len(levels[kind])
             max_innermost = self.max_innermost_factor
             if loop == vector_loop:
-                loop, lanes_loop = sch.split(loop, [None, ctx.target.vector_width])
-                max_innermost = max(1, self.max_innermost_factor // ctx.target.vector_width)
+                loop, lanes_loop = sch.split(loop, [None, vector_width(ctx.target)])
+                max_innermost = max(1, self.max_innermost_factor // vector_width(ctx.target))
             tiles = sch.sample_perfect_tile(loop, depth, max_innermost)
             for level, tile_loop in zip(levels[kind], sch.split(loop, tiles)):
                 level.append(tile_loop)

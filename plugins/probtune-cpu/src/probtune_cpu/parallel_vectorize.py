@@ -21,6 +21,7 @@ from probtune import SpaceContext
 from probtune.errors import last_line
 from probtune.schedule import BlockRV, Schedule
 from probtune.tir import REDUCTION, SPATIAL, at_root, contiguous_along, loop_kinds, sblock_names
+from probtune_cpu.vector_unit import vector_width
 
 __all__ = [
     "PARALLEL_KEY",
@@ -77,7 +78,7 @@ class ParallelVectorize:
         raw, block_rv = sch.tvm, sch.resolve(block)
         if not at_root(raw, block_rv):
             return
-        lanes = ctx.target.vector_width
+        lanes = vector_width(ctx.target)
         sch.annotate(block, PARALLEL_KEY, self.jobs_per_core * ctx.target.num_cores)
         sch.annotate(block, VECTORIZE_KEY, lanes)
         innermost = raw.get_loops(block_rv)[-1]

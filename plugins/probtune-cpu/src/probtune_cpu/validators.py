@@ -17,6 +17,7 @@ from probtune import SpaceContext
 from probtune.tir import as_list, child_stmts, identity, iter_stmts
 from probtune_cpu.parallel_vectorize import MAX_VECTORS_PER_LOOP
 from probtune_cpu.stored_values import map_bottom_up
+from probtune_cpu.vector_unit import vector_width
 
 __all__ = ["VerifyParallel", "VerifyStaticLoops", "VerifyUnrollSize", "VerifyVectorize", "estimate_unrolled_size"]
 
@@ -94,7 +95,7 @@ class VerifyVectorize:
     max_vectors: int = MAX_VECTORS_PER_LOOP
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
-        max_lanes = self.max_vectors * ctx.target.vector_width
+        max_lanes = self.max_vectors * vector_width(ctx.target)
         for loop in _loops(sch.mod["main"], tirx.ForKind.VECTORIZED):
             name, lanes = loop.loop_var.name, _constant(loop.extent)
             if lanes is None:
@@ -208,7 +209,7 @@ class VerifyUnrollSize:
     max_vector_ops: int = 1024
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
-        size = estimate_unrolled_size(sch.mod["main"].body, ctx.target.vector_width)
+        size = estimate_unrolled_size(sch.mod["main"].body, vector_width(ctx.target))
         if size > self.max_vector_ops:
             return f"about {size} vector operations once unrolled, more than {self.max_vector_ops}"
         return None

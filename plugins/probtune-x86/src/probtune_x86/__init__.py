@@ -12,9 +12,10 @@ from collections.abc import Callable
 from typing import Any
 
 from probtune import TargetSpec, hookimpl
-from probtune.interfaces import TVM_STACK_BYTES
-from probtune.targets import cpu_features
-from probtune_cpu.defaults import DEFAULT_LAYOUTS, DEFAULT_MODULES, DEFAULT_VALIDATORS
+from probtune_cpu.codegen import TVM_STACK_BYTES, LLVMCompiler
+from probtune_cpu.defaults import DEFAULT_LAYOUTS, DEFAULT_MODULES, DEFAULT_MUTATORS, DEFAULT_VALIDATORS
+from probtune_cpu.host_cpu import CPURequirement, cpu_features
+from probtune_cpu.vector_unit import vector_attrs
 
 __all__ = ["make_targets"]
 
@@ -23,58 +24,63 @@ AVX512_REGISTER_FILE_BYTES = 32 * 64
 """32 zmm registers of 64 bytes: a buffer smaller than this may stay on the stack, and so in registers
 (AVX2's 16 ymm registers hold 512 bytes, under TVM's own 1 KB cut-off)."""
 
+X86_64 = ("x86_64", "AMD64")  # platform.machine() on Linux and Windows
+
+
+def _cpu_target(name: str, description: str, tvm_target: dict[str, Any], width: int, **fields: Any) -> TargetSpec:
+    """A target with the CPU space, its vector unit (AVX-512 has 32 vector registers, the others 16), and its compiler."""
+    registers = 32 if width == 16 else 16
+    stack_bytes = AVX512_REGISTER_FILE_BYTES if width == 16 else TVM_STACK_BYTES
+    return TargetSpec(
+        name=name,
+        description=description,
+        tvm_target=tvm_target,
+        modules=DEFAULT_MODULES,
+        validators=DEFAULT_VALIDATORS,
+        mutators=DEFAULT_MUTATORS,
+        layouts=DEFAULT_LAYOUTS,
+        attrs=vector_attrs(width, registers),
+        compiler=LLVMCompiler(stack_bytes),
+        **fields,
+    )
+
 
 def _host_target(cores: int) -> TargetSpec:
     from tvm.target import codegen
 
     features = cpu_features()
     width = 16 if "avx512f" in features else 8 if "avx2" in features else 4
-    return TargetSpec(
-        name="host",
-        description=f"this machine's CPU ({codegen.llvm_get_system_cpu()}, {width} fp32 lanes)",
-        tvm_target={"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu(), "num-cores": cores},
-        vector_width=width,
-        vector_registers=32 if width == 16 else 16,
-        modules=DEFAULT_MODULES,
-        validators=DEFAULT_VALIDATORS,
-        layouts=DEFAULT_LAYOUTS,
-        stack_buffer_bytes=AVX512_REGISTER_FILE_BYTES if width == 16 else TVM_STACK_BYTES,
+    cpu = codegen.llvm_get_system_cpu()
+    return _cpu_target(
+        "host",
+        f"this machine's CPU ({cpu}, {width} fp32 lanes)",
+        {"kind": "llvm", "mcpu": cpu, "num-cores": cores},
+        width,
     )
 
 
 def make_targets() -> list[TargetSpec]:
     cores = os.cpu_count() or 1
     return [
-        TargetSpec(
-            name="x86-avx512",
-            description="x86-64 with AVX-512 (Zen 4 / Skylake-AVX512 class), 16 fp32 lanes",
-            tvm_target={"kind": "llvm", "mcpu": "znver4", "num-cores": cores},
-            vector_width=16,
-            vector_registers=32,
-            modules=DEFAULT_MODULES,
-            validators=DEFAULT_VALIDATORS,
-            layouts=DEFAULT_LAYOUTS,
-            required_cpu_features=("avx512f", "avx512bw", "avx512vl"),
-            stack_buffer_bytes=AVX512_REGISTER_FILE_BYTES,
+        _cpu_target(
+            "x86-avx512",
+            "x86-64 with AVX-512 (Zen 4 / Skylake-AVX512 class), 16 fp32 lanes",
+            {"kind": "llvm", "mcpu": "znver4", "num-cores": cores},
+            16,
+            runs_here=CPURequirement(X86_64, ("avx512f", "avx512bw", "avx512vl")),
         ),
-        TargetSpec(
-            name="x86-avx2",
-            description="x86-64 with AVX2 and FMA (Haswell / Zen 2-3 class), 8 fp32 lanes",
-            tvm_target={"kind": "llvm", "mcpu": "core-avx2", "num-cores": cores},
-            vector_width=8,
-            modules=DEFAULT_MODULES,
-            validators=DEFAULT_VALIDATORS,
-            layouts=DEFAULT_LAYOUTS,
-            required_cpu_features=("avx2", "fma"),
+        _cpu_target(
+            "x86-avx2",
+            "x86-64 with AVX2 and FMA (Haswell / Zen 2-3 class), 8 fp32 lanes",
+            {"kind": "llvm", "mcpu": "core-avx2", "num-cores": cores},
+            8,
+            runs_here=CPURequirement(X86_64, ("avx2", "fma")),
         ),
-        TargetSpec(
-            name="llvm",
-            description="generic LLVM CPU code for the host architecture, no ISA assumptions",
-            tvm_target={"kind": "llvm", "num-cores": cores},
-            vector_width=4,
-            modules=DEFAULT_MODULES,
-            validators=DEFAULT_VALIDATORS,
-            layouts=DEFAULT_LAYOUTS,
+        _cpu_target(
+            "llvm",
+            "generic LLVM CPU code for the host architecture, no ISA assumptions",
+            {"kind": "llvm", "num-cores": cores},
+            4,
         ),
         _host_target(cores),
     ]

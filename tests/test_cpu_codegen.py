@@ -1,7 +1,8 @@
-"""probtune.codegen: TVM's lowering, with register-sized buffers kept on the stack."""
+"""probtune_cpu.codegen: TVM's lowering, with register-sized buffers kept on the stack."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -10,9 +11,9 @@ import tvm
 from conftest import matmul_module, run_module
 from tvm import s_tir
 
-from probtune.codegen import TVM_STACK_BYTES, compile_program
 from probtune.measure import LocalBuilder
 from probtune.targets import resolve_target
+from probtune_cpu.codegen import TVM_STACK_BYTES, LLVMCompiler, compile_program
 
 WORKSPACE_CALL = "TVMBackendAllocWorkspace"
 AVX512_STACK_BYTES = 2048
@@ -68,11 +69,11 @@ def test_compile_program_takes_a_target_or_its_dict(host, stack_buffer_bytes):
         _assert_computes_the_matmul(lib)
 
 
-def test_the_builder_compiles_with_the_stack_limit_it_is_given(host, tmp_path):
+def test_the_builder_compiles_as_the_target_says(host, tmp_path):
     mod = _matmul_with_write_cache(8, 32)
     with LocalBuilder(workers=1) as builder:
         artifacts = {
-            limit: dict(builder.build([mod], host.tvm_target, tmp_path / str(limit), stack_buffer_bytes=limit))[0].artifact
+            limit: dict(builder.build([mod], replace(host, compiler=LLVMCompiler(limit)), tmp_path / str(limit)))[0].artifact
             for limit in (TVM_STACK_BYTES, AVX512_STACK_BYTES)
         }
     calls = {limit: WORKSPACE_CALL.encode() in Path(path).read_bytes() for limit, path in artifacts.items()}
@@ -80,5 +81,5 @@ def test_the_builder_compiles_with_the_stack_limit_it_is_given(host, tmp_path):
 
 
 def test_x86_targets_keep_what_their_vector_registers_hold_on_the_stack():
-    assert resolve_target("x86-avx512").stack_buffer_bytes == 32 * 64
-    assert resolve_target("x86-avx2").stack_buffer_bytes == TVM_STACK_BYTES  # 16 x 32 bytes: under TVM's cut-off
+    assert resolve_target("x86-avx512").compiler == LLVMCompiler(32 * 64)
+    assert resolve_target("x86-avx2").compiler == LLVMCompiler(TVM_STACK_BYTES)  # 16 x 32 bytes: under TVM's cut-off
