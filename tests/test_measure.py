@@ -29,6 +29,7 @@ from probtune.measure import (
     LocalBuilder,
     LocalRunner,
     MeasureReference,
+    MeasureStatus,
     RunResult,
     prepare_reference,
 )
@@ -205,6 +206,10 @@ def test_build_failure_is_reported_and_passed_on_by_the_runner(
     assert results[0].status == "build_error" and results[0].error == failed.error
     assert results[1].status == "ok", results[1].error
     assert results[2].status == "build_error"
+    # one status type for the builder's results and the runner's
+    assert failed.status is MeasureStatus.BUILD_ERROR and built["good"].status is MeasureStatus.OK
+    assert [result.status for result in results] == [MeasureStatus.BUILD_ERROR, MeasureStatus.OK, MeasureStatus.BUILD_ERROR]
+    assert all(type(result.status) is MeasureStatus for result in results)
 
 
 def test_correct_candidate_is_timed(

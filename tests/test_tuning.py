@@ -14,6 +14,7 @@ import warnings
 
 import numpy as np
 import pytest
+import tvm
 from conftest import matmul_module, run_module
 
 import probtune
@@ -53,6 +54,54 @@ def test_tune_matmul_end_to_end(tmp_path):
         records = database.records(workload.id)
         assert len(records) == 6 and all(r.status == "ok" and r.latencies for r in records)
         assert database.best(workload.id, "host")[0].id == result.best.id
+
+
+def test_a_builder_and_runner_made_by_the_caller_measure_and_stay_open_for_the_next_run(tmp_path):
+    db = tmp_path / "tuning.db"
+    with probtune.LocalBuilder(workers=1) as builder, probtune.LocalRunner(repeat=2, min_repeat_ms=1) as runner:
+        first = probtune.tune("matmul", trials=3, database=db, builder=builder, runner=runner, confirm=0, **SMALL)
+        second = probtune.tune("matmul", trials=2, database=db, builder=builder, runner=runner, confirm=0, **SMALL)
+        assert first.measured == 3 and second.measured == 2
+        with Database(db) as database:
+            records = database.records(database.workloads()[0].id)
+    assert len(records) == 5 and all(r.status == probtune.MeasureStatus.OK for r in records)
+    # the given runner's two repeats (a candidate far slower than the best gets one), not the default three
+    assert {len(r.latencies) for r in records} <= {1, 2} and any(len(r.latencies) == 2 for r in records)
+    assert {r.target for r in records} == {"host"}
+
+
+def test_a_runner_that_flushes_the_caches_keeps_its_records_apart(tmp_path):
+    db = tmp_path / "tuning.db"
+    with probtune.LocalRunner(cache_flush=True, min_repeat_ms=1) as cold:
+        probtune.tune("matmul", trials=2, database=db, runner=cold, confirm=0, **SMALL)
+        with pytest.raises(probtune.TuningConfigError, match=r"cache_flush=False but the runner given flushes"):
+            probtune.tune_model(_tiny_relax_model(), trials=1, runner=cold, cache_flush=False, database=db)
+    with Database(db) as database:
+        assert {r.target for r in database.records(database.workloads()[0].id)} == {"host+cold-cache"}
+
+
+def _tiny_relax_model():
+    from tvm import relax
+    from tvm.script import relax as R
+
+    @tvm.script.ir_module
+    class Tiny:
+        @R.function
+        def main(x: R.Tensor((4, 4), "float32")) -> R.Tensor((4, 4), "float32"):
+            with R.dataflow():
+                y = R.add(x, x)
+                R.output(y)
+            return y
+
+    assert isinstance(Tiny["main"], relax.Function)
+    return Tiny
+
+
+def test_an_unknown_builder_or_runner_name_is_named(tmp_path):
+    with pytest.raises(probtune.PluginError, match=r"builder 'far-away'.*registered builders: local"):
+        probtune.tune("matmul", trials=1, database=tmp_path / "t.db", builder="far-away", **SMALL)
+    with pytest.raises(probtune.PluginError, match=r"runner 'far-away'.*registered runners: local"):
+        probtune.tune("matmul", trials=1, database=tmp_path / "t.db", runner="far-away", **SMALL)
 
 
 def test_second_run_continues_from_the_database(tmp_path):

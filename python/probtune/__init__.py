@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     )
     from probtune.hookspecs import hookimpl
     from probtune.interfaces import SpaceContext, TargetSpec
+    from probtune.measure import LocalBuilder, LocalRunner, MeasureStatus
     from probtune.model import CompiledModel, Model, ModelTuneResult, load_model, tune_model
     from probtune.schedule import BlockRV, ExprRV, LoopRV, Schedule
     from probtune.space import DesignSpace, generate_space
@@ -51,7 +52,10 @@ __all__ = [
     "DesignSpace",
     "ExprRV",
     "InvalidDecisionError",
+    "LocalBuilder",
+    "LocalRunner",
     "LoopRV",
+    "MeasureStatus",
     "Model",
     "ModelCheckError",
     "ModelImportError",
@@ -111,6 +115,9 @@ _SOURCE_OF = {
     "TargetSpec": "probtune.interfaces",
     "SpaceContext": "probtune.interfaces",
     "Database": "probtune.database",
+    "LocalBuilder": "probtune.measure",
+    "LocalRunner": "probtune.measure",
+    "MeasureStatus": "probtune.measure",
     "Record": "probtune.database",
     "hookimpl": "probtune.hookspecs",
     **{name: "probtune.errors" for name in __all__ if name.endswith("Error")},

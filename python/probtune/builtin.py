@@ -38,11 +38,11 @@ def probtune_register_mutators(register: Callable[[Any], None]) -> None:
 def probtune_register_builders(register: Callable[[str, Any], None]) -> None:
     from probtune.measure import LocalBuilder
 
-    register("local", LocalBuilder)
+    register(LocalBuilder.name, LocalBuilder)
 
 
 @hookimpl
 def probtune_register_runners(register: Callable[[str, Any], None]) -> None:
     from probtune.measure import LocalRunner
 
-    register("local", LocalRunner)
+    register(LocalRunner.name, LocalRunner)

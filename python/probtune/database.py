@@ -29,6 +29,7 @@ import tvm
 import tvm_ffi
 
 from probtune.errors import DatabaseError, DatabaseRowError, SchemaVersionError, warn_caller
+from probtune.measure.results import MeasureStatus
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -40,16 +41,8 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 
-STATUSES: tuple[str, ...] = (
-    "ok",
-    "build_error",
-    "run_error",
-    "timeout",
-    "crash",
-    "wrong_result",
-    "invalid",
-)
-"""Outcomes of a candidate; "invalid" means it was rejected before measurement."""
+STATUSES: tuple[str, ...] = tuple(status.value for status in MeasureStatus)
+"""Outcomes of a candidate, as records hold them."""
 
 _CREATED_BY = "probtune"
 _BUSY_TIMEOUT_SECONDS = 30.0

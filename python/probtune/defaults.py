@@ -6,7 +6,7 @@ Nothing is imported here, so that the CLI can read them before TVM loads.
 from __future__ import annotations
 
 __all__ = [
-    "BATCH_SIZE", "BUILD_TIMEOUT", "CONFIRM", "MODEL_CACHE_FLUSH", "MODEL_TRIALS", "OPERATOR_TRIALS", "RUN_TIMEOUT",
+    "BATCH_SIZE", "BUILD_TIMEOUT", "CONFIRM", "LOCAL", "MODEL_CACHE_FLUSH", "MODEL_TRIALS", "OPERATOR_TRIALS", "RUN_TIMEOUT",
     "SCHEDULER",
 ]
 
@@ -36,6 +36,9 @@ MODEL_CACHE_FLUSH = True
 
 Timed warm, a task's latency leaves out what reading its weights costs once
 other layers have run, and the estimated model time falls short of the real one."""
+
+LOCAL = "local"
+"""The registered name of the builder and the runner that measure on this machine: a target's default."""
 
 SCHEDULER = "gradient"
 """The task scheduler of a model's run."""

@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from probtune.defaults import LOCAL
+
 if TYPE_CHECKING:
     import numpy as np
     import tvm
@@ -57,8 +59,8 @@ class TargetSpec:
     modules: tuple[str, ...]
     validators: tuple[str, ...] = ()
     mutators: Mapping[str, float] = field(default_factory=dict)
-    builder: str = "local"
-    runner: str = "local"
+    builder: str = LOCAL
+    runner: str = LOCAL
     attrs: Mapping[str, Any] = field(default_factory=dict)
     compiler: Compiler | None = None
     """How a finished program is compiled, by the builder and by :func:`probtune.compile_best` alike; None: ``tvm.compile``.

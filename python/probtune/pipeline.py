@@ -22,9 +22,10 @@ import tvm
 
 from probtune.constant_layouts import MeasuredForm
 from probtune.database import Database, Record
-from probtune.errors import PluginError, warn_caller
-from probtune.interfaces import CostModel, TargetSpec
-from probtune.measure import MeasureReference
+from probtune.defaults import LOCAL
+from probtune.errors import PluginError, TuningConfigError, warn_caller
+from probtune.interfaces import Builder, CostModel, Runner, TargetSpec
+from probtune.measure import MeasureReference, MeasureStatus
 from probtune.plugins import get_registry
 from probtune.session import TaskSession, replayable
 from probtune.space import Candidate, DesignSpace
@@ -150,36 +151,73 @@ def open_pipeline(
     build_timeout: float,
     run_timeout: float,
     progress: Progress | None = None,
-    cache_flush: bool = False,
+    cache_flush: bool | None = None,
+    builder: str | Builder | None = None,
+    runner: str | Runner | None = None,
 ) -> Iterator[MeasurePipeline]:
-    """A pipeline for ``target`` with the target's builder and runner, recording into ``database``.
+    """A pipeline for ``target`` recording into ``database`` (None: a temporary file).
 
-    ``database`` None records into a temporary file. The cost model's saved
-    state, if the database holds one, is loaded into ``model``. With
-    ``cache_flush`` the runner times every call with cold caches, and the
+    ``builder`` and ``runner`` are objects (used as they are, with their own
+    settings, and left open for their owner), registered names, or None for
+    the target's own; the pipeline makes a named one with ``build_timeout`` or
+    ``run_timeout`` and closes it at the end. The cost model's saved state,
+    if the database holds one, is loaded into ``model``.
+
+    With ``cache_flush`` the runner times every call with cold caches, and the
     records (and the cost model) are kept under the target's name followed by
-    ``COLD_CACHE``, apart from warm timings of the same programs.
+    ``COLD_CACHE``, apart from warm timings of the same programs. None takes
+    a runner object's own ``cache_flush``, and warm timings from a named one.
     """
-    registry = get_registry()
-    builder_factory = _factory("builder", registry.builders, target.builder, target.name)
-    runner_factory = _factory("runner", registry.runners, target.runner, target.name)
-    if target.runner == "local":
-        check_runs_here(target)
-    runner_options: dict[str, Any] = {"timeout": run_timeout}
-    if cache_flush:  # only then: a runner factory need not know the option
-        runner_options["cache_flush"] = True
-        target = dataclasses.replace(target, name=target.name + COLD_CACHE)
     with contextlib.ExitStack() as stack:
+        built_by = _builder(builder, target, build_timeout, stack)
+        runs_on, cold = _runner(runner, target, run_timeout, cache_flush, stack)
+        if cold:
+            target = dataclasses.replace(target, name=target.name + COLD_CACHE)
         scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="probtune-"))
         db_path = Path(database) if database is not None else Path(scratch) / "tuning.db"
         db = stack.enter_context(Database(db_path))
         if model is not None:
             _load_state(model, db, target)
-        builder = builder_factory(timeout=build_timeout)
-        stack.callback(builder.close)  # the Builder and Runner protocols ask for close(), not a context manager
-        runner = runner_factory(**runner_options)
-        stack.callback(runner.close)
-        yield MeasurePipeline(db, target, builder, runner, model, scratch, trials=trials, progress=progress)
+        yield MeasurePipeline(db, target, built_by, runs_on, model, scratch, trials=trials, progress=progress)
+
+
+def _builder(builder: str | Builder | None, target: TargetSpec, timeout: float, stack: contextlib.ExitStack) -> Builder:
+    """The builder object to use; one made here is closed with ``stack``."""
+    if builder is not None and not isinstance(builder, str):
+        return builder
+    factory = _factory("builder", get_registry().builders, builder or target.builder, target.name)
+    made: Builder = factory(timeout=timeout)
+    stack.callback(made.close)  # the Builder and Runner protocols ask for close(), not a context manager
+    return made
+
+
+def _runner(
+    runner: str | Runner | None, target: TargetSpec, timeout: float, cache_flush: bool | None, stack: contextlib.ExitStack
+) -> tuple[Runner, bool]:
+    """The runner object to use and whether it times with cold caches; one made here is closed with ``stack``."""
+    if runner is not None and not isinstance(runner, str):
+        flushes = bool(getattr(runner, "cache_flush", False))
+        if cache_flush is not None and cache_flush != flushes:
+            raise TuningConfigError(
+                f"cache_flush={cache_flush} but the runner given {'flushes' if flushes else 'does not flush'} the caches: "
+                f"make the runner with cache_flush={cache_flush}, or leave cache_flush out"
+            )
+        _check_runs_here(runner.name, target)
+        return runner, flushes
+    name = runner or target.runner
+    factory = _factory("runner", get_registry().runners, name, target.name)
+    _check_runs_here(name, target)
+    options: dict[str, Any] = {"timeout": timeout}
+    if cache_flush:  # only then: a runner factory need not know the option
+        options["cache_flush"] = True
+    made: Runner = factory(**options)
+    stack.callback(made.close)
+    return made, bool(cache_flush)
+
+
+def _check_runs_here(runner: str, target: TargetSpec) -> None:
+    if runner == LOCAL:
+        check_runs_here(target)
 
 
 def resolve_cost_model(model: str | CostModel, seed: int) -> CostModel:
@@ -235,7 +273,7 @@ def measure(
     built, runnable = build([program for program, _ in measured], builder, spec, workdir)
     for index in range(len(batch)):
         if built[index].artifact is None:
-            yield batch[index], "build_error", (), built[index].error, built[index].seconds, None
+            yield batch[index], MeasureStatus.BUILD_ERROR, (), built[index].error, built[index].seconds, None
     stop_above = best_latency * CLEARLY_SLOWER if best_latency is not None else None
     references = [reference for _, reference in measured]
     for index, result in _run(runner, built, runnable, references, spec, stop_above):

@@ -18,7 +18,7 @@ from probtune.codegen import compile_for
 from probtune.database import Database, Record
 from probtune.defaults import BATCH_SIZE, BUILD_TIMEOUT, CONFIRM, OPERATOR_TRIALS, RUN_TIMEOUT
 from probtune.errors import TuningConfigError
-from probtune.interfaces import CostModel, SpaceModule, TargetSpec
+from probtune.interfaces import Builder, CostModel, Runner, SpaceModule, TargetSpec
 from probtune.pipeline import Progress, TrialOutcome, open_pipeline, resolve_cost_model
 from probtune.plugins import get_registry
 from probtune.session import TaskSession, best_replayable
@@ -97,6 +97,8 @@ def tune(
     run_timeout: float = RUN_TIMEOUT,
     confirm: int = CONFIRM,
     progress: Progress | None = None,
+    builder: str | Builder | None = None,
+    runner: str | Runner | None = None,
 ) -> TuneResult:
     """Tune ``workload`` for ``target`` with ``trials`` new measurements, recorded in ``database``.
 
@@ -116,6 +118,11 @@ def tune(
     is the one whose pass was luckiest. If a record timed once then leads,
     the new best ones are timed again too, until the best is a record timed
     again. ``confirm=0`` skips it.
+
+    ``builder`` and ``runner`` measure the candidates: objects such as
+    ``LocalRunner(repeat=5)`` (used with their own settings and timeouts,
+    and left open, so that one can serve several runs), names of registered
+    ones, or None for the target's own.
     """
     check_tuning_options(trials, batch_size, confirm, strategy)
     spec = resolve_target(target)
@@ -124,8 +131,8 @@ def tune(
     started = time.perf_counter()
     with contextlib.ExitStack() as stack:
         pipeline = stack.enter_context(
-            open_pipeline(spec, database, model, trials=trials, build_timeout=build_timeout,
-                          run_timeout=run_timeout, progress=progress)
+            open_pipeline(spec, database, model, trials=trials, build_timeout=build_timeout, run_timeout=run_timeout,
+                          progress=progress, builder=builder, runner=runner)
         )
         options = {"realize_helpers": pipeline.realize_helpers, **(search_options or {})}
         session = TaskSession.open(

@@ -12,7 +12,7 @@ from probtune._lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from probtune.measure.builder import LocalBuilder
-    from probtune.measure.results import BuildResult, MeasureReference, RunResult
+    from probtune.measure.results import BuildResult, MeasureReference, MeasureStatus, RunResult
     from probtune.measure.runner import LocalRunner, prepare_reference, save_reference
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "LocalBuilder",
     "LocalRunner",
     "MeasureReference",
+    "MeasureStatus",
     "RunResult",
     "prepare_reference",
     "save_reference",
@@ -32,6 +33,7 @@ _SOURCE_OF = {
     "LocalBuilder": "probtune.measure.builder",
     "LocalRunner": "probtune.measure.runner",
     "MeasureReference": "probtune.measure.results",
+    "MeasureStatus": "probtune.measure.results",
     "RunResult": "probtune.measure.results",
     "prepare_reference": "probtune.measure.runner",
     "save_reference": "probtune.measure.runner",

@@ -73,7 +73,7 @@ class RunTask:
 
 @dataclass(frozen=True)
 class RunReply:
-    status: str  # "ok", "wrong_result" or "run_error"
+    status: str  # a MeasureStatus value: "ok", "wrong_result" or "run_error" (plain text crosses the pipe)
     latencies: tuple[float, ...]
     error: str | None
 

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 import tvm
 
+from probtune.defaults import LOCAL
 from probtune.interfaces import Compiler, TargetSpec
 from probtune.measure._process import WorkerProcess, WorkerStartError
 from probtune.measure._worker import BuildReply, BuildTask, build_worker_main
@@ -62,7 +63,7 @@ class LocalBuilder:
     left in ``workdir`` for the caller to delete.
     """
 
-    name = "local"
+    name = LOCAL
 
     def __init__(self, workers: int | None = None, timeout: float = 60.0, max_worker_mb: float = 1024.0) -> None:
         if workers is not None and workers < 1:

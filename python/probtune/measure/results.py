@@ -7,8 +7,24 @@ these types without importing the measurement machinery.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
-__all__ = ["BuildResult", "MeasureReference", "RunResult"]
+__all__ = ["BuildResult", "MeasureReference", "MeasureStatus", "RunResult"]
+
+
+class MeasureStatus(str, Enum):
+    """What became of a candidate: the one status type of builders, runners and database records alike."""
+
+    OK = "ok"
+    BUILD_ERROR = "build_error"
+    RUN_ERROR = "run_error"  # it loaded or ran with an error
+    TIMEOUT = "timeout"
+    CRASH = "crash"  # it took the process that ran it down
+    WRONG_RESULT = "wrong_result"
+    INVALID = "invalid"  # rejected before measurement
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -19,17 +35,20 @@ class BuildResult:
     error: str | None
     seconds: float  # compile and export time, or until the worker was found dead or too slow
 
+    @property
+    def status(self) -> MeasureStatus:
+        return MeasureStatus.OK if self.artifact is not None else MeasureStatus.BUILD_ERROR
+
 
 @dataclass(frozen=True)
 class RunResult:
     """One candidate's measurement.
 
-    ``status`` is "ok", "build_error", "run_error", "timeout", "crash" or
-    "wrong_result"; ``latencies`` (seconds per call, one per repeat) are given
-    for "ok" only, ``error`` says what went wrong otherwise.
+    ``latencies`` (seconds per call, one per repeat) are given for
+    ``MeasureStatus.OK`` only, ``error`` says what went wrong otherwise.
     """
 
-    status: str
+    status: MeasureStatus
     latencies: tuple[float, ...]
     error: str | None
     seconds: float  # wall time spent on this candidate

@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tvm
 
+from probtune.defaults import LOCAL
 from probtune.interfaces import TargetSpec
 from probtune.measure._process import WorkerProcess
 from probtune.measure._worker import RunTask, run_worker_main
-from probtune.measure.results import BuildResult, MeasureReference, RunResult
+from probtune.measure.results import BuildResult, MeasureReference, MeasureStatus, RunResult
 
 if TYPE_CHECKING:
     from probtune.workload import Workload
@@ -96,7 +97,7 @@ class LocalRunner:
     caches before it, as they are when the kernel runs inside a whole model.
     """
 
-    name = "local"
+    name = LOCAL
 
     def __init__(
         self,
@@ -179,7 +180,7 @@ class LocalRunner:
                 artifact, build_error = item, None
             if artifact is None:
                 reason = build_error or "the candidate did not build"
-                yield index, RunResult("build_error", (), reason, 0.0)
+                yield index, RunResult(MeasureStatus.BUILD_ERROR, (), reason, 0.0)
                 continue
             task = RunTask(
                 reference.path,
@@ -203,13 +204,13 @@ class LocalRunner:
         if not child.connection.poll(self.timeout):
             self._discard_child()
             reason = f"timed out after {self.timeout:g} s"
-            return RunResult("timeout", (), reason, time.perf_counter() - started)
+            return RunResult(MeasureStatus.TIMEOUT, (), reason, time.perf_counter() - started)
         try:
             reply = child.connection.recv()
         except (EOFError, ConnectionResetError):
             how = self._discard_child()
-            return RunResult("crash", (), f"runner crashed ({how})", time.perf_counter() - started)
-        return RunResult(reply.status, reply.latencies, reply.error, time.perf_counter() - started)
+            return RunResult(MeasureStatus.CRASH, (), f"runner crashed ({how})", time.perf_counter() - started)
+        return RunResult(MeasureStatus(reply.status), reply.latencies, reply.error, time.perf_counter() - started)
 
     def _ready_child(self, threads: int | None) -> WorkerProcess:
         """The child, started now if there is none; replaced if it died while idle or has other threads."""

@@ -21,7 +21,7 @@ from probtune.defaults import (
     SCHEDULER,
 )
 from probtune.errors import warn_caller
-from probtune.interfaces import CostModel, TargetSpec
+from probtune.interfaces import Builder, CostModel, Runner, TargetSpec
 from probtune.model.check import check_outputs
 from probtune.model.compile import CompiledModel, compile_model, default_program
 from probtune.model.importer import Model, ShapeArg, load_model
@@ -127,8 +127,10 @@ def tune_model(
     build_timeout: float = BUILD_TIMEOUT,
     run_timeout: float = RUN_TIMEOUT,
     confirm: int = CONFIRM,
-    cache_flush: bool = MODEL_CACHE_FLUSH,
+    cache_flush: bool | None = None,
     progress: Progress | None = None,
+    builder: str | Builder | None = None,
+    runner: str | Runner | None = None,
 ) -> ModelTuneResult:
     """Tune every task of ``model`` for ``target`` with ``trials`` new measurements in all, recorded in ``database``.
 
@@ -140,7 +142,9 @@ def tune_model(
     database that already holds records of a task (from this model or
     another) is continued, and its cost model goes on learning. With
     ``cache_flush``, tasks are timed with cold caches, as they run in the model
-    (records apart from warm ones: :func:`~probtune.pipeline.open_pipeline`).
+    (records apart from warm ones: :func:`~probtune.pipeline.open_pipeline`);
+    None is ``MODEL_CACHE_FLUSH``, or a runner object's own setting.
+    ``builder`` and ``runner`` are as for :func:`probtune.tune`.
     """
     check_tuning_options(trials, batch_size, confirm, strategy)
     started = time.perf_counter()
@@ -152,8 +156,10 @@ def tune_model(
     tasks = extract_tasks(fused)
     cost = resolve_cost_model(cost_model, seed) if strategy == "evolutionary" else None
     options = search_options or {}
-    with open_pipeline(spec, database, cost, trials=trials, build_timeout=build_timeout,
-                       run_timeout=run_timeout, progress=progress, cache_flush=cache_flush) as pipeline:
+    if cache_flush is None and (runner is None or isinstance(runner, str)):
+        cache_flush = MODEL_CACHE_FLUSH
+    with open_pipeline(spec, database, cost, trials=trials, build_timeout=build_timeout, run_timeout=run_timeout,
+                       progress=progress, cache_flush=cache_flush, builder=builder, runner=runner) as pipeline:
         sessions = _Sessions(pipeline, tasks, cost, seed, options)
         with contextlib.closing(sessions):
             progress_rows = [sessions.progress(i) for i in range(len(tasks))]
