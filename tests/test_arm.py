@@ -13,7 +13,7 @@ import tvm
 
 from probtune import Rng, generate_space, tune
 from probtune.catalog import BUILTIN_WORKLOADS
-from probtune.errors import PluginError
+from probtune.errors import DeviceError
 from probtune.search import RandomSearch
 from probtune.targets import resolve_target
 
@@ -70,8 +70,9 @@ def test_plugin_is_listed():
     assert re.search(r"^arm  \(probtune-arm [^)]+\)\n    targets: arm-neon$", done.stdout, re.MULTILINE), done.stdout
 
 
-def test_tuning_names_the_missing_runner(tmp_path):
+def test_tuning_without_an_rpc_tracker_names_what_is_missing(tmp_path, monkeypatch):
+    monkeypatch.delenv("PROBTUNE_RPC_TRACKER", raising=False)
     database = tmp_path / "tuning.db"
-    with pytest.raises(PluginError, match=r"target 'arm-neon' uses the runner 'rpc'.*install a plugin"):
+    with pytest.raises(DeviceError, match=r"the rpc runner needs a tracker and a key: --rpc-tracker HOST:PORT"):
         tune("matmul", shape=(16, 16, 16), target="arm-neon", trials=1, database=database)
-    assert not database.exists(), "tuning started before the missing runner was noticed"
+    assert not database.exists(), "tuning started before the missing tracker was noticed"

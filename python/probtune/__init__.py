@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from probtune.errors import (
         DatabaseError,
         DatabaseRowError,
+        DeviceError,
         InvalidDecisionError,
         ModelCheckError,
         ModelImportError,
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     )
     from probtune.hookspecs import hookimpl
     from probtune.interfaces import SpaceContext, TargetSpec
-    from probtune.measure import LocalBuilder, LocalRunner, MeasureStatus
+    from probtune.measure import LocalBuilder, LocalRunner, MeasureStatus, RPCRunner
     from probtune.model import CompiledModel, Model, ModelTuneResult, load_model, tune_model
     from probtune.schedule import BlockRV, ExprRV, LoopRV, Schedule
     from probtune.space import DesignSpace, generate_space
@@ -50,6 +51,7 @@ __all__ = [
     "DatabaseError",
     "DatabaseRowError",
     "DesignSpace",
+    "DeviceError",
     "ExprRV",
     "InvalidDecisionError",
     "LocalBuilder",
@@ -62,6 +64,7 @@ __all__ = [
     "ModelTuneResult",
     "PluginError",
     "ProbtuneError",
+    "RPCRunner",
     "Record",
     "ReplayError",
     "Rng",
@@ -118,6 +121,7 @@ _SOURCE_OF = {
     "LocalBuilder": "probtune.measure",
     "LocalRunner": "probtune.measure",
     "MeasureStatus": "probtune.measure",
+    "RPCRunner": "probtune.measure",
     "Record": "probtune.database",
     "hookimpl": "probtune.hookspecs",
     **{name: "probtune.errors" for name in __all__ if name.endswith("Error")},

@@ -43,6 +43,7 @@ def probtune_register_builders(register: Callable[[str, Any], None]) -> None:
 
 @hookimpl
 def probtune_register_runners(register: Callable[[str, Any], None]) -> None:
-    from probtune.measure import LocalRunner
+    from probtune.measure import LocalRunner, RPCRunner
 
     register(LocalRunner.name, LocalRunner)
+    register(RPCRunner.name, RPCRunner)  # its tracker and key from the environment, when a target names it

@@ -1,4 +1,4 @@
-"""The ``probtune`` command: tune, tune-model, run-model, best, plugins, workloads, targets."""
+"""The ``probtune`` command: tune, tune-model, run-model, best, plugins, workloads, targets, rpc-servers."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import numpy as np
 
 from probtune import defaults
 from probtune.cli_model import add_model_commands
+from probtune.cli_rpc import add_rpc_command, add_rpc_options, rpc_runner
 
 __all__ = ["main"]
 
@@ -61,6 +62,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     # resolved before the header, so that a refused run shows only its error
     target = resolve_target(args.target)
     work = resolve_workload(args.workload, args.shape, args.dtype, get_registry().workloads)
+    runner = rpc_runner(args)
     search = "random search" if args.strategy == "random" else f"evolutionary search, cost model {args.cost_model}"
     print(f"tuning {work.key} on target {target.name}: {args.trials} trials ({search}), "
           f"database {args.database}", flush=True)
@@ -76,6 +78,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         modules=args.modules.split(",") if args.modules else None,
         confirm=args.confirm,
         progress=_print_progress,
+        runner=runner,
     )
     failed = {k: v for k, v in result.statuses.items() if k != "ok"}
     print(f"\n{work.key} on {result.target.name}: measured {result.measured} candidates in {result.seconds:.1f} s, "
@@ -179,6 +182,7 @@ def _parser() -> argparse.ArgumentParser:
     tune_p.add_argument("--database", default=DEFAULT_DATABASE)
     tune_p.add_argument("--confirm", type=_non_negative_int, default=defaults.CONFIRM,
                         help="best records timed again at the end, to rank them on more than one pass (0: none)")
+    add_rpc_options(tune_p)
     tune_p.set_defaults(run=_cmd_tune)
 
     add_model_commands(sub, _positive_int, _non_negative_int, DEFAULT_DATABASE)
@@ -191,6 +195,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("plugins", help="list loaded plugins and what they registered").set_defaults(run=_cmd_plugins)
     sub.add_parser("workloads", help="list the workload catalog").set_defaults(run=_cmd_workloads)
     sub.add_parser("targets", help="list the registered targets").set_defaults(run=_cmd_targets)
+    add_rpc_command(sub)
     return parser
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from probtune import defaults
+from probtune.cli_rpc import add_rpc_options, rpc_runner
 
 __all__ = ["add_model_commands"]
 
@@ -31,6 +32,7 @@ def add_model_commands(sub: Any, positive_int: Any, non_negative_int: Any, defau
     tune_p.add_argument("--cache-flush", action=argparse.BooleanOptionalAction, default=defaults.MODEL_CACHE_FLUSH,
                         help="time tasks with their weights and outputs flushed from the caches, as in the model")
     tune_p.add_argument("--output", help="write the compiled model here (a shared library; its inputs in OUTPUT.json)")
+    add_rpc_options(tune_p)
     tune_p.set_defaults(run=_cmd_tune_model)
 
     example_p = sub.add_parser("example-model", help="write a small example model built in code (an ONNX file)")
@@ -72,6 +74,7 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
 
     target = resolve_target(args.target)
     model = load_model(args.model, _input_shapes(args.input_shape))
+    runner = rpc_runner(args, cache_flush=args.cache_flush)
     if args.output:
         _check_writable(Path(args.output))
     print(f"tuning model {model.name} on target {target.name}: {args.trials} trials, database {args.database}",
@@ -80,7 +83,7 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
         result = tune_model(
             model, target, args.trials, database=args.database, seed=args.seed,
             batch_size=args.batch_size, scheduler=args.scheduler, confirm=args.confirm, cache_flush=args.cache_flush,
-            progress=bar.update,
+            progress=bar.update, runner=runner,
         )
     print(result.table())
     estimate = result.estimated_latency

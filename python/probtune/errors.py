@@ -14,6 +14,7 @@ __all__ = [
     "NOT_REPLAYABLE",
     "DatabaseError",
     "DatabaseRowError",
+    "DeviceError",
     "InvalidDecisionError",
     "ModelCheckError",
     "ModelImportError",
@@ -73,6 +74,10 @@ class UnknownTargetError(ProbtuneError, ValueError):
 
 class UnsupportedTargetError(ProbtuneError, RuntimeError):
     """A target whose code this machine cannot run (an instruction set or a device it lacks)."""
+
+
+class DeviceError(ProbtuneError, RuntimeError):
+    """A measuring device, or the RPC tracker in front of it, that cannot be reached or is gone."""
 
 
 class DatabaseError(ProbtuneError):

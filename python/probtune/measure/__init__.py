@@ -13,6 +13,7 @@ from probtune._lazy import lazy_attributes
 if TYPE_CHECKING:
     from probtune.measure.builder import LocalBuilder
     from probtune.measure.results import BuildResult, MeasureReference, MeasureStatus, RunResult
+    from probtune.measure.rpc import RPCRunner
     from probtune.measure.runner import LocalRunner, prepare_reference, save_reference
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "LocalRunner",
     "MeasureReference",
     "MeasureStatus",
+    "RPCRunner",
     "RunResult",
     "prepare_reference",
     "save_reference",
@@ -34,6 +36,7 @@ _SOURCE_OF = {
     "LocalRunner": "probtune.measure.runner",
     "MeasureReference": "probtune.measure.results",
     "MeasureStatus": "probtune.measure.results",
+    "RPCRunner": "probtune.measure.rpc",
     "RunResult": "probtune.measure.results",
     "prepare_reference": "probtune.measure.runner",
     "save_reference": "probtune.measure.runner",

@@ -28,6 +28,7 @@ __all__ = [
     "RunReply",
     "RunTask",
     "build_worker_main",
+    "check_and_time",
     "describe_error",
     "first_mismatch",
     "run_worker_main",
@@ -135,47 +136,7 @@ def run_worker_main(connection: Connection, num_threads: int | None) -> None:
         inputs, expected = load_reference(task)
         device = tvm.device(task.device, 0)
         module = tvm.runtime.load_module(task.artifact_path)
-        # Fresh tensors per candidate: one that scribbles on its inputs cannot spoil the next.
-        args = [tvm.runtime.tensor(array, device) for array in inputs]
-        args += [tvm.runtime.tensor(np.zeros_like(array), device) for array in expected]
-        started = time.perf_counter()
-        module["main"](*args)
-        device.sync()
-        check_seconds = time.perf_counter() - started
-        mismatch = first_mismatch(
-            [tensor.numpy() for tensor in args[len(inputs) :]], expected, task.rtol, task.atol
-        )
-        if mismatch is not None:
-            return RunReply("wrong_result", (), mismatch)
-        stop_above = task.stop_above
-        if task.cache_flush:
-            return RunReply("ok", time_cold(module, device, args, task), None)
-        # A check call slower than stop_above has warmed the candidate already, and the
-        # timer discards its own first call too: another warmup would only cost time.
-        if stop_above is None or check_seconds <= stop_above:
-            for _ in range(task.warmup):
-                module["main"](*args)
-
-        def time_repeats(repeat: int, number: int = 1) -> tuple[float, ...]:
-            timer = module.time_evaluator(  # number grows until one repeat lasts min_repeat_ms
-                "main",
-                device,
-                number=number,
-                repeat=repeat,
-                min_repeat_ms=math.ceil(task.min_repeat_ms),
-            )
-            return tuple(float(t) for t in timer(*args).results)
-
-        if stop_above is None:
-            return RunReply("ok", time_repeats(task.repeat), None)
-        latencies = time_repeats(1)
-        first = latencies[0]
-        if first <= stop_above and task.repeat > 1:
-            # Enough calls per repeat to last min_repeat_ms, judged by the first repeat: the
-            # timer would otherwise grow the count from one call again.
-            number = int(task.min_repeat_ms / 1e3 / first) + 1 if first > 0 else 1
-            latencies += time_repeats(task.repeat - 1, number)
-        return RunReply("ok", latencies, None)
+        return check_and_time(module, device, inputs, expected, task)
 
     def run(task: RunTask) -> RunReply:
         try:
@@ -184,6 +145,55 @@ def run_worker_main(connection: Connection, num_threads: int | None) -> None:
             return RunReply("run_error", (), describe_error(error))
 
     serve(connection, run)
+
+
+def check_and_time(module: Any, device: Any, inputs: list[np.ndarray], expected: list[np.ndarray], task: RunTask) -> RunReply:
+    """Run a loaded candidate once on ``inputs``, compare with ``expected``, then time it as ``task`` says.
+
+    ``module`` and ``device`` may be local or behind a TVM RPC session: the
+    tensors are made on ``device``, the outputs copied back to be checked here.
+    """
+    import tvm  # not at the top: a runner child sets TVM's environment before its first import
+
+    # Fresh tensors per candidate: one that scribbles on its inputs cannot spoil the next.
+    args = [tvm.runtime.tensor(array, device) for array in inputs]
+    args += [tvm.runtime.tensor(np.zeros_like(array), device) for array in expected]
+    started = time.perf_counter()
+    module["main"](*args)
+    device.sync()
+    check_seconds = time.perf_counter() - started
+    mismatch = first_mismatch([tensor.numpy() for tensor in args[len(inputs) :]], expected, task.rtol, task.atol)
+    if mismatch is not None:
+        return RunReply("wrong_result", (), mismatch)
+    stop_above = task.stop_above
+    if task.cache_flush:
+        return RunReply("ok", time_cold(module, device, args, task), None)
+    # A check call slower than stop_above has warmed the candidate already, and the
+    # timer discards its own first call too: another warmup would only cost time.
+    if stop_above is None or check_seconds <= stop_above:
+        for _ in range(task.warmup):
+            module["main"](*args)
+
+    def time_repeats(repeat: int, number: int = 1) -> tuple[float, ...]:
+        timer = module.time_evaluator(  # number grows until one repeat lasts min_repeat_ms
+            "main",
+            device,
+            number=number,
+            repeat=repeat,
+            min_repeat_ms=math.ceil(task.min_repeat_ms),
+        )
+        return tuple(float(t) for t in timer(*args).results)
+
+    if stop_above is None:
+        return RunReply("ok", time_repeats(task.repeat), None)
+    latencies = time_repeats(1)
+    first = latencies[0]
+    if first <= stop_above and task.repeat > 1:
+        # Enough calls per repeat to last min_repeat_ms, judged by the first repeat: the
+        # timer would otherwise grow the count from one call again.
+        number = int(task.min_repeat_ms / 1e3 / first) + 1 if first > 0 else 1
+        latencies += time_repeats(task.repeat - 1, number)
+    return RunReply("ok", latencies, None)
 
 
 def time_cold(module: Any, device: Any, args: list[Any], task: RunTask) -> tuple[float, ...]:

@@ -22,6 +22,7 @@ class MeasureStatus(str, Enum):
     CRASH = "crash"  # it took the process that ran it down
     WRONG_RESULT = "wrong_result"
     INVALID = "invalid"  # rejected before measurement
+    DEVICE_LOST = "device_lost"  # the remote device went away while it held the candidate
 
     def __str__(self) -> str:
         return self.value

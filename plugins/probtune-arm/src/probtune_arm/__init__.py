@@ -4,8 +4,9 @@
 Graviton 1): 4 cores, 128-bit NEON registers, so 4 fp32 lanes. ``mcpu`` only
 tunes LLVM's instruction scheduling; the code runs on any ARMv8-A core with
 NEON. That code cannot run on the tuning machine, so the target is measured
-through the ``rpc`` runner, which a later plugin provides; until then tuning
-for it stops before any work, with an error that names the missing runner.
+through the ``rpc`` runner, on AArch64 servers of a TVM RPC tracker
+(``--rpc-tracker``, ``--rpc-key``). Linking its shared libraries here needs
+an AArch64 cross linker, which the builder does not yet call.
 """
 
 from __future__ import annotations

@@ -1,0 +1,116 @@
+"""probtune.measure.rpc: tuning over TVM's RPC tracker, all on loopback (a tracker and two servers started here)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+import pytest
+import tvm
+from tvm.rpc.tracker import Tracker
+
+import probtune
+from probtune import Database
+from probtune.cli import main
+from probtune.measure.rpc import tracker_servers
+
+KEY = "loopback"
+SMALL = dict(shape=(64, 64, 64), target="host", batch_size=8, confirm=0)
+FAST = dict(min_repeat_ms=5.0, timeout=20.0)
+
+
+@contextlib.contextmanager
+def rpc_pool(servers: int) -> Iterator[tuple[str, list]]:
+    """A tracker and ``servers`` servers under KEY on 127.0.0.1, until the block ends; yields the tracker's address."""
+    tracker = Tracker(host="127.0.0.1", port=9190, port_end=9390, silent=True)
+    started = [
+        tvm.rpc.Server(host="127.0.0.1", port=9400, port_end=9600, tracker_addr=("127.0.0.1", tracker.port),
+                       key=KEY, silent=True)
+        for _ in range(servers)
+    ]
+    try:
+        deadline = time.monotonic() + 30
+        while tracker_servers(("127.0.0.1", tracker.port)).get(KEY, 0) < servers:
+            assert time.monotonic() < deadline, "the RPC servers did not register with the tracker"
+            time.sleep(0.1)
+        yield f"127.0.0.1:{tracker.port}", started
+    finally:
+        for server in started:
+            server.terminate()
+        tracker.terminate()
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[str]:
+    with rpc_pool(2) as (address, _):
+        yield address
+
+
+def _records(path) -> list:
+    with Database(path) as db:
+        return db.records(db.workloads()[0].id)
+
+
+def test_a_tune_over_rpc_records_what_a_local_one_does(pool, tmp_path):
+    with probtune.RPCRunner(pool, KEY, **FAST) as runner:
+        assert runner.servers == 2
+        remote = probtune.tune("matmul", trials=32, database=tmp_path / "rpc.db", runner=runner, strategy="random",
+                               **SMALL)
+        assert len(runner._sessions) == 2  # the batch was spread over both servers
+    with probtune.LocalRunner(**FAST) as runner:
+        local = probtune.tune("matmul", trials=32, database=tmp_path / "local.db", runner=runner, strategy="random",
+                              **SMALL)
+    assert remote.measured == local.measured == 32 and remote.statuses == local.statuses == {"ok": 32}
+    over_rpc, here = _records(tmp_path / "rpc.db"), _records(tmp_path / "local.db")
+    # a random search of the same seed: the same candidates, recorded over RPC as the servers finish them
+    assert {r.decision_hash for r in over_rpc} == {r.decision_hash for r in here}
+    for remote_record, local_record in zip(over_rpc, here):
+        assert remote_record.target == local_record.target == "host"
+        assert remote_record.error is None and remote_record.mean_latency > 0
+        assert 1 <= len(remote_record.latencies) <= 3 and remote_record.build_seconds > 0
+        assert remote_record.run_seconds > 0
+
+
+def test_a_server_killed_mid_run_costs_at_most_its_candidate(tmp_path):
+    with rpc_pool(2) as (address, servers):
+        killed = []
+
+        def kill_one(outcome) -> None:
+            if outcome.trial == 12 and not killed:
+                servers[1].terminate()
+                killed.append(outcome.trial)
+
+        with probtune.RPCRunner(address, KEY, **FAST) as runner:
+            result = probtune.tune("matmul", trials=32, database=tmp_path / "t.db", runner=runner,
+                                   progress=kill_one, **SMALL)
+            assert len(runner._sessions) == 1  # the killed server's session was dropped, the other finished the run
+    assert killed and result.measured == 32
+    records = _records(tmp_path / "t.db")
+    assert len(records) == 32  # every trial recorded, none lost
+    lost = [r for r in records if r.status == probtune.MeasureStatus.DEVICE_LOST]
+    assert len(lost) <= 1 and all("lost" in r.error for r in lost)
+    assert sum(r.status == "ok" for r in records) >= 31
+
+
+def test_a_tracker_that_cannot_be_reached_is_named_before_any_trial():
+    with pytest.raises(probtune.DeviceError, match=r"cannot reach the RPC tracker at 127\.0\.0\.1:9"):
+        probtune.RPCRunner("127.0.0.1:9", KEY)
+
+
+def test_a_key_without_servers_is_named_before_any_trial(pool, tmp_path):
+    with pytest.raises(probtune.DeviceError, match=r"no server with key 'rasp4b'"):
+        probtune.RPCRunner(pool, "rasp4b")
+    code = main(["tune", "--trials", "1", "--shape", "16,16,16", "--database", str(tmp_path / "t.db"),
+                 "--rpc-tracker", pool, "--rpc-key", "rasp4b"])
+    assert code == 2 and not (tmp_path / "t.db").exists()
+
+
+def test_the_cli_lists_what_the_tracker_offers(pool, capsys):
+    assert main(["rpc-servers", "--rpc-tracker", pool]) == 0
+    assert f"{KEY:<24} 2" in capsys.readouterr().out
+
+
+def test_rpc_options_go_together(capsys):
+    assert main(["tune", "--trials", "1", "--rpc-key", KEY]) == 2
+    assert "--rpc-tracker and --rpc-key go together" in capsys.readouterr().err
