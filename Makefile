@@ -17,8 +17,9 @@ SHAPE ?= 512,512,512
 TARGET ?= host
 TRIALS ?= 96
 DATABASE ?= probtune.db
+RPC_KEY ?= arm-neon-qemu
 
-.PHONY: setup tune tune-op test bench bench-space bench-tune bench-transfer bench-models clean
+.PHONY: setup tune tune-op test bench bench-space bench-tune bench-transfer bench-models bench-rpc arm-device clean
 
 setup: $(VENV)/.deps $(VENV)/.core $(VENV)/.plugins
 
@@ -79,6 +80,16 @@ bench-transfer: setup
 bench-models: setup
 	$(BIN)/python -m pip install --quiet -r requirements-bench.txt
 	$(BIN)/python bench/models.py $(BENCH_ARGS)
+
+# Measuring over TVM's RPC tracker on loopback: the cost RPC adds per candidate, and arm-neon tuned on an emulated
+# AArch64 device (its first run installs QEMU and the AArch64 cross compiler, and builds the device's root).
+bench-rpc: setup
+	$(BIN)/python -m pip install --quiet -r requirements-bench.txt
+	$(BIN)/python bench/rpc_devices.py $(BENCH_ARGS)
+
+# An emulated AArch64 RPC server, registered with the tracker RPC_TRACKER=HOST:PORT under RPC_KEY.
+arm-device: setup
+	devices/aarch64-qemu/start.sh $(RPC_TRACKER) $(RPC_KEY)
 
 clean:
 	rm -rf $(VENV) target python/probtune/_core*.so

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from tvm import s_tir
 
 from probtune.measure import LocalBuilder
 from probtune.targets import resolve_target
+from probtune_arm import AARCH64_LINKER
 from probtune_cpu.codegen import TVM_STACK_BYTES, LLVMCompiler, compile_program
 
 WORKSPACE_CALL = "TVMBackendAllocWorkspace"
@@ -83,3 +85,21 @@ def test_the_builder_compiles_as_the_target_says(host, tmp_path):
 def test_x86_targets_keep_what_their_vector_registers_hold_on_the_stack():
     assert resolve_target("x86-avx512").compiler == LLVMCompiler(32 * 64)
     assert resolve_target("x86-avx2").compiler == LLVMCompiler(TVM_STACK_BYTES)  # 16 x 32 bytes: under TVM's cut-off
+
+
+def test_the_builder_links_with_the_compilers_own_linker(host, tmp_path):
+    linked = replace(host, compiler=LLVMCompiler(linker="gcc"))  # the host's C compiler, named: its export is used
+    with LocalBuilder(workers=1) as builder:
+        [(_, result)] = list(builder.build([_matmul_with_write_cache(8, 16)], linked, tmp_path))
+    assert result.error is None, result.error
+    _assert_computes_the_matmul(tvm.runtime.load_module(result.artifact))
+
+
+@pytest.mark.skipif(shutil.which(AARCH64_LINKER) is None, reason=f"no {AARCH64_LINKER} (Debian: gcc-aarch64-linux-gnu)")
+def test_arm_neon_candidates_are_linked_into_aarch64_libraries(tmp_path):
+    arm = resolve_target("arm-neon")
+    with LocalBuilder(workers=1) as builder:
+        [(_, result)] = list(builder.build([matmul_module(16, 64, 8)], arm, tmp_path))
+    assert result.error is None, result.error
+    header = Path(result.artifact).read_bytes()[:20]
+    assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 183  # EM_AARCH64

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Iterator
 
@@ -21,12 +22,14 @@ FAST = dict(min_repeat_ms=5.0, timeout=20.0)
 
 
 @contextlib.contextmanager
-def rpc_pool(servers: int) -> Iterator[tuple[str, list]]:
-    """A tracker and ``servers`` servers under KEY on 127.0.0.1, until the block ends; yields the tracker's address."""
+def rpc_pool(servers: int, init=None) -> Iterator[tuple[str, list]]:
+    """A tracker and ``servers`` servers under KEY on 127.0.0.1, until the block ends; yields the tracker's address.
+
+    ``init`` runs in each server's process before it serves."""
     tracker = Tracker(host="127.0.0.1", port=9190, port_end=9390, silent=True)
     started = [
         tvm.rpc.Server(host="127.0.0.1", port=9400, port_end=9600, tracker_addr=("127.0.0.1", tracker.port),
-                       key=KEY, silent=True)
+                       key=KEY, silent=True, server_init_callback=init)
         for _ in range(servers)
     ]
     try:
@@ -91,6 +94,19 @@ def test_a_server_killed_mid_run_costs_at_most_its_candidate(tmp_path):
     lost = [r for r in records if r.status == probtune.MeasureStatus.DEVICE_LOST]
     assert len(lost) <= 1 and all("lost" in r.error for r in lost)
     assert sum(r.status == "ok" for r in records) >= 31
+
+
+# Sent to the servers' processes by value: a lambda (cloudpickle sends a function of this module by its name).
+_describe_as_emulated = functools.partial(
+    tvm.register_global_func, "probtune.device.describe", lambda: "an emulated test device", override=True
+)
+
+
+def test_what_a_server_says_of_its_device_is_told_once(tmp_path):
+    with rpc_pool(1, init=_describe_as_emulated) as (address, _), probtune.RPCRunner(address, KEY, **FAST) as runner:
+        with pytest.warns(UserWarning, match=r"the RPC servers of key 'loopback' run on an emulated test device"):
+            probtune.tune("matmul", trials=4, database=tmp_path / "t.db", runner=runner, **SMALL)
+        assert runner.descriptions == {"an emulated test device"}
 
 
 def test_a_tracker_that_cannot_be_reached_is_named_before_any_trial():

@@ -6,7 +6,9 @@ device and the outputs copied back to be checked here. A server that goes
 away costs only the candidate it held (``device_lost``); one that stops
 answering, only that candidate too (``timeout``); the rest of the batch goes
 to the others. A tracker that cannot be reached, or a key with no server, is
-an error before anything is measured.
+an error before anything is measured. A server may describe its device (a
+global function ``probtune.device.describe``, as the emulated AArch64 device
+in ``devices/`` does); the description is given as a warning, once.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import numpy as np
 import tvm
 
 from probtune.defaults import RUN_TIMEOUT
-from probtune.errors import DeviceError
+from probtune.errors import DeviceError, warn_caller
 from probtune.interfaces import TargetSpec
 from probtune.measure._worker import RunReply, RunTask, check_and_time, describe_error
 from probtune.measure.results import BuildResult, MeasureReference, MeasureStatus, RunResult
@@ -117,6 +119,7 @@ class RPCRunner:
         self.cache_flush = cache_flush
         self.priority = priority
         self._sessions: list[_Session] = []
+        self.descriptions: set[str] = set()  # what the servers said of their devices
         self._reference: tuple[str, list[np.ndarray], list[np.ndarray]] | None = None
         self._closed = False
         self.servers = self._count_servers()  # fails now, before anything is measured, if there is none
@@ -182,10 +185,20 @@ class RPCRunner:
             except RuntimeError:
                 break
             self._sessions.append(_Session(remote, f"{self.key}#{len(self._sessions)}"))
+            self._note_description(remote)
         if not self._sessions:
             raise DeviceError(f"no server with key {self.key!r} is left at the RPC tracker "
                               f"{self.tracker[0]}:{self.tracker[1]}")
         return self._sessions
+
+    def _note_description(self, remote: Any) -> None:
+        try:
+            description = str(remote.get_function("probtune.device.describe")())
+        except Exception:  # noqa: BLE001 - a server that does not describe its device
+            return
+        if description not in self.descriptions:
+            self.descriptions.add(description)
+            warn_caller(f"the RPC servers of key {self.key!r} run on {description}")
 
     def _free_servers(self) -> int:
         """Servers of the key that the tracker could hand out now, not counting our own sessions."""

@@ -5,8 +5,8 @@ Graviton 1): 4 cores, 128-bit NEON registers, so 4 fp32 lanes. ``mcpu`` only
 tunes LLVM's instruction scheduling; the code runs on any ARMv8-A core with
 NEON. That code cannot run on the tuning machine, so the target is measured
 through the ``rpc`` runner, on AArch64 servers of a TVM RPC tracker
-(``--rpc-tracker``, ``--rpc-key``). Linking its shared libraries here needs
-an AArch64 cross linker, which the builder does not yet call.
+(``--rpc-tracker``, ``--rpc-key``); its shared libraries are linked here by
+``AARCH64_LINKER``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,10 @@ from probtune_cpu.defaults import DEFAULT_LAYOUTS, DEFAULT_MODULES, DEFAULT_MUTA
 from probtune_cpu.host_cpu import CPURequirement
 from probtune_cpu.vector_unit import vector_attrs
 
-__all__ = ["make_targets"]
+__all__ = ["AARCH64_LINKER", "make_targets"]
+
+AARCH64_LINKER = "aarch64-linux-gnu-gcc"
+"""Debian's cross compiler (package gcc-aarch64-linux-gnu), which links the candidates' shared libraries."""
 
 
 def make_targets() -> list[TargetSpec]:
@@ -40,7 +43,7 @@ def make_targets() -> list[TargetSpec]:
             mutators=DEFAULT_MUTATORS,
             layouts=DEFAULT_LAYOUTS,
             attrs=vector_attrs(width=4, registers=32),
-            compiler=LLVMCompiler(),  # 32 registers of 16 bytes: under TVM's own stack cut-off
+            compiler=LLVMCompiler(linker=AARCH64_LINKER),  # 32 registers of 16 bytes: under TVM's own stack cut-off
             runs_here=CPURequirement(("aarch64", "arm64"), ("asimd",)),
             runner="rpc",
         ),

@@ -118,10 +118,20 @@ def compile_program(
 class LLVMCompiler:
     """A CPU target's ``compiler``: :func:`compile_program` with the target's ``stack_buffer_bytes``.
 
+    ``linker`` names the C compiler that links its shared libraries when they
+    are for another architecture (``aarch64-linux-gnu-gcc``); None: the host's.
     A dataclass rather than a closure, so that it pickles into builder processes.
     """
 
     stack_buffer_bytes: int = TVM_STACK_BYTES
+    linker: str | None = None
 
     def __call__(self, mod: tvm.IRModule, tvm_target: dict[str, Any]) -> Any:
         return compile_program(mod, tvm_target, stack_buffer_bytes=self.stack_buffer_bytes)
+
+    def export(self, executable: Any, path: str, workspace_dir: str) -> None:
+        """Write ``executable`` as a shared library at ``path``, linked by ``linker``."""
+        from tvm.support import cc
+
+        fcompile = cc.cross_compiler(self.linker) if self.linker else None
+        executable.export_library(path, fcompile=fcompile, workspace_dir=workspace_dir)
