@@ -14,6 +14,7 @@ from probtune.codegen import compile_for
 from probtune.search import RandomSearch
 from probtune.targets import resolve_target
 from probtune.workload import Workload
+from probtune_cpu.host_cpu import cpu_model
 
 
 def matmul_module(m: int = 64, n: int = 64, k: int = 64) -> tvm.IRModule:
@@ -99,3 +100,8 @@ def encoder_onnx(tmp_path_factory):
     path = tmp_path_factory.mktemp("models") / "encoder.onnx"
     onnx.save(encoder_layer(hidden=32, heads=2, ffn=64, seq=16), path)
     return path
+
+
+def host_key(name: str = "host") -> str:
+    """The key under which this machine's records of a target are kept in a database (the target at this CPU)."""
+    return f"{name}@{cpu_model()}"

@@ -590,3 +590,72 @@ def test_malformed_cost_model_row_is_named(db: Database, db_path: Path) -> None:
         raw.execute("INSERT INTO cost_models (name, target, state) VALUES ('xgb', 'host', 'not bytes')")
     with pytest.raises(DatabaseRowError, match=r"cost_models row \('xgb', 'host'\)"):
         db.load_cost_model("xgb", "host")
+
+
+# ----------------------------------------------------------------- where records were measured
+
+HOST = {"kind": "llvm", "mcpu": "znver4"}
+
+
+def test_records_are_kept_under_the_target_and_the_device_they_were_measured_on(db: Database) -> None:
+    key = db.measured_on("host", HOST, "AMD EPYC 9R14")
+    assert key == "host@AMD EPYC 9R14" and db.measured_on("host", HOST, "AMD EPYC 9R14") == key
+    other_machine = db.measured_on("host", {"kind": "llvm", "mcpu": "skylake-avx512"}, "Intel Xeon 8375C")
+    assert other_machine == "host@Intel Xeon 8375C"
+    # the same name and device with another TVM target: a key of its own, never the same records
+    changed = db.measured_on("host", {"kind": "llvm", "mcpu": "znver3"}, "AMD EPYC 9R14")
+    assert changed.startswith("host@AMD EPYC 9R14#") and changed != key
+    assert [(m.key, m.device) for m in db.measurements("host")] == sorted(
+        [(key, "AMD EPYC 9R14"), (other_machine, "Intel Xeon 8375C"), (changed, "AMD EPYC 9R14")]
+    )
+    assert db.measurements("host")[0].tvm_target in (HOST, {"kind": "llvm", "mcpu": "znver3"})
+
+
+def test_records_made_before_devices_were_kept_keep_their_key(db_path: Path, db: Database, workload_id: int) -> None:
+    add_ok(db, workload_id, 0.5, target="host")  # as a database of the first schema holds them
+    db.close()
+    with Database(db_path) as again:
+        [older] = again.measurements("host")
+        assert (older.key, older.tvm_target, older.device) == ("host", None, None)
+        assert again.best(workload_id, "host")[0].mean_latency == 0.5
+
+
+def _database_with(path: Path, device: str, latencies: list[float]) -> str:
+    with Database(path) as db:
+        workload = db.commit_workload("matmul_16", matmul_module())
+        key = db.measured_on("host", HOST, device)
+        for index, latency in enumerate(latencies):
+            add_ok(db, workload, latency, decision_hash=index + 1, target=key)
+        db.save_cost_model("xgb", key, b"state of " + device.encode())
+    return key
+
+
+def test_a_database_from_another_machine_merges_without_mixing_timings(tmp_path: Path) -> None:
+    here = _database_with(tmp_path / "here.db", "AMD EPYC", [0.5, 0.6])
+    there = _database_with(tmp_path / "there.db", "Intel Xeon", [0.1, 0.2, 0.3])
+    with Database(tmp_path / "here.db") as db:
+        added = db.merge_from(tmp_path / "there.db")
+        assert added == {"workloads": 0, "keys": 1, "records": 3, "cost_models": 1}
+        [workload] = db.workloads()  # the same program: one workload
+        assert db.best(workload.id, here)[0].mean_latency == 0.5  # this machine's best is still its own
+        assert db.best(workload.id, there)[0].mean_latency == 0.1
+        assert db.load_cost_model("xgb", there) == b"state of Intel Xeon"
+        assert db.merge_from(tmp_path / "there.db") == {"workloads": 0, "keys": 0, "records": 0, "cost_models": 0}
+
+
+def test_an_export_takes_one_device_and_a_conflicting_key_merges_nothing(tmp_path: Path) -> None:
+    _database_with(tmp_path / "a.db", "AMD EPYC", [0.5])
+    there = _database_with(tmp_path / "b.db", "Intel Xeon", [0.1])
+    with Database(tmp_path / "a.db") as db:
+        db.merge_from(tmp_path / "b.db")
+    with Database(tmp_path / "out.db") as out:
+        assert out.merge_from(tmp_path / "a.db", device="Intel Xeon")["records"] == 1
+        assert [m.key for m in out.measurements()] == [there]
+    with sqlite3.connect(tmp_path / "b.db") as raw:  # the same key, claimed for another device
+        raw.execute("UPDATE measured_on SET device = 'Intel Xeon (renamed)'")
+    raw.close()
+    with Database(tmp_path / "a.db") as db, pytest.raises(DatabaseError, match=r"both hold key 'host@Intel Xeon'"):
+        before = db.count()
+        db.merge_from(tmp_path / "b.db")
+    with Database(tmp_path / "a.db") as db:
+        assert db.count() == before

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 import tvm
+from conftest import host_key
 from tvm.rpc.tracker import Tracker
 
 import probtune
@@ -66,13 +67,13 @@ def test_a_tune_over_rpc_records_what_a_local_one_does(pool, tmp_path):
                               **SMALL)
     assert remote.measured == local.measured == 32 and remote.statuses == local.statuses == {"ok": 32}
     over_rpc, here = _records(tmp_path / "rpc.db"), _records(tmp_path / "local.db")
+    # kept apart by where they were measured: the servers' key, this machine's CPU
+    assert {r.target for r in over_rpc} == {f"host@rpc:{KEY}"} and {r.target for r in here} == {host_key()}
     # a random search of the same seed: the same candidates, recorded over RPC as the servers finish them
     assert {r.decision_hash for r in over_rpc} == {r.decision_hash for r in here}
-    for remote_record, local_record in zip(over_rpc, here):
-        assert remote_record.target == local_record.target == "host"
-        assert remote_record.error is None and remote_record.mean_latency > 0
-        assert 1 <= len(remote_record.latencies) <= 3 and remote_record.build_seconds > 0
-        assert remote_record.run_seconds > 0
+    for record in over_rpc:  # the same fields filled as a local record's
+        assert record.error is None and record.mean_latency > 0 and 1 <= len(record.latencies) <= 3
+        assert record.build_seconds > 0 and record.run_seconds > 0
 
 
 def test_a_server_killed_mid_run_costs_at_most_its_candidate(tmp_path):
@@ -130,3 +131,22 @@ def test_the_cli_lists_what_the_tracker_offers(pool, capsys):
 def test_rpc_options_go_together(capsys):
     assert main(["tune", "--trials", "1", "--rpc-key", KEY]) == 2
     assert "--rpc-tracker and --rpc-key go together" in capsys.readouterr().err
+
+
+def test_wrong_crashing_and_hanging_candidates_cost_only_themselves(tmp_path):
+    from test_measure import CANDIDATES, TARGET, matmul
+
+    from probtune.measure import LocalBuilder, prepare_reference
+    from probtune.workload import Workload
+
+    names = ["good", "wrong", "segfaults", "hangs", "good"]
+    reference = prepare_reference(Workload.from_module(matmul(), name="matmul"), tmp_path, seed=0)
+    with LocalBuilder(workers=2) as builder:
+        built = dict(builder.build([CANDIDATES[name]() for name in names], TARGET, tmp_path))
+    # three servers: the crash and the hang each take one session down at most, the third finishes the batch
+    with rpc_pool(3) as (address, _), probtune.RPCRunner(address, KEY, repeat=1, min_repeat_ms=1.0, timeout=5.0) as runner:
+        results = dict(runner.run(reference, [built[i] for i in range(len(names))], TARGET))
+        statuses = {name: results[i].status for i, name in enumerate(names)}
+        assert statuses == {"good": "ok", "wrong": "wrong_result", "segfaults": "device_lost", "hangs": "timeout"}
+        assert "no answer from RPC session" in results[3].error
+        assert results[0].status == results[4].status == "ok"  # the rest went on, on the session still answering

@@ -81,6 +81,9 @@ class ModelRunner:
             digest = hashlib.sha256(Path(path).read_bytes()).digest()
             yield index, RunResult("ok", (1e-4 * (1 + digest[0]),), None, 0.0)
 
+    def device_name(self, target: TargetSpec) -> str:
+        return "accel-board-7"
+
     def close(self) -> None:
         pass
 
@@ -118,11 +121,12 @@ def test_a_target_registered_by_a_plugin_tunes_through_its_own_builder_and_runne
     db = tmp_path / "accel.db"
     result = probtune.tune("matmul", target="accel", trials=24, shape=(32, 32, 32), database=db, seed=0, confirm=0)
     assert result.measured == 24 and result.statuses == {"ok": 24}
-    assert result.best is not None and result.best.target == "accel"
+    assert result.measured_on == "accel@accel-board-7"  # the target, and the device the runner names
+    assert result.best is not None and result.best.target == result.measured_on
     with Database(db) as database:
         [workload] = database.workloads()
         records = database.records(workload.id)
-    assert len(records) == 24 and {(r.status, r.target) for r in records} == {("ok", "accel")}
+    assert len(records) == 24 and {(r.status, r.target) for r in records} == {("ok", result.measured_on)}
     assert len({r.decision_hash for r in records}) == 24  # every trial a new program of the accelerator's space
     assert result.best_latency == min(r.mean_latency for r in records)
     assert "T.ceildiv" not in result.schedule().script()  # perfect tiles: the best program replays

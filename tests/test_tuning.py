@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 import pytest
 import tvm
-from conftest import matmul_module, run_module
+from conftest import host_key, matmul_module, run_module
 
 import probtune
 from probtune import Database, Trace, Workload
@@ -53,7 +53,7 @@ def test_tune_matmul_end_to_end(tmp_path):
         workload = database.workloads()[0]
         records = database.records(workload.id)
         assert len(records) == 6 and all(r.status == "ok" and r.latencies for r in records)
-        assert database.best(workload.id, "host")[0].id == result.best.id
+        assert database.best(workload.id, host_key())[0].id == result.best.id
 
 
 def test_a_builder_and_runner_made_by_the_caller_measure_and_stay_open_for_the_next_run(tmp_path):
@@ -67,7 +67,7 @@ def test_a_builder_and_runner_made_by_the_caller_measure_and_stay_open_for_the_n
     assert len(records) == 5 and all(r.status == probtune.MeasureStatus.OK for r in records)
     # the given runner's two repeats (a candidate far slower than the best gets one), not the default three
     assert {len(r.latencies) for r in records} <= {1, 2} and any(len(r.latencies) == 2 for r in records)
-    assert {r.target for r in records} == {"host"}
+    assert {r.target for r in records} == {host_key()} == {first.measured_on}
 
 
 def test_a_runner_that_flushes_the_caches_keeps_its_records_apart(tmp_path):
@@ -77,7 +77,7 @@ def test_a_runner_that_flushes_the_caches_keeps_its_records_apart(tmp_path):
         with pytest.raises(probtune.TuningConfigError, match=r"cache_flush=False but the runner given flushes"):
             probtune.tune_model(_tiny_relax_model(), trials=1, runner=cold, cache_flush=False, database=db)
     with Database(db) as database:
-        assert {r.target for r in database.records(database.workloads()[0].id)} == {"host+cold-cache"}
+        assert {r.target for r in database.records(database.workloads()[0].id)} == {host_key("host+cold-cache")}
 
 
 def _tiny_relax_model():
@@ -165,7 +165,8 @@ def tuned_without_confirmation(tmp_path, trials):
 
         def confirm(top, builder=local_builder, runner=local_runner):
             _confirm_best(
-                db, workload_id, result.target, result.space, builder, runner, MeasuredForm(reference), str(tmp_path), top
+                db, workload_id, dataclasses.replace(result.target, name=result.measured_on), result.space, builder, runner,
+                MeasuredForm(reference), str(tmp_path), top,
             )
 
         yield db, workload_id, local_builder, local_runner, confirm
@@ -179,11 +180,11 @@ def test_a_record_that_overtakes_the_timed_again_ones_is_timed_again_too(tmp_pat
 
     with tuned_without_confirmation(tmp_path, trials=5) as (db, workload_id, _, runner, confirm):
         before = {r.id: r for r in db.records(workload_id)}
-        first_round = [r.id for r in db.best(workload_id, "host", k=2)]
+        first_round = [r.id for r in db.best(workload_id, host_key(), k=2)]
         slow = RewritingRunner(runner, first_round_slow)
         confirm(2, runner=slow)
         after = {r.id: r for r in db.records(workload_id)}
-        best = db.best(workload_id, "host")[0]
+        best = db.best(workload_id, host_key())[0]
     timed_again = {i for i in after if len(after[i].latencies) > len(before[i].latencies)}
     assert slow.passes == 4  # two rounds of two passes; the second round's best is timed again: no third
     assert set(first_round) < timed_again and len(timed_again) == 4
@@ -206,7 +207,7 @@ def test_a_best_record_that_no_longer_builds_or_runs_is_named_and_the_others_sti
         return outcome
 
     with tuned_without_confirmation(tmp_path, trials=4) as (db, workload_id, builder, runner, confirm):
-        best = db.best(workload_id, "host", k=3)
+        best = db.best(workload_id, host_key(), k=3)
         with pytest.warns(UserWarning) as warned:
             confirm(3, builder=FirstFailsToBuild(builder), runner=RewritingRunner(runner, first_pass_fails_first))
         messages = [str(w.message) for w in warned]
@@ -351,7 +352,7 @@ def _saved_model_samples(db_path, name: str = "xgb") -> int:
     from probtune_xgb.model import XGBCostModel
 
     with Database(db_path) as database:
-        state = database.load_cost_model(name, "host")
+        state = database.load_cost_model(name, host_key())
     assert state is not None
     model = XGBCostModel(seed=0)
     model.load(state)
@@ -375,7 +376,7 @@ def test_cost_model_is_kept_in_the_database_and_shared_across_workloads(tmp_path
 def test_unreadable_cost_model_state_is_replaced_with_a_warning(tmp_path):
     db = tmp_path / "tuning.db"
     with Database(db) as database:
-        database.save_cost_model("xgb", "host", b"not a model")
+        database.save_cost_model("xgb", host_key(), b"not a model")
     with pytest.warns(UserWarning, match="cost model 'xgb'.*does not load") as caught:
         result = probtune.tune("matmul", trials=5, database=db, **SMALL)
     assert _warned_at_this_call(caught, "does not load")
@@ -403,7 +404,7 @@ def test_damaged_records_are_named_in_one_warning(tmp_path):
     first = _damage_record(db, lambda text: text[:60])
     second = _damage_record(db, lambda text: text.replace('"kind":"split"', '"kind":"splitt"', 1), rank=2)
     with Database(db) as database:
-        records = database.best(database.workloads()[0].id, "host", k=4)
+        records = database.best(database.workloads()[0].id, host_key(), k=4)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         kept = _replayable(records, result.space, db)
@@ -447,6 +448,23 @@ def test_a_damaged_best_record_is_named_left_out_and_kept(damage, tmp_path):
     assert len(records) == 8 and damaged in {r.id for r in records}  # kept as it is: nothing recorded is lost
 
 
+def test_compile_best_takes_this_machines_records_or_the_devices_named(tmp_path):
+    db = tmp_path / "tuning.db"
+    result = probtune.tune("matmul", trials=3, database=db, seed=0, confirm=0, **SMALL)
+    with Database(db) as database:
+        workload = database.workloads()[0].id
+        for device in ("Board A", "Board B"):  # another device's records of the same target: one slow program each
+            key = database.measured_on("host", result.target.tvm_target, device)
+            database.add_record(workload, key, result.best.trace_json, 7, "ok", [1.0])
+    a, b = result.workload.random_inputs(0)
+    for device in (None, "Board A"):
+        lib = probtune.compile_best("matmul", "host", db, shape=(64, 64, 64), device=device)
+        out = run_module(lib, [a, b, np.zeros((64, 64), "float32")])[2]
+        np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+    with pytest.raises(LookupError, match=r"records of target 'host' from the devices: .*Board A.*Board B"):
+        probtune.compile_best("matmul", "host", db, shape=(64, 64, 64), device="Board C")
+
+
 @DAMAGES
 def test_compile_best_passes_over_a_damaged_best_record(damage, tmp_path):
     db = tmp_path / "tuning.db"
@@ -465,7 +483,7 @@ def test_compile_best_passes_over_a_best_record_whose_program_a_validator_now_re
     db = tmp_path / "tuning.db"
     result = probtune.tune("matmul", trials=4, database=db, seed=0, confirm=0, **SMALL)
     with Database(db) as database:
-        best = database.best(database.workloads()[0].id, "host")[0]
+        best = database.best(database.workloads()[0].id, host_key())[0]
 
     class RejectsTheBest:
         """A validator added since the records were made: it rejects the best record's program."""

@@ -1,4 +1,4 @@
-"""The ``probtune`` command: tune, tune-model, run-model, best, plugins, workloads, targets, rpc-servers."""
+"""The ``probtune`` command: tune, tune-model, run-model, best, plugins, workloads, targets, rpc-servers, db."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from probtune import defaults
+from probtune.cli_db import add_db_commands
 from probtune.cli_model import add_model_commands
 from probtune.cli_rpc import add_rpc_command, add_rpc_options, rpc_runner
 
@@ -106,15 +107,16 @@ def _cmd_best(args: argparse.Namespace) -> int:
         print(f"error: no database at {args.database}", file=sys.stderr)
         return 2
     with Database(args.database) as db:
-        rows = db.best_per_workload(args.target)
+        keys = [m.key for m in db.measurements(args.target)] if args.target else [None]
+        rows = [row for key in keys for row in db.best_per_workload(key)]
         if not rows:
             print(f"{args.database}: no correct record yet")
             return 0
-        print(f"{'workload':<40} {'target':<12} {'latency':>12} {'GFLOPS':>8} {'records':>8}  record")
+        print(f"{'workload':<40} {'measured on':<28} {'latency':>12} {'GFLOPS':>8} {'records':>8}  record")
         for workload, record in rows:
             flops = float(estimate_tir_flops(workload.mod))
             gflops = "-" if not record.mean_latency else f"{flops / record.mean_latency / 1e9:.1f}"
-            print(f"{workload.key:<40} {record.target:<12} {_ms(record.mean_latency):>12} "
+            print(f"{workload.key:<40} {record.target:<28} {_ms(record.mean_latency):>12} "
                   f"{gflops:>8} {db.count(workload.id, record.target):>8}  {record.id}")
     return 0
 
@@ -196,6 +198,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("workloads", help="list the workload catalog").set_defaults(run=_cmd_workloads)
     sub.add_parser("targets", help="list the registered targets").set_defaults(run=_cmd_targets)
     add_rpc_command(sub)
+    add_db_commands(sub, DEFAULT_DATABASE)
     return parser
 
 

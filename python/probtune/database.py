@@ -11,6 +11,7 @@ saved state of a cost model, which each save replaces.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import numbers
@@ -35,6 +36,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "STATUSES",
     "Database",
+    "MeasuredOn",
     "Record",
     "WorkloadRow",
 ]
@@ -59,6 +61,17 @@ _COST_MODELS_TABLE = """CREATE TABLE IF NOT EXISTS cost_models (
         state BLOB NOT NULL,
         updated REAL,
         PRIMARY KEY (name, target)
+    )"""
+
+# Where records were measured: records.target and cost_models.target hold a key of this table, the target's
+# name and the device (a CPU's model, rpc:KEY), so that records of one target from two machines never mix. Added
+# like cost_models; records made before it keep the target's name as their key, with no TVM target or device.
+_MEASURED_ON_TABLE = """CREATE TABLE IF NOT EXISTS measured_on (
+        key TEXT PRIMARY KEY,
+        target TEXT NOT NULL,
+        tvm_target TEXT,
+        device TEXT,
+        created REAL
     )"""
 
 _SCHEMA = (
@@ -94,6 +107,19 @@ _SCHEMA = (
 
 # NULLs and non-numbers sort last so that malformed "ok" rows never hide good ones.
 _BY_LATENCY = "ORDER BY mean_latency NULLS LAST, id"
+
+
+@dataclass(frozen=True)
+class MeasuredOn:
+    """Where the records of one key were measured: a target (its name, its TVM target) on a device.
+
+    ``tvm_target`` and ``device`` are None for records made before they were kept.
+    """
+
+    key: str
+    target: str
+    tvm_target: dict[str, Any] | None
+    device: str | None
 
 
 @dataclass(frozen=True)
@@ -405,7 +431,109 @@ class Database:
             )
         return state
 
+    # -------------------------------------------------------------- measured on
+
+    def measured_on(self, target: str, tvm_target: dict[str, Any], device: str) -> str:
+        """The key of the records of ``target`` (its name) measured on ``device``; registered if new.
+
+        The key is ``TARGET@DEVICE``; where that key was registered with another
+        TVM target, a digest of this one is added, so that the two never mix.
+        """
+        text = json.dumps(tvm_target, sort_keys=True)
+        key = f"{target}@{device}"
+        with self._write_transaction():
+            known = self._query("SELECT tvm_target FROM measured_on WHERE key = ?", (key,))
+            if known and known[0]["tvm_target"] != text:
+                key = f"{key}#{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+                known = self._query("SELECT tvm_target FROM measured_on WHERE key = ?", (key,))
+            if not known:
+                self._execute(
+                    "INSERT INTO measured_on (key, target, tvm_target, device, created) VALUES (?, ?, ?, ?, ?)",
+                    (key, target, text, device, time.time()),
+                )
+        return key
+
+    def measurements(self, target: str | None = None) -> list[MeasuredOn]:
+        """The keys records are kept under, optionally only those of one target's name, by key."""
+        sql, params = "SELECT * FROM measured_on", []
+        if target is not None:
+            sql, params = sql + " WHERE target = ?", [target]
+        return [_parse_measured_on(row) for row in self._query(sql + " ORDER BY key", params)]
+
+    def record_counts(self) -> dict[str, tuple[int, int]]:
+        """Records by key: (all of them, those with status "ok")."""
+        rows = self._query("SELECT target, COUNT(*) AS n, SUM(status = 'ok') AS ok FROM records GROUP BY target")
+        return {row["target"]: (int(row["n"]), int(row["ok"] or 0)) for row in rows}
+
+    # ---------------------------------------------------------------- merging
+
+    def merge_from(self, source: str | os.PathLike[str], *, target: str | None = None,
+                   device: str | None = None) -> dict[str, int]:
+        """Copy what ``source`` (another probtune database) holds into this one; what is here already is kept.
+
+        Only records of ``target`` (a name) and ``device``, where given. Workloads
+        are matched by structural equality, keys by name: a key that both hold
+        for different TVM targets or devices is an error, and nothing is copied.
+        A record already here (same workload, key, decision and time) is not
+        copied twice. Returns how many workloads, keys, records and cost-model
+        states were added.
+        """
+        with Database(source) as other:  # registers the keys of its older records
+            wanted = [m for m in other.measurements(target) if device is None or m.device == device]
+            workloads = other.workloads()
+        keys = {m.key: m for m in wanted}
+        for mine in self.measurements():
+            theirs = keys.get(mine.key)
+            if theirs is not None and (theirs.tvm_target, theirs.device) != (mine.tvm_target, mine.device):
+                raise DatabaseError(f"{source} and {self._path} both hold key {mine.key!r}, for different targets or "
+                                    f"devices ({theirs.device!r} against {mine.device!r}): nothing was merged")
+        ids = {workload.id: self.commit_workload(workload.key, workload.mod) for workload in workloads}
+        counts = {"workloads": len(self.workloads()), "keys": len(self.measurements())}
+        before = self.count()
+        self._execute("ATTACH DATABASE ? AS source", (str(Path(source)),))
+        try:
+            with self._write_transaction():
+                self._copy_from_source(keys, ids)
+            states = self._execute(
+                "INSERT OR IGNORE INTO cost_models SELECT * FROM source.cost_models WHERE target IN "
+                f"({','.join('?' * len(keys))})", list(keys),
+            ).rowcount if keys else 0
+        finally:
+            self._execute("DETACH DATABASE source")
+        return {
+            "workloads": len(self.workloads()) - counts["workloads"],
+            "keys": len(self.measurements()) - counts["keys"],
+            "records": self.count() - before,
+            "cost_models": max(states, 0),
+        }
+
+    def _copy_from_source(self, keys: dict[str, MeasuredOn], ids: dict[int, int]) -> None:
+        """Within a transaction, with ``source`` attached: its keys' rows, then their records not already here."""
+        for m in keys.values():
+            self._execute(
+                "INSERT OR IGNORE INTO measured_on (key, target, tvm_target, device, created) "
+                "SELECT key, target, tvm_target, device, created FROM source.measured_on WHERE key = ?", (m.key,)
+            )
+        columns = ("target, trace_json, decision_hash, program_hash, status, latencies_json, mean_latency, error, "
+                   "build_seconds, run_seconds, created")
+        for source_id, own_id in ids.items():
+            for key in keys:
+                self._execute(
+                    f"INSERT INTO records (workload_id, {columns}) SELECT ?, {columns} FROM source.records AS s "
+                    "WHERE s.workload_id = ? AND s.target = ? AND NOT EXISTS (SELECT 1 FROM records AS r WHERE "
+                    "r.workload_id = ? AND r.target = s.target AND r.decision_hash = s.decision_hash "
+                    "AND r.created IS s.created) ORDER BY s.id",
+                    (own_id, source_id, key, own_id),
+                )
+
     # ------------------------------------------------------------------ internals
+
+    def _register_older_keys(self) -> None:
+        """Give the keys of records made before devices were kept (a target's name alone) their row."""
+        self._execute(
+            "INSERT OR IGNORE INTO measured_on (key, target) "
+            "SELECT DISTINCT target, target FROM records WHERE target NOT IN (SELECT key FROM measured_on)"
+        )
 
     def _open_schema(self) -> None:
         """Create the schema in a fresh file, or check that an existing file is ours."""
@@ -422,6 +550,8 @@ class Database:
         self._check_schema_version()
         self._enable_wal()
         self._execute(_COST_MODELS_TABLE)
+        self._execute(_MEASURED_ON_TABLE)
+        self._register_older_keys()
         self._execute("PRAGMA synchronous = NORMAL")
         self._execute("PRAGMA foreign_keys = ON")
 
@@ -594,6 +724,11 @@ def _parse_rows(
         except DatabaseRowError as exc:
             problems.append(str(exc))
     return parsed, problems
+
+
+def _parse_measured_on(row: sqlite3.Row) -> MeasuredOn:
+    tvm_target = json.loads(row["tvm_target"]) if row["tvm_target"] is not None else None
+    return MeasuredOn(row["key"], row["target"], tvm_target, row["device"])
 
 
 def _parse_workload(row: sqlite3.Row) -> WorkloadRow:

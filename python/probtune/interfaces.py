@@ -72,6 +72,9 @@ class TargetSpec:
     """Asked before a local runner starts: why this machine cannot run the target's code, or None if it can.
 
     No callable: any machine can."""
+    local_device: Callable[[], str] | None = None
+    """The name of this machine's device for the target (a CPU's model): the local runner's records are kept under it,
+    apart from other machines'. None: this machine's host name."""
     layouts: Mapping[str, Sequence[str]] = field(default_factory=dict)
     """The data layouts the target's kernels are fastest in, by Relax operator, as TVM's ``ConvertLayout`` takes them.
 
@@ -200,7 +203,11 @@ class Builder(Protocol):
 
 @runtime_checkable
 class Runner(Protocol):
-    """Times artifacts and checks their outputs; yields (index, result) as each finishes."""
+    """Times artifacts and checks their outputs; yields (index, result) as each finishes.
+
+    Optional: a ``device_name(target) -> str`` method names the device it measures ``target`` on; records are
+    kept under the target and that device (:meth:`probtune.Database.measured_on`). Without it, the runner's name.
+    """
 
     name: str
 

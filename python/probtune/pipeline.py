@@ -163,10 +163,12 @@ def open_pipeline(
     ``run_timeout`` and closes it at the end. The cost model's saved state,
     if the database holds one, is loaded into ``model``.
 
-    With ``cache_flush`` the runner times every call with cold caches, and the
-    records (and the cost model) are kept under the target's name followed by
-    ``COLD_CACHE``, apart from warm timings of the same programs. None takes
-    a runner object's own ``cache_flush``, and warm timings from a named one.
+    Records (and the cost model's state) are kept under the target and the
+    device the runner measures on (:meth:`Database.measured_on`): the
+    pipeline's ``target`` is named by that key. With ``cache_flush`` the runner
+    times every call with cold caches, and the target's name is followed by
+    ``COLD_CACHE``, apart from warm timings of the same programs. None takes a
+    runner object's own ``cache_flush``, and warm timings from a named one.
     """
     with contextlib.ExitStack() as stack:
         built_by = _builder(builder, target, build_timeout, stack)
@@ -176,6 +178,7 @@ def open_pipeline(
         scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="probtune-"))
         db_path = Path(database) if database is not None else Path(scratch) / "tuning.db"
         db = stack.enter_context(Database(db_path))
+        target = dataclasses.replace(target, name=db.measured_on(target.name, target.tvm_target, _device(runs_on, target)))
         if model is not None:
             _load_state(model, db, target)
         yield MeasurePipeline(db, target, built_by, runs_on, model, scratch, trials=trials, progress=progress)
@@ -213,6 +216,12 @@ def _runner(
     made: Runner = factory(**options)
     stack.callback(made.close)
     return made, bool(cache_flush)
+
+
+def _device(runner: Runner, target: TargetSpec) -> str:
+    """Where ``runner`` measures ``target``: its ``device_name``, or its own name."""
+    name = getattr(runner, "device_name", None)
+    return str(name(target)) if callable(name) else runner.name
 
 
 def _check_runs_here(runner: str, target: TargetSpec) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from probtune.database import Database, Record
 from probtune.defaults import BATCH_SIZE, BUILD_TIMEOUT, CONFIRM, OPERATOR_TRIALS, RUN_TIMEOUT
 from probtune.errors import TuningConfigError
 from probtune.interfaces import Builder, CostModel, Runner, SpaceModule, TargetSpec
+from probtune.measure.runner import local_device_name
 from probtune.pipeline import Progress, TrialOutcome, open_pipeline, resolve_cost_model
 from probtune.plugins import get_registry
 from probtune.session import TaskSession, best_replayable
@@ -38,6 +40,7 @@ class TuneResult:
 
     workload: Workload
     target: TargetSpec
+    measured_on: str  # the key of the records: the target and the device they were measured on
     database: Path
     space: DesignSpace
     best: Record | None
@@ -136,7 +139,8 @@ def tune(
         )
         options = {"realize_helpers": pipeline.realize_helpers, **(search_options or {})}
         session = TaskSession.open(
-            work, spec, pipeline.db, model, workdir=pipeline.workdir, seed=seed, modules=modules, search_options=options
+            work, pipeline.target, pipeline.db, model, workdir=pipeline.workdir, seed=seed, modules=modules,
+            search_options=options,
         )
         stack.callback(session.close)
         while session.measured < trials and pipeline.round(session, min(batch_size, trials - session.measured)):
@@ -148,6 +152,7 @@ def tune(
     return TuneResult(
         workload=work,
         target=spec,
+        measured_on=pipeline.target.name,
         database=database_path,
         space=session.space,
         best=best.record if best else None,
@@ -178,14 +183,35 @@ def compile_best(
     *,
     shape: Sequence[int] | str | None = None,
     dtype: str = "float32",
+    device: str | None = None,
 ) -> Any:
-    """Compile ``workload`` with the best schedule recorded for ``target`` in ``database``."""
+    """Compile ``workload`` with the best schedule recorded for ``target`` in ``database``.
+
+    Records measured on ``device`` (as ``probtune db info`` lists them); None
+    takes this machine's, or the only device the target was measured on.
+    """
     spec = resolve_target(target)
     work = resolve_workload(workload, shape, dtype, get_registry().workloads)
     space = generate_space(work, spec)
     with Database(database) as db:
+        key = records_key(db, spec, device)
         row = db.find_workload(work.mod)
-        best = best_replayable(db, row.id, spec, space) if row else None
+        best = best_replayable(db, row.id, dataclasses.replace(spec, name=key), space) if row else None
     if best is None:
-        raise LookupError(f"{database} holds no correct record of {work.key} on {spec.name} that replays")
+        raise LookupError(f"{database} holds no correct record of {work.key} on {key} that replays")
     return compile_for(best.program, spec)
+
+
+def records_key(db: Database, spec: TargetSpec, device: str | None = None) -> str:
+    """The key of ``spec``'s records measured on ``device``; None: this machine's device, or else the only one."""
+    keys = db.measurements(spec.name)
+    if not keys and device is None:
+        return spec.name  # nothing recorded: the caller finds no record under the name
+    if device is not None:
+        chosen = [m.key for m in keys if m.device == device]
+    else:
+        chosen = [m.key for m in keys if m.device == local_device_name(spec)] or [m.key for m in keys][:2]
+    if len(chosen) == 1:
+        return chosen[0]
+    devices = ", ".join(str(m.device) for m in keys) or "none"
+    raise LookupError(f"{db.path} holds records of target {spec.name!r} from the devices: {devices}; name one of them")

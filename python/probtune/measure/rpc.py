@@ -152,6 +152,10 @@ class RPCRunner:
         if pending:
             yield from self._serve(todo, results, pending, (inputs, expected, task))
 
+    def device_name(self, target: TargetSpec) -> str:
+        """Records are kept under the servers' key: the tracker hands out any server of it."""
+        return f"rpc:{self.key}"
+
     def close(self) -> None:
         """Give the sessions back to the tracker; the runner cannot be used afterwards."""
         self._closed = True

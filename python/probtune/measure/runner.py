@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import re
 import time
 import weakref
@@ -29,7 +30,7 @@ from probtune.measure.results import BuildResult, MeasureReference, MeasureStatu
 if TYPE_CHECKING:
     from probtune.workload import Workload
 
-__all__ = ["LocalRunner", "prepare_reference", "save_reference"]
+__all__ = ["LocalRunner", "local_device_name", "prepare_reference", "save_reference"]
 
 _STARTUP_TIMEOUT = 120.0  # importing TVM takes about a second; minutes mean something is broken
 _CPU = 1  # DLPack's device type of the host CPU
@@ -81,6 +82,13 @@ def save_reference(
         np.savez(partial, **payload)
         os.replace(partial, path)  # readers never see half a file
     return MeasureReference(str(path), num_inputs, rtol, atol)
+
+
+def local_device_name(target: TargetSpec) -> str:
+    """What this machine's device for ``target`` is called: the target says (a CPU's model), or the host's name."""
+    if target.local_device is not None:
+        return target.local_device()
+    return platform.node() or "this machine"
 
 
 class LocalRunner:
@@ -154,6 +162,9 @@ class LocalRunner:
         threads = self.num_threads if self.num_threads is not None else target.tvm_target.get("num-cores")
         threads = None if threads is None else int(threads)
         return self._run(reference, list(artifacts), device, threads, stop_above)
+
+    def device_name(self, target: TargetSpec) -> str:
+        return local_device_name(target)
 
     def close(self) -> None:
         """Kill the child process; the runner cannot be used afterwards."""

@@ -17,7 +17,7 @@ from typing import Any
 from probtune import TargetSpec, hookimpl
 from probtune_cpu.codegen import LLVMCompiler
 from probtune_cpu.defaults import DEFAULT_LAYOUTS, DEFAULT_MODULES, DEFAULT_MUTATORS, DEFAULT_VALIDATORS
-from probtune_cpu.host_cpu import CPURequirement
+from probtune_cpu.host_cpu import CPURequirement, cpu_model
 from probtune_cpu.vector_unit import vector_attrs
 
 __all__ = ["AARCH64_LINKER", "make_targets"]
@@ -45,6 +45,7 @@ def make_targets() -> list[TargetSpec]:
             attrs=vector_attrs(width=4, registers=32),
             compiler=LLVMCompiler(linker=AARCH64_LINKER),  # 32 registers of 16 bytes: under TVM's own stack cut-off
             runs_here=CPURequirement(("aarch64", "arm64"), ("asimd",)),
+            local_device=cpu_model,
             runner="rpc",
         ),
     ]

@@ -6,7 +6,7 @@ import platform
 from dataclasses import dataclass
 from functools import lru_cache
 
-__all__ = ["CPURequirement", "cpu_features"]
+__all__ = ["CPURequirement", "cpu_features", "cpu_model"]
 
 
 @lru_cache(maxsize=1)
@@ -20,6 +20,19 @@ def cpu_features() -> frozenset[str]:
     except OSError:
         pass
     return frozenset()
+
+
+@lru_cache(maxsize=1)
+def cpu_model() -> str:
+    """This machine's CPU model, as Linux names it (/proc/cpuinfo), or its architecture where it does not."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Any
 from probtune import TargetSpec, hookimpl
 from probtune_cpu.codegen import TVM_STACK_BYTES, LLVMCompiler
 from probtune_cpu.defaults import DEFAULT_LAYOUTS, DEFAULT_MODULES, DEFAULT_MUTATORS, DEFAULT_VALIDATORS
-from probtune_cpu.host_cpu import CPURequirement, cpu_features
+from probtune_cpu.host_cpu import CPURequirement, cpu_features, cpu_model
 from probtune_cpu.vector_unit import vector_attrs
 
 __all__ = ["make_targets"]
@@ -41,6 +41,7 @@ def _cpu_target(name: str, description: str, tvm_target: dict[str, Any], width: 
         layouts=DEFAULT_LAYOUTS,
         attrs=vector_attrs(width, registers),
         compiler=LLVMCompiler(stack_bytes),
+        local_device=cpu_model,
         **fields,
     )
 
