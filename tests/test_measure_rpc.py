@@ -150,3 +150,18 @@ def test_wrong_crashing_and_hanging_candidates_cost_only_themselves(tmp_path):
         assert statuses == {"good": "ok", "wrong": "wrong_result", "segfaults": "device_lost", "hangs": "timeout"}
         assert "no answer from RPC session" in results[3].error
         assert results[0].status == results[4].status == "ok"  # the rest went on, on the session still answering
+
+
+def test_a_model_tuned_over_rpc_is_compiled_checked_and_timed_on_a_server(small_cnn_onnx, tmp_path):
+    from probtune.model import tune_model
+    from probtune.model.remote import RemoteModel
+
+    with rpc_pool(2) as (address, _), probtune.RPCRunner(address, KEY, **FAST) as runner:
+        result = tune_model(small_cnn_onnx, trials=8, input_shapes={"x": (1, 3, 16, 16)}, database=tmp_path / "t.db",
+                            runner=runner, batch_size=4, confirm=0)
+        remote = result.compile(on=runner)
+        assert isinstance(remote, RemoteModel) and remote.check is not None  # outputs checked against onnxruntime
+        assert remote.check.reference == "onnxruntime"
+        assert all(seconds > 0 for seconds in remote.time(result.model.random_inputs(1), repeat=2, min_repeat_ms=10))
+    with Database(tmp_path / "t.db") as db:
+        assert {m.key for m in db.measurements()} == {f"host@rpc:{KEY}"}  # the runner's own setting: warm

@@ -89,14 +89,15 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
     estimate = result.estimated_latency
     print(f"\n{result.trials} trials in {result.seconds:.1f} s ({result.search_seconds:.1f} s searching); "
           f"estimated model latency {'-' if estimate is None else f'{estimate * 1e3:.3f} ms'}")
-    compiled = result.compile()
+    compiled = result.compile(on=runner)  # on a server of the RPC tracker, where the tasks were measured
     print(compiled.check)
     if compiled.prepacked:
         print(f"{compiled.prepacked} weight layout copies made once at compile time instead of on every call")
     if compiled.in_place:
         print(f"{compiled.in_place} calls write their output over an input read element for element (a residual)")
     latency = float(np.median(compiled.time(model.random_inputs(0))))
-    print(f"compiled model: {latency * 1e3:.3f} ms per inference on {compiled.num_threads} threads")
+    where = " of an RPC server" if runner is not None else ""
+    print(f"compiled model: {latency * 1e3:.3f} ms per inference on {compiled.num_threads} threads{where}")
     if args.output:
         path = compiled.export_library(args.output)
         _write_inputs(path, model)

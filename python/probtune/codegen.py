@@ -14,7 +14,7 @@ import tvm
 
 from probtune.interfaces import Compiler, TargetSpec
 
-__all__ = ["compile_for", "compile_with"]
+__all__ = ["compile_for", "compile_with", "export_with"]
 
 
 def compile_with(compiler: Compiler | None, mod: tvm.IRModule, tvm_target: dict[str, Any]) -> Any:
@@ -22,6 +22,15 @@ def compile_with(compiler: Compiler | None, mod: tvm.IRModule, tvm_target: dict[
     if compiler is None:
         return tvm.compile(mod, target=tvm.target.Target(tvm_target))
     return compiler(mod, tvm_target)
+
+
+def export_with(compiler: Compiler | None, executable: Any, path: str, workspace_dir: str | None = None) -> None:
+    """Write ``executable`` as a shared library at ``path``, linked as the target's ``compiler`` says (its ``export``)."""
+    export = getattr(compiler, "export", None)
+    if export is not None:
+        export(executable, path, workspace_dir)
+    else:
+        executable.export_library(path, workspace_dir=workspace_dir)
 
 
 def compile_for(mod: tvm.IRModule, target: TargetSpec) -> Any:

@@ -66,8 +66,8 @@ class TargetSpec:
     """How a finished program is compiled, by the builder and by :func:`probtune.compile_best` alike; None: ``tvm.compile``.
 
     It is sent to builder processes, so it must pickle (a module-level function or a small dataclass). Where it
-    has a method ``export(executable, path, workspace_dir)``, the builder writes shared libraries with it (a
-    cross linker, say) rather than with ``executable.export_library``."""
+    has a method ``export(executable, path, workspace_dir)``, shared libraries are written with it (a cross
+    linker, say) rather than with ``executable.export_library`` (:func:`probtune.codegen.export_with`)."""
     runs_here: Callable[[], str | None] | None = None
     """Asked before a local runner starts: why this machine cannot run the target's code, or None if it can.
 

@@ -90,7 +90,7 @@ def build_worker_main(connection: Connection) -> None:
     import psutil
     import tvm
 
-    from probtune.codegen import compile_with
+    from probtune.codegen import compile_with, export_with
 
     me = psutil.Process()
 
@@ -100,11 +100,7 @@ def build_worker_main(connection: Connection) -> None:
             mod = tvm.ir.load_json(task.mod_json)
             executable = compile_with(task.compiler, mod, task.target)
             os.makedirs(task.scratch_dir, exist_ok=True)
-            export = getattr(task.compiler, "export", None)  # how the target links its libraries, if its own way
-            if export is not None:
-                export(executable, task.artifact_path, task.scratch_dir)
-            else:
-                executable.export_library(task.artifact_path, workspace_dir=task.scratch_dir)
+            export_with(task.compiler, executable, task.artifact_path, task.scratch_dir)
         except Exception as error:  # noqa: BLE001 - a candidate TVM rejects is a result, not a worker failure
             Path(task.artifact_path).unlink(missing_ok=True)
             return BuildReply(describe_error(error), time.perf_counter() - started, me.memory_info().rss)

@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,8 @@ __all__ = ["RPCRunner", "parse_tracker", "tracker_servers"]
 
 _CONNECT_TIMEOUT = 5.0  # seconds to reach the tracker before it counts as unreachable
 _POLL = 0.05  # seconds between looks at the sessions while a batch runs
-_SERVER_PREFIX = "server:"  # how the tracker lists a server's key
+_SERVER_PREFIX = "server:"
+_RELEASE_SECONDS = 30.0  # how long a server given back may take to be free again at the tracker  # how the tracker lists a server's key
 
 
 def parse_tracker(address: str) -> tuple[str, int]:
@@ -152,6 +154,22 @@ class RPCRunner:
         if pending:
             yield from self._serve(todo, results, pending, (inputs, expected, task))
 
+    def request_session(self) -> Any:
+        """A session to one free server of the key, for other work than measuring candidates (a whole model).
+
+        The sessions kept for measuring are given back first, so that their servers are free again.
+        """
+        self._release_sessions()
+        deadline = time.monotonic() + _RELEASE_SECONDS
+        while self._free_servers() < 1:
+            if time.monotonic() > deadline:
+                raise DeviceError(f"no server with key {self.key!r} is free at the RPC tracker "
+                                  f"{self.tracker[0]}:{self.tracker[1]}")
+            time.sleep(_POLL * 4)
+        remote = _connect_tracker(self.tracker).request(self.key, priority=self.priority, session_timeout=0, max_retry=1)
+        self._note_description(remote)
+        return remote
+
     def device_name(self, target: TargetSpec) -> str:
         """Records are kept under the servers' key: the tracker hands out any server of it."""
         return f"rpc:{self.key}"
@@ -159,9 +177,7 @@ class RPCRunner:
     def close(self) -> None:
         """Give the sessions back to the tracker; the runner cannot be used afterwards."""
         self._closed = True
-        for session in self._sessions:
-            session.lost = True
-        self._sessions.clear()
+        self._release_sessions()
 
     def __enter__(self) -> RPCRunner:
         return self
@@ -170,6 +186,12 @@ class RPCRunner:
         self.close()
 
     # ------------------------------------------------------------ sessions
+
+    def _release_sessions(self) -> None:
+        """Give the kept sessions back: dropping a TVM RPC session closes its connection."""
+        for session in self._sessions:
+            session.lost = True
+        self._sessions.clear()
 
     def _count_servers(self) -> int:
         count = tracker_servers(self.tracker).get(self.key, 0)
@@ -286,7 +308,7 @@ class RPCRunner:
         inputs, expected, task = reference
         remote_name = f"probtune-{uuid.uuid4().hex}.so"
         try:
-            session.remote.upload(artifact, target=remote_name)
+            session.remote.upload(bytearray(Path(artifact).read_bytes()), target=remote_name)  # TVM's leaves a path open
         except Exception as error:  # noqa: BLE001 - any failure to reach the server
             session.lost = True
             return MeasureStatus.DEVICE_LOST, (), f"RPC session {session.name} lost: {describe_error(error)}"

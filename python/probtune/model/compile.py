@@ -12,9 +12,9 @@ import tvm
 from tvm import relax
 
 from probtune._core import Rng
-from probtune.codegen import compile_for
+from probtune.codegen import compile_for, export_with
 from probtune.errors import NOT_REPLAYABLE
-from probtune.interfaces import TargetSpec
+from probtune.interfaces import Compiler, TargetSpec
 from probtune.model.check import CheckReport, outputs_to_numpy
 from probtune.model.importer import InputSpec
 from probtune.model.inplace import write_in_place
@@ -71,8 +71,9 @@ class CompiledModel:
     calling thread started before (:mod:`probtune.model.threads`).
     """
 
-    def __init__(self, executable: Any, inputs: Sequence[InputSpec], num_threads: int) -> None:
+    def __init__(self, executable: Any, inputs: Sequence[InputSpec], num_threads: int, compiler: Compiler | None = None) -> None:
         self.executable = executable
+        self.compiler = compiler  # the target's: it links the library export_library writes
         self.inputs = tuple(inputs)
         self.num_threads = num_threads
         self.check: CheckReport | None = None  # set by ModelTuneResult.compile when the outputs were checked
@@ -101,7 +102,7 @@ class CompiledModel:
         """Write the model as a shared library that TVM's runtime loads (:meth:`load`)."""
         path = Path(path)
         try:
-            self.executable.export_library(str(path))
+            export_with(self.compiler, self.executable, str(path))
         except Exception as exc:  # noqa: BLE001 - TVM reports an unwritable path as a generic error
             raise OSError(f"cannot write the compiled model to {path}: {exc}") from None
         return path

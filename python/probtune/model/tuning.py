@@ -25,6 +25,7 @@ from probtune.interfaces import Builder, CostModel, Runner, TargetSpec
 from probtune.model.check import check_outputs
 from probtune.model.compile import CompiledModel, compile_model, default_program
 from probtune.model.importer import Model, ShapeArg, load_model
+from probtune.model.remote import RemoteModel
 from probtune.model.tasks import ModelTask, extract_tasks, fuse
 from probtune.pipeline import MeasurePipeline, Progress, open_pipeline, resolve_cost_model
 from probtune.session import TaskSession, best_replayable
@@ -83,15 +84,24 @@ class ModelTuneResult:
             total += row.weight * row.best_latency
         return total
 
-    def compile(self, *, check: bool = True, num_threads: int | None = None, seed: int = 0) -> CompiledModel:
+    def compile(
+        self, *, check: bool = True, num_threads: int | None = None, seed: int = 0, on: Any = None
+    ) -> CompiledModel | RemoteModel:
         """The model with every task's program in place, compiled, running on the target's cores.
 
         With ``check``, its outputs on random inputs are compared with the
         reference's (onnxruntime for an ONNX model, else the untuned build): a
         mismatch raises :class:`~probtune.errors.ModelCheckError`; the report is ``compiled.check``.
+        ``on`` a runner with ``request_session`` (an ``RPCRunner``): the model is
+        uploaded to one of its servers and runs, is checked and timed there.
         """
         executable, prepacked, in_place = compile_model(self.fused, self.programs, self.target)
-        compiled = CompiledModel(executable, self.model.inputs, num_threads or self.target.num_cores)
+        threads = num_threads or self.target.num_cores
+        compiled: CompiledModel | RemoteModel
+        if on is not None:
+            compiled = RemoteModel(executable, self.model.inputs, self.target, on.request_session(), threads)
+        else:
+            compiled = CompiledModel(executable, self.model.inputs, threads, self.target.compiler)
         compiled.prepacked = prepacked
         compiled.in_place = in_place
         compiled.check = check_outputs(self.model, compiled, seed=seed) if check else None

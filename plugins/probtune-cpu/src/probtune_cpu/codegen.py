@@ -129,7 +129,7 @@ class LLVMCompiler:
     def __call__(self, mod: tvm.IRModule, tvm_target: dict[str, Any]) -> Any:
         return compile_program(mod, tvm_target, stack_buffer_bytes=self.stack_buffer_bytes)
 
-    def export(self, executable: Any, path: str, workspace_dir: str) -> None:
+    def export(self, executable: Any, path: str, workspace_dir: str | None = None) -> None:
         """Write ``executable`` as a shared library at ``path``, linked by ``linker``."""
         from tvm.support import cc
 
