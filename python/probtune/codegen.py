@@ -14,7 +14,7 @@ import tvm
 
 from probtune.interfaces import Compiler, TargetSpec
 
-__all__ = ["compile_for", "compile_with", "export_with"]
+__all__ = ["compile_for", "compile_with", "device_type", "export_with"]
 
 
 def compile_with(compiler: Compiler | None, mod: tvm.IRModule, tvm_target: dict[str, Any]) -> Any:
@@ -31,6 +31,11 @@ def export_with(compiler: Compiler | None, executable: Any, path: str, workspace
         export(executable, path, workspace_dir)
     else:
         executable.export_library(path, workspace_dir=workspace_dir)
+
+
+def device_type(target: TargetSpec) -> int:
+    """The device a target's code runs on, as ``tvm.device`` takes it (DLPack's type: 1 the CPU, 2 CUDA, ...)."""
+    return int(tvm.target.Target(target.tvm_target).get_target_device_type())
 
 
 def compile_for(mod: tvm.IRModule, target: TargetSpec) -> Any:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-__all__ = ["BuildResult", "MeasureReference", "MeasureStatus", "RunResult"]
+__all__ = ["BuildResult", "MeasureReference", "MeasureStatus", "RunResult", "not_built"]
 
 
 class MeasureStatus(str, Enum):
@@ -63,3 +63,11 @@ class MeasureReference:
     num_inputs: int
     rtol: float
     atol: float
+
+
+def not_built(item: str | BuildResult | None) -> RunResult | None:
+    """What a runner reports for an item of its ``artifacts`` that is no artifact (a failed build), else None."""
+    artifact, error = (item.artifact, item.error) if isinstance(item, BuildResult) else (item, None)
+    if artifact is not None:
+        return None
+    return RunResult(MeasureStatus.BUILD_ERROR, (), error or "the candidate did not build", 0.0)

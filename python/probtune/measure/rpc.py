@@ -27,11 +27,12 @@ from typing import Any
 import numpy as np
 import tvm
 
+from probtune.codegen import device_type
 from probtune.defaults import RUN_TIMEOUT
 from probtune.errors import DeviceError, warn_caller
 from probtune.interfaces import TargetSpec
 from probtune.measure._worker import RunReply, RunTask, check_and_time, describe_error
-from probtune.measure.results import BuildResult, MeasureReference, MeasureStatus, RunResult
+from probtune.measure.results import BuildResult, MeasureReference, MeasureStatus, RunResult, not_built
 
 __all__ = ["RPCRunner", "parse_tracker", "tracker_servers"]
 
@@ -137,7 +138,7 @@ class RPCRunner:
         """Yield ``(index into artifacts, result)`` for each candidate, as the servers finish them."""
         if self._closed:
             raise RuntimeError("this RPCRunner is closed")
-        device = int(tvm.target.Target(target.tvm_target).get_target_device_type())
+        device = device_type(target)
         inputs, expected = self._load_reference(reference)
         task = RunTask(reference.path, reference.num_inputs, reference.rtol, reference.atol, "", device,
                        self.repeat, self.min_repeat_ms, self.warmup, stop_above, self.cache_flush)
@@ -145,11 +146,11 @@ class RPCRunner:
         results: queue.SimpleQueue[tuple[_Session, int, RunResult]] = queue.SimpleQueue()
         pending = 0
         for index, item in enumerate(artifacts):
-            artifact, error = (item.artifact, item.error) if isinstance(item, BuildResult) else (item, None)
-            if artifact is None:
-                yield index, RunResult(MeasureStatus.BUILD_ERROR, (), error or "the candidate did not build", 0.0)
+            failed = not_built(item)
+            if failed is not None:
+                yield index, failed
             else:
-                todo.put((index, str(artifact)))
+                todo.put((index, str(item.artifact if isinstance(item, BuildResult) else item)))
                 pending += 1
         if pending:
             yield from self._serve(todo, results, pending, (inputs, expected, task))

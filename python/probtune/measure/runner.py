@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tvm
 
+from probtune.codegen import device_type
 from probtune.defaults import LOCAL
 from probtune.interfaces import TargetSpec
 from probtune.measure._process import WorkerProcess
 from probtune.measure._worker import RunTask, run_worker_main
-from probtune.measure.results import BuildResult, MeasureReference, MeasureStatus, RunResult
+from probtune.measure.results import BuildResult, MeasureReference, MeasureStatus, RunResult, not_built
 
 if TYPE_CHECKING:
     from probtune.workload import Workload
@@ -156,7 +157,7 @@ class LocalRunner:
             raise ValueError(f"stop_above must not be negative, got {stop_above}")
         if not os.path.isfile(reference.path):
             raise FileNotFoundError(f"reference file {reference.path} does not exist")
-        device = int(tvm.target.Target(target.tvm_target).get_target_device_type())
+        device = device_type(target)
         if self.cache_flush and device != _CPU:
             raise ValueError(f"cache_flush flushes CPU caches; target {target.name!r} runs on {tvm.device(device, 0)}")
         threads = self.num_threads if self.num_threads is not None else target.tvm_target.get("num-cores")
@@ -185,14 +186,11 @@ class LocalRunner:
         stop_above: float | None,
     ) -> Iterator[tuple[int, RunResult]]:
         for index, item in enumerate(artifacts):
-            if isinstance(item, BuildResult):
-                artifact, build_error = item.artifact, item.error
-            else:
-                artifact, build_error = item, None
-            if artifact is None:
-                reason = build_error or "the candidate did not build"
-                yield index, RunResult(MeasureStatus.BUILD_ERROR, (), reason, 0.0)
+            failed = not_built(item)
+            if failed is not None:
+                yield index, failed
                 continue
+            artifact = item.artifact if isinstance(item, BuildResult) else item
             task = RunTask(
                 reference.path,
                 reference.num_inputs,

@@ -12,7 +12,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from probtune.codegen import export_with
+from probtune.codegen import device_type, export_with
 from probtune.interfaces import TargetSpec
 from probtune.model.check import CheckReport, outputs_to_numpy
 from probtune.model.importer import InputSpec
@@ -44,8 +44,7 @@ class RemoteModel:
             session.upload(bytearray(Path(path).read_bytes()), target=name)  # TVM's upload of a path leaves it open
         self._session = session
         session.get_function("runtime.config_threadpool")(1, num_threads)  # 1: all cores, as set_num_threads does
-        device_type = int(tvm.target.Target(target.tvm_target).get_target_device_type())
-        self._device = session.device(device_type, 0)
+        self._device = session.device(device_type(target), 0)
         self._vm = relax.VirtualMachine(session.load_module(name), self._device)
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
