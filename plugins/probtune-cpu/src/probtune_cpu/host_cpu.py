@@ -1,4 +1,4 @@
-"""Whether this machine's CPU runs a target's code: its architecture and instruction-set flags."""
+"""This machine's CPU: its model, and whether it runs a target's code (its architecture and instruction-set flags)."""
 
 from __future__ import annotations
 
