@@ -38,3 +38,5 @@ def test_export_then_import_moves_one_devices_records(tmp_path, capsys):
         assert sorted(m.device or "" for m in db.measurements()) == ["AMD EPYC", "Intel Xeon"]
         assert db.count() == 4
     assert main(["db", "import", str(tmp_path / "a.db"), str(tmp_path / "missing.db")]) == 2
+    assert main(["db", "export", str(tmp_path / "missing.db"), str(tmp_path / "new.db")]) == 2
+    assert not (tmp_path / "missing.db").exists() and not (tmp_path / "new.db").exists()

@@ -49,29 +49,27 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from probtune.database import Database
-
     if os.path.exists(args.output):
         print(f"error: {args.output} exists; export writes a new database", file=sys.stderr)
         return 2
-    with Database(args.output) as out:
-        added = out.merge_from(args.database, target=args.target, device=args.device)
-    print(f"exported to {args.output}: {_counts(added)}")
-    return 0
+    return _merge(args.output, args.database, args, "exported to")
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
+    if not os.path.exists(args.database):
+        print(f"error: no database at {args.database}", file=sys.stderr)
+        return 2
+    return _merge(args.database, args.source, args, "imported into")
+
+
+def _merge(into: str, source: str, args: argparse.Namespace, done: str) -> int:
+    """Merge ``source``'s records (of ``--target`` and ``--device``) into the database at ``into``, and say how many."""
     from probtune.database import Database
 
-    for path in (args.database, args.source):
-        if not os.path.exists(path):
-            print(f"error: no database at {path}", file=sys.stderr)
-            return 2
-    with Database(args.database) as db:
-        added = db.merge_from(args.source, target=args.target, device=args.device)
-    print(f"imported into {args.database}: {_counts(added)}")
+    if not os.path.exists(source):  # opening it would make an empty one
+        print(f"error: no database at {source}", file=sys.stderr)
+        return 2
+    with Database(into) as db:
+        added = db.merge_from(source, target=args.target, device=args.device)
+    print(f"{done} {into}: " + ", ".join(f"{count} {what.replace('_', '-')}" for what, count in added.items()))
     return 0
-
-
-def _counts(added: dict[str, int]) -> str:
-    return ", ".join(f"{count} {what.replace('_', '-')}" for what, count in added.items())

@@ -207,10 +207,10 @@ def records_key(db: Database, spec: TargetSpec, device: str | None = None) -> st
     keys = db.measurements(spec.name)
     if not keys and device is None:
         return spec.name  # nothing recorded: the caller finds no record under the name
-    if device is not None:
-        chosen = [m.key for m in keys if m.device == device]
-    else:
-        chosen = [m.key for m in keys if m.device == local_device_name(spec)] or [m.key for m in keys][:2]
+    wanted = device if device is not None else local_device_name(spec)
+    chosen = [m.key for m in keys if m.device == wanted]
+    if not chosen and device is None:
+        chosen = [m.key for m in keys]  # not measured here: the only device it was measured on, if one
     if len(chosen) == 1:
         return chosen[0]
     devices = ", ".join(str(m.device) for m in keys) or "none"

@@ -8,11 +8,13 @@ caught and reported; a crash or a hang is left to the parent to detect.
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 import shutil
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -31,6 +33,7 @@ __all__ = [
     "check_and_time",
     "describe_error",
     "first_mismatch",
+    "read_reference",
     "run_worker_main",
 ]
 
@@ -119,21 +122,8 @@ def run_worker_main(connection: Connection, num_threads: int | None) -> None:
     _return_large_frees_to_the_system()
     import tvm
 
-    cached_path: str | None = None
-    cached_arrays: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
-
-    def load_reference(task: RunTask) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        nonlocal cached_path, cached_arrays
-        if task.reference_path != cached_path:
-            with np.load(task.reference_path) as arrays:
-                inputs = [arrays[f"input_{i}"] for i in range(task.num_inputs)]
-                num_outputs = len(arrays.files) - task.num_inputs
-                outputs = [arrays[f"output_{i}"] for i in range(num_outputs)]
-            cached_path, cached_arrays = task.reference_path, (inputs, outputs)
-        return cached_arrays
-
     def measure(task: RunTask) -> RunReply:
-        inputs, expected = load_reference(task)
+        inputs, expected = read_reference(task.reference_path, task.num_inputs)
         device = tvm.device(task.device, 0)
         module = tvm.runtime.load_module(task.artifact_path)
         return check_and_time(module, device, inputs, expected, task)
@@ -147,7 +137,18 @@ def run_worker_main(connection: Connection, num_threads: int | None) -> None:
     serve(connection, run)
 
 
-def check_and_time(module: Any, device: Any, inputs: list[np.ndarray], expected: list[np.ndarray], task: RunTask) -> RunReply:
+@functools.lru_cache(maxsize=1)
+def read_reference(path: str, num_inputs: int) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+    """The inputs and expected outputs saved at ``path``; the last read is kept (a reference's name carries its digest)."""
+    with np.load(path) as arrays:
+        inputs = tuple(arrays[f"input_{i}"] for i in range(num_inputs))
+        outputs = tuple(arrays[f"output_{i}"] for i in range(len(arrays.files) - num_inputs))
+    return inputs, outputs
+
+
+def check_and_time(
+    module: Any, device: Any, inputs: Sequence[np.ndarray], expected: Sequence[np.ndarray], task: RunTask
+) -> RunReply:
     """Run a loaded candidate once on ``inputs``, compare with ``expected``, then time it as ``task`` says.
 
     ``module`` and ``device`` may be local or behind a TVM RPC session: the
@@ -242,7 +243,7 @@ def describe_error(error: BaseException) -> str:
 
 
 def first_mismatch(
-    actual: list[np.ndarray], expected: list[np.ndarray], rtol: float, atol: float
+    actual: Sequence[np.ndarray], expected: Sequence[np.ndarray], rtol: float, atol: float
 ) -> str | None:
     """Why the first wrong output is wrong, or None when all match (a NaN never matches)."""
     for index, (out, ref) in enumerate(zip(actual, expected)):

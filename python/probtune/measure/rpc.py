@@ -31,7 +31,7 @@ from probtune.codegen import device_type
 from probtune.defaults import RUN_TIMEOUT
 from probtune.errors import DeviceError, warn_caller
 from probtune.interfaces import TargetSpec
-from probtune.measure._worker import RunReply, RunTask, check_and_time, describe_error
+from probtune.measure._worker import RunReply, RunTask, check_and_time, describe_error, read_reference
 from probtune.measure.results import BuildResult, MeasureReference, MeasureStatus, RunResult, not_built
 
 __all__ = ["RPCRunner", "parse_tracker", "tracker_servers"]
@@ -69,6 +69,9 @@ def _connect_tracker(tracker: tuple[str, int]) -> Any:
     except OSError as error:
         raise DeviceError(f"cannot reach the RPC tracker at {tracker[0]}:{tracker[1]}: {error}") from None
     return tvm.rpc.connect_tracker(*tracker)
+
+
+_Batch = tuple[Sequence[np.ndarray], Sequence[np.ndarray], RunTask]  # a batch's reference inputs, outputs and timing
 
 
 @dataclass(eq=False)
@@ -123,7 +126,6 @@ class RPCRunner:
         self.priority = priority
         self._sessions: list[_Session] = []
         self.descriptions: set[str] = set()  # what the servers said of their devices
-        self._reference: tuple[str, list[np.ndarray], list[np.ndarray]] | None = None
         self._closed = False
         self.servers = self._count_servers()  # fails now, before anything is measured, if there is none
 
@@ -139,7 +141,7 @@ class RPCRunner:
         if self._closed:
             raise RuntimeError("this RPCRunner is closed")
         device = device_type(target)
-        inputs, expected = self._load_reference(reference)
+        inputs, expected = read_reference(reference.path, reference.num_inputs)
         task = RunTask(reference.path, reference.num_inputs, reference.rtol, reference.atol, "", device,
                        self.repeat, self.min_repeat_ms, self.warmup, stop_above, self.cache_flush)
         todo: queue.SimpleQueue[tuple[int, str]] = queue.SimpleQueue()
@@ -240,7 +242,7 @@ class RPCRunner:
         todo: queue.SimpleQueue[tuple[int, str]],
         results: queue.SimpleQueue[tuple[_Session, int, RunResult]],
         pending: int,
-        reference: tuple[list[np.ndarray], list[np.ndarray], RunTask],
+        reference: _Batch,
     ) -> Iterator[tuple[int, RunResult]]:
         sessions = self._open_sessions()
         for session in sessions:
@@ -287,7 +289,7 @@ class RPCRunner:
         session: _Session,
         todo: queue.SimpleQueue[tuple[int, str]],
         results: queue.SimpleQueue[tuple[_Session, int, RunResult]],
-        reference: tuple[list[np.ndarray], list[np.ndarray], RunTask],
+        reference: _Batch,
     ) -> None:
         """A session's thread: measure candidates from ``todo`` until it is empty or the session is lost."""
         while not session.lost:
@@ -304,7 +306,7 @@ class RPCRunner:
             results.put((session, index, RunResult(status, latencies, error, time.perf_counter() - started)))
 
     def _measure(
-        self, session: _Session, artifact: str, reference: tuple[list[np.ndarray], list[np.ndarray], RunTask]
+        self, session: _Session, artifact: str, reference: _Batch
     ) -> tuple[MeasureStatus, tuple[float, ...], str | None]:
         inputs, expected, task = reference
         remote_name = f"probtune-{uuid.uuid4().hex}.so"
@@ -328,14 +330,6 @@ class RPCRunner:
                     session.remote.remove(remote_name)
                 except Exception:  # noqa: BLE001 - a file left in the server's temporary folder is harmless
                     pass
-
-    def _load_reference(self, reference: MeasureReference) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        if self._reference is None or self._reference[0] != reference.path:
-            with np.load(reference.path) as arrays:
-                inputs = [arrays[f"input_{i}"] for i in range(reference.num_inputs)]
-                outputs = [arrays[f"output_{i}"] for i in range(len(arrays.files) - reference.num_inputs)]
-            self._reference = (reference.path, inputs, outputs)
-        return self._reference[1], self._reference[2]
 
 
 def _alive(session: _Session) -> bool:

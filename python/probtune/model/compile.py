@@ -22,7 +22,7 @@ from probtune.model.prepack import prepack_weights
 from probtune.model.threads import PoolThread
 from probtune.space import DesignSpace
 
-__all__ = ["CompiledModel", "compile_model", "default_program"]
+__all__ = ["CompiledModel", "compile_model", "default_program", "export_model"]
 
 DEFAULT_DRAWS = 64  # draws of a task's space tried for a valid default program
 
@@ -44,6 +44,16 @@ def compile_model(
         functions[mod.get_global_var(name)] = func
     mod, in_place = write_in_place(tvm.IRModule(functions, attrs=mod.attrs))
     return compile_for(mod, target), prepacked, in_place
+
+
+def export_model(compiler: Compiler | None, executable: Any, path: str | os.PathLike[str]) -> Path:
+    """Write a compiled model as a shared library, linked as the target's ``compiler`` says; OSError if it cannot."""
+    path = Path(path)
+    try:
+        export_with(compiler, executable, str(path))
+    except Exception as exc:  # noqa: BLE001 - TVM reports an unwritable path as a generic error
+        raise OSError(f"cannot write the compiled model to {path}: {exc}") from None
+    return path
 
 
 def default_program(space: DesignSpace, seed: int = 0) -> tvm.IRModule | None:
@@ -100,12 +110,7 @@ class CompiledModel:
 
     def export_library(self, path: str | os.PathLike[str]) -> Path:
         """Write the model as a shared library that TVM's runtime loads (:meth:`load`)."""
-        path = Path(path)
-        try:
-            export_with(self.compiler, self.executable, str(path))
-        except Exception as exc:  # noqa: BLE001 - TVM reports an unwritable path as a generic error
-            raise OSError(f"cannot write the compiled model to {path}: {exc}") from None
-        return path
+        return export_model(self.compiler, self.executable, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], inputs: Sequence[InputSpec], num_threads: int | None = None) -> CompiledModel:

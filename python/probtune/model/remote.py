@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 import uuid
 from collections.abc import Sequence
@@ -12,9 +13,10 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from probtune.codegen import device_type, export_with
+from probtune.codegen import device_type
 from probtune.interfaces import TargetSpec
 from probtune.model.check import CheckReport, outputs_to_numpy
+from probtune.model.compile import export_model
 from probtune.model.importer import InputSpec
 
 __all__ = ["RemoteModel"]
@@ -39,9 +41,8 @@ class RemoteModel:
         self.in_place = 0
         name = f"probtune-model-{uuid.uuid4().hex}.so"
         with tempfile.TemporaryDirectory(prefix="probtune-model-") as scratch:
-            path = str(Path(scratch) / name)
-            export_with(target.compiler, executable, path)
-            session.upload(bytearray(Path(path).read_bytes()), target=name)  # TVM's upload of a path leaves it open
+            path = export_model(target.compiler, executable, Path(scratch) / name)
+            session.upload(bytearray(path.read_bytes()), target=name)  # TVM's upload of a path leaves it open
         self._session = session
         session.get_function("runtime.config_threadpool")(1, num_threads)  # 1: all cores, as set_num_threads does
         self._device = session.device(device_type(target), 0)
@@ -59,14 +60,9 @@ class RemoteModel:
     def threads(self) -> int:
         return self.num_threads
 
-    def export_library(self, path: str | Any) -> Path:
+    def export_library(self, path: str | os.PathLike[str]) -> Path:
         """Write the model as a shared library for the target's device (linked as the target links it)."""
-        path = Path(path)
-        try:
-            export_with(self.target.compiler, self.executable, str(path))
-        except Exception as exc:  # noqa: BLE001 - TVM reports an unwritable path as a generic error
-            raise OSError(f"cannot write the compiled model to {path}: {exc}") from None
-        return path
+        return export_model(self.target.compiler, self.executable, path)
 
     def _tensors(self, inputs: Sequence[np.ndarray]) -> list[Any]:
         if len(inputs) != len(self.inputs):
