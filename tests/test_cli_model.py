@@ -39,8 +39,9 @@ def test_tune_model_exports_and_run_model_compares(small_cnn_onnx, tmp_path, cap
         (["--output", "/no/such/folder/m.so"], "--output /no/such/folder/m.so: cannot write there"),
         (["--input-shape", "1,3,16,16"], "expected NAME=DIMS"),
         (["--input-shape", "x=1,3,16"], "has rank 4 in the model"),
+        (["--graph-rewrites", "winograd-conv2d,no-such-rewrite"], "unknown graph rewrite 'no-such-rewrite'"),
     ],
-    ids=["unwritable-output", "shape-without-name", "wrong-rank"],
+    ids=["unwritable-output", "shape-without-name", "wrong-rank", "unknown-graph-rewrite"],
 )
 def test_bad_input_is_refused_before_any_trial(small_cnn_onnx, tmp_path, capsys, extra, message):
     database = tmp_path / "t.db"

@@ -32,6 +32,9 @@ def add_model_commands(sub: Any, positive_int: Any, non_negative_int: Any, defau
     tune_p.add_argument("--cache-flush", action=argparse.BooleanOptionalAction, default=defaults.MODEL_CACHE_FLUSH,
                         help="time tasks with their weights and outputs flushed from the caches, as in the model")
     tune_p.add_argument("--output", help="write the compiled model here (a shared library; its inputs in OUTPUT.json)")
+    tune_p.add_argument("--graph-rewrites", type=_name_list, metavar="NAMES",
+                        help="comma-separated graph rewrites to apply instead of the target's ('' for none; "
+                             "see 'probtune plugins')")
     add_rpc_options(tune_p)
     tune_p.set_defaults(run=_cmd_tune_model)
 
@@ -54,6 +57,10 @@ def add_model_commands(sub: Any, positive_int: Any, non_negative_int: Any, defau
 def _input_shape_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME=DIMS",
                         help="an input's shape, e.g. input=1,3,224,224 (repeat for each input)")
+
+
+def _name_list(value: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in value.split(",") if part.strip())
 
 
 def _input_shapes(items: list[str]) -> dict[str, str]:
@@ -83,8 +90,10 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
         result = tune_model(
             model, target, args.trials, database=args.database, seed=args.seed,
             batch_size=args.batch_size, scheduler=args.scheduler, confirm=args.confirm, cache_flush=args.cache_flush,
-            progress=bar.update, runner=runner,
+            progress=bar.update, runner=runner, graph_rewrites=args.graph_rewrites,
         )
+    for name, count in result.graph_rewrites.items():
+        print(f"graph rewrite {name}: {count} operators rewritten")
     print(result.table())
     estimate = result.estimated_latency
     print(f"\n{result.trials} trials in {result.seconds:.1f} s ({result.search_seconds:.1f} s searching); "

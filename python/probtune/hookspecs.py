@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from probtune.interfaces import (
         BuilderFactory,
         CostModelFactory,
+        GraphRewrite,
         Mutator,
         RunnerFactory,
         SpaceModule,
@@ -30,6 +31,7 @@ __all__ = [
     "hookspec",
     "probtune_register_builders",
     "probtune_register_cost_models",
+    "probtune_register_graph_rewrites",
     "probtune_register_mutators",
     "probtune_register_runners",
     "probtune_register_space_modules",
@@ -65,6 +67,11 @@ def probtune_register_mutators(register: Callable[[Mutator], None]) -> None:
 @hookspec
 def probtune_register_validators(register: Callable[[Validator], None]) -> None:
     """Register validators/post-processors that finish or reject a scheduled program."""
+
+
+@hookspec
+def probtune_register_graph_rewrites(register: Callable[[GraphRewrite], None]) -> None:
+    """Register graph rewrites: whole-model rewrites a target names in ``TargetSpec.graph_rewrites``."""
 
 
 @hookspec

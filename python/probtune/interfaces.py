@@ -24,6 +24,7 @@ __all__ = [
     "Compiler",
     "CostModel",
     "CostModelFactory",
+    "GraphRewrite",
     "Mutator",
     "Runner",
     "RunnerFactory",
@@ -80,6 +81,9 @@ class TargetSpec:
 
     A model's operators are converted to these layouts before it is fused
     into tasks (:func:`probtune.model.tasks.fuse`); empty keeps the model's own."""
+    graph_rewrites: tuple[str, ...] = ()
+    """Registered graph rewrites (:class:`GraphRewrite`) applied in order to a model, in these layouts, before it is
+    fused into tasks: another algorithm for some operators (Winograd convolution, say)."""
 
     @property
     def num_cores(self) -> int:
@@ -126,6 +130,22 @@ class Validator(Protocol):
     name: str
 
     def check(self, sch: tvm.s_tir.Schedule, ctx: SpaceContext) -> str | None: ...
+
+
+@runtime_checkable
+class GraphRewrite(Protocol):
+    """Rewrites operators of a whole model (a Relax module) into a form the target runs faster.
+
+    It must compute the same function (up to floating-point rounding, which
+    the compiled model's check against its reference bounds) and leave what
+    it does not apply to as it is.
+    """
+
+    name: str
+
+    def rewrite(self, mod: tvm.IRModule, target: TargetSpec) -> tuple[tvm.IRModule, int]:
+        """The rewritten module and the number of operators rewritten."""
+        ...
 
 
 @runtime_checkable

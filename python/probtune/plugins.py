@@ -60,6 +60,7 @@ _HOOKS: dict[str, tuple[str, bool]] = {
     "probtune_register_space_modules": ("space_modules", False),
     "probtune_register_mutators": ("mutators", False),
     "probtune_register_validators": ("validators", False),
+    "probtune_register_graph_rewrites": ("graph_rewrites", False),
     "probtune_register_cost_models": ("cost_models", True),
     "probtune_register_builders": ("builders", True),
     "probtune_register_runners": ("runners", True),
@@ -75,6 +76,7 @@ class Registry:
     space_modules: dict[str, Any] = field(default_factory=dict)
     mutators: dict[str, Any] = field(default_factory=dict)
     validators: dict[str, Any] = field(default_factory=dict)
+    graph_rewrites: dict[str, Any] = field(default_factory=dict)
     cost_models: dict[str, Callable[..., Any]] = field(default_factory=dict)
     builders: dict[str, Callable[..., Any]] = field(default_factory=dict)
     runners: dict[str, Callable[..., Any]] = field(default_factory=dict)

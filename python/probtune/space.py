@@ -14,7 +14,7 @@ from tvm import s_tir
 
 from probtune._core import Rng, Trace
 from probtune.errors import PluginError, ReplayError
-from probtune.interfaces import SpaceContext, SpaceModule, TargetSpec, Validator
+from probtune.interfaces import GraphRewrite, SpaceContext, SpaceModule, TargetSpec, Validator
 from probtune.plugins import get_registry
 from probtune.schedule import Schedule
 from probtune.tir import block_names
@@ -28,6 +28,7 @@ __all__ = [
     "Rejection",
     "generate_space",
     "program_hash",
+    "resolve_graph_rewrites",
     "resolve_modules",
     "resolve_validators",
 ]
@@ -84,6 +85,11 @@ def resolve_modules(target: TargetSpec, modules: Sequence[str | SpaceModule] | N
 
 def resolve_validators(target: TargetSpec, validators: Sequence[str | Validator] | None = None) -> list[Validator]:
     return _pick("validator", get_registry().validators, target.validators if validators is None else validators)
+
+
+def resolve_graph_rewrites(target: TargetSpec, rewrites: Sequence[str | GraphRewrite] | None = None) -> list[GraphRewrite]:
+    """The target's graph rewrites, or the caller's (names or rewrite objects)."""
+    return _pick("graph rewrite", get_registry().graph_rewrites, target.graph_rewrites if rewrites is None else rewrites)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ workload in the database, also across models.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import tvm
@@ -16,10 +17,11 @@ import tvm_ffi
 from tvm import relax
 
 from probtune.errors import ModelImportError
-from probtune.interfaces import TargetSpec
+from probtune.interfaces import GraphRewrite, TargetSpec
 from probtune.model.importer import Model
 from probtune.model.layouts import convert_layouts
 from probtune.model.prepack import constant_arguments
+from probtune.model.rewrites import REWRITES_ATTR, apply_graph_rewrites
 from probtune.workload import Workload
 
 __all__ = ["ModelTask", "extract_tasks", "fuse"]
@@ -44,15 +46,17 @@ class ModelTask:
         return self.workload.name
 
 
-def fuse(model: Model, target: TargetSpec) -> tvm.IRModule:
-    """The model in the target's layouts (:mod:`probtune.model.layouts`), legalized and fused by TVM's "zero" pipeline.
+def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite] | None = None) -> tvm.IRModule:
+    """The model in the target's layouts (:mod:`probtune.model.layouts`), through its graph rewrites (or
+    ``rewrites``; :mod:`probtune.model.rewrites`), legalized and fused by TVM's "zero" pipeline.
 
     The pipeline legalizes, folds the transposed weights into constants, and
-    fuses operators and TIR.
+    fuses operators and TIR. The fused module records what each rewrite changed.
     """
-    mod = convert_layouts(model.mod, target.layouts)
+    mod, counts = apply_graph_rewrites(convert_layouts(model.mod, target.layouts), target, rewrites)
     with tvm.target.Target(target.tvm_target):
-        return relax.get_pipeline("zero")(mod)
+        fused = relax.get_pipeline("zero")(mod)
+    return fused.with_attr(REWRITES_ATTR, counts) if counts else fused
 
 
 def extract_tasks(fused: tvm.IRModule) -> list[ModelTask]:

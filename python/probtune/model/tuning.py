@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from probtune.model.check import check_outputs
 from probtune.model.compile import CompiledModel, compile_model, default_program
 from probtune.model.importer import Model, ShapeArg, load_model
 from probtune.model.remote import RemoteModel
+from probtune.model.rewrites import rewrite_counts
 from probtune.model.tasks import ModelTask, extract_tasks, fuse
 from probtune.pipeline import MeasurePipeline, Progress, open_pipeline, resolve_cost_model
 from probtune.session import TaskSession, best_replayable
@@ -73,6 +75,11 @@ class ModelTuneResult:
     search_seconds: float
     measure_seconds: float
     programs: dict[str, tvm.IRModule]  # fused PrimFunc name -> its program
+
+    @property
+    def graph_rewrites(self) -> dict[str, int]:
+        """Operators each of the target's graph rewrites changed in the model (none rewritten: absent)."""
+        return rewrite_counts(self.fused)
 
     @property
     def estimated_latency(self) -> float | None:
@@ -141,6 +148,7 @@ def tune_model(
     progress: Progress | None = None,
     builder: str | Builder | None = None,
     runner: str | Runner | None = None,
+    graph_rewrites: Sequence[str] | None = None,
 ) -> ModelTuneResult:
     """Tune every task of ``model`` for ``target`` with ``trials`` new measurements in all, recorded in ``database``.
 
@@ -155,6 +163,8 @@ def tune_model(
     (records apart from warm ones: :func:`~probtune.pipeline.open_pipeline`);
     None is ``MODEL_CACHE_FLUSH``, or a runner object's own setting.
     ``builder`` and ``runner`` are as for :func:`probtune.tune`.
+    ``graph_rewrites`` names the graph rewrites applied to the model before it
+    is fused into tasks; None is the target's (``TargetSpec.graph_rewrites``).
     """
     check_tuning_options(trials, batch_size, confirm, strategy)
     started = time.perf_counter()
@@ -162,7 +172,7 @@ def tune_model(
         model = load_model(model, input_shapes)
     spec = resolve_target(target)
     chooser = make_scheduler(scheduler)
-    fused = fuse(model, spec)
+    fused = fuse(model, spec, graph_rewrites)
     tasks = extract_tasks(fused)
     cost = resolve_cost_model(cost_model, seed) if strategy == "evolutionary" else None
     options = search_options or {}

@@ -16,7 +16,13 @@ from typing import Any
 
 from probtune import TargetSpec, hookimpl
 from probtune_cpu.codegen import LLVMCompiler
-from probtune_cpu.defaults import DEFAULT_LAYOUTS, DEFAULT_MODULES, DEFAULT_MUTATORS, DEFAULT_VALIDATORS
+from probtune_cpu.defaults import (
+    DEFAULT_GRAPH_REWRITES,
+    DEFAULT_LAYOUTS,
+    DEFAULT_MODULES,
+    DEFAULT_MUTATORS,
+    DEFAULT_VALIDATORS,
+)
 from probtune_cpu.host_cpu import CPURequirement, cpu_model
 from probtune_cpu.vector_unit import vector_attrs
 
@@ -42,6 +48,7 @@ def make_targets() -> list[TargetSpec]:
             validators=DEFAULT_VALIDATORS,
             mutators=DEFAULT_MUTATORS,
             layouts=DEFAULT_LAYOUTS,
+            graph_rewrites=DEFAULT_GRAPH_REWRITES,
             attrs=vector_attrs(width=4, registers=32),
             compiler=LLVMCompiler(linker=AARCH64_LINKER),  # 32 registers of 16 bytes: under TVM's own stack cut-off
             runs_here=CPURequirement(("aarch64", "arm64"), ("asimd",)),

@@ -22,6 +22,7 @@ from probtune_cpu.random_compute_location import RandomComputeLocation
 from probtune_cpu.reciprocal_division import RewriteInvariantDivision
 from probtune_cpu.validators import VerifyParallel, VerifyStaticLoops, VerifyUnrollSize, VerifyVectorize
 from probtune_cpu.vector_math import RewriteVectorMath
+from probtune_cpu.winograd import WinogradConv2D
 
 __all__ = [
     "AddRFactor",
@@ -38,6 +39,7 @@ __all__ = [
     "RewriteReductionBlock",
     "RewriteSpatialInnermost",
     "RewriteVectorMath",
+    "WinogradConv2D",
 ]
 
 
@@ -66,3 +68,8 @@ def probtune_register_validators(register: Callable[[Any], None]) -> None:
     register(VerifyVectorize())
     register(VerifyParallel())
     register(VerifyUnrollSize())
+
+
+@hookimpl
+def probtune_register_graph_rewrites(register: Callable[[Any], None]) -> None:
+    register(WinogradConv2D())

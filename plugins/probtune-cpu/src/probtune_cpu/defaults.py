@@ -1,4 +1,4 @@
-"""The module, validator and mutator lists and the model layouts every CPU target uses by default.
+"""The module, validator and mutator lists, the model layouts and graph rewrites every CPU target uses by default.
 
 Target plugins (probtune-x86, probtune-arm) import these, so that a module
 added to the CPU space reaches every CPU target at once.
@@ -6,7 +6,7 @@ added to the CPU space reaches every CPU target at once.
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_LAYOUTS", "DEFAULT_MODULES", "DEFAULT_MUTATORS", "DEFAULT_VALIDATORS"]
+__all__ = ["DEFAULT_GRAPH_REWRITES", "DEFAULT_LAYOUTS", "DEFAULT_MODULES", "DEFAULT_MUTATORS", "DEFAULT_VALIDATORS"]
 
 # auto-inline first, so tiling sees single elementwise consumers; add-rfactor before tiling splits the
 # loop nest; random-compute-location last, since its inline decision removes the block
@@ -41,3 +41,6 @@ DEFAULT_MUTATORS = {"tile_size": 0.9, "categorical": 0.05, "compute_location": 0
 # of vectors at any feature-map size (NCHW vectorizes the width, 7 or 14 in late CNN stages), and HWIO
 # weights are contiguous along them. Pooling and elementwise operators follow their input's layout.
 DEFAULT_LAYOUTS = {"relax.nn.conv2d": ("NHWC", "HWIO")}
+
+DEFAULT_GRAPH_REWRITES = ("winograd-conv2d",)
+"""3x3 convolutions where Winograd's form needs far fewer multiplies (:mod:`probtune_cpu.winograd`)."""

@@ -13,7 +13,13 @@ from typing import Any
 
 from probtune import TargetSpec, hookimpl
 from probtune_cpu.codegen import TVM_STACK_BYTES, LLVMCompiler
-from probtune_cpu.defaults import DEFAULT_LAYOUTS, DEFAULT_MODULES, DEFAULT_MUTATORS, DEFAULT_VALIDATORS
+from probtune_cpu.defaults import (
+    DEFAULT_GRAPH_REWRITES,
+    DEFAULT_LAYOUTS,
+    DEFAULT_MODULES,
+    DEFAULT_MUTATORS,
+    DEFAULT_VALIDATORS,
+)
 from probtune_cpu.host_cpu import CPURequirement, cpu_features, cpu_model
 from probtune_cpu.vector_unit import vector_attrs
 
@@ -39,6 +45,7 @@ def _cpu_target(name: str, description: str, tvm_target: dict[str, Any], width: 
         validators=DEFAULT_VALIDATORS,
         mutators=DEFAULT_MUTATORS,
         layouts=DEFAULT_LAYOUTS,
+        graph_rewrites=DEFAULT_GRAPH_REWRITES,
         attrs=vector_attrs(width, registers),
         compiler=LLVMCompiler(stack_bytes),
         local_device=cpu_model,
