@@ -31,11 +31,13 @@ multiplies (product and transforms) must also be at most
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax, te, topi
 from tvm.ir.expr import Constant
 
@@ -129,10 +131,10 @@ class _Conv:
 
 def _eligible(call: relax.Call) -> _Conv | None:
     """The convolution's shapes, if this call is one the rewrite applies to and pays on; else None."""
-    if not _is_winograd_kind(call):
+    if not _is_winograd_kind(call) or not isinstance(call.args[1], Constant):
         return None
     data, weight = call.args
-    dims = [int(d) if isinstance(d, tvm.tirx.IntImm) else -1 for d in data.ty.shape]
+    dims = [_static(d) for d in data.ty.shape]
     if min(dims) < 0:
         return None  # a dynamic shape
     batch, height, width, _ = dims
@@ -147,7 +149,7 @@ def _eligible(call: relax.Call) -> _Conv | None:
 
 
 def _is_winograd_kind(call: relax.Call) -> bool:
-    """A stride-1, undilated, ungrouped 3x3 NHWC/HWIO float convolution with a constant kernel."""
+    """A stride-1, undilated, ungrouped 3x3 NHWC/HWIO float convolution (its kernel may still be computed)."""
     if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.conv2d":
         return False
     attrs, (data, weight) = call.attrs, call.args
@@ -156,11 +158,24 @@ def _is_winograd_kind(call: relax.Call) -> bool:
         and attrs.groups == 1
         and [int(s) for s in attrs.strides] == [1, 1]
         and [int(d) for d in attrs.dilation] == [1, 1]
-        and isinstance(weight, Constant)
-        and [int(d) for d in weight.ty.shape][:2] == [KERNEL, KERNEL]
+        and [_static(d) for d in weight.ty.shape][:2] == [KERNEL, KERNEL]
         and str(weight.ty.dtype).startswith("float")
         and str(data.ty.dtype) == str(weight.ty.dtype)
     )
+
+
+def _static(dim: tvm.ir.PrimExpr) -> int:
+    """A static dimension's size; -1 for a dynamic one."""
+    return int(dim) if isinstance(dim, tvm.tirx.IntImm) else -1
+
+
+def _has_call(mod: tvm.IRModule, wanted: Callable[[relax.Call], bool]) -> bool:
+    """Whether a Relax function of ``mod`` makes a call that ``wanted`` accepts."""
+    found: list[relax.Call] = []
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            tvm_ffi.structural_walk(func, (relax.Call, lambda call: found.append(call) if wanted(call) else None))
+    return bool(found)
 
 
 def _const(array: np.ndarray, dtype: str) -> relax.Constant:
@@ -223,7 +238,7 @@ class _Rewrite(relax.PyExprMutator):  # type: ignore[misc]
             lambda x, kb: _input_transform(conv, x, kb), data, _const(np.kron(b_t, b_t), dtype),
             primfunc_name_hint="winograd_data_pack",
         )
-        product = builder.emit(relax.op.matmul(builder.emit(self._fusable(pack)), u))
+        product = builder.emit(relax.op.matmul(builder.emit(pack), u))
         out = builder.call_te(
             lambda p, ka: _output_transform(conv, p, ka), product, _const(np.kron(a_t, a_t), dtype),
             primfunc_name_hint="winograd_inverse",
@@ -245,6 +260,8 @@ class WinogradConv2D:
     def rewrite(self, mod: tvm.IRModule, target: TargetSpec) -> tuple[tvm.IRModule, int]:
         """``mod`` with its eligible convolutions rewritten, and how many there were."""
         del target  # the form suits every CPU target; which convolutions pay is a matter of their shapes
+        if not _has_call(mod, _is_winograd_kind):
+            return mod, 0  # nothing to fold the kernels for
         folded = relax.transform.FoldConstant()(mod)  # kernels an importer transposes become constants
         rewriter = _Rewrite(folded)
         for gv, func in list(folded.functions.items()):
