@@ -192,3 +192,32 @@ def test_malformed_trace_json_is_rejected():
     for text in ["{", '{"version": 1}', '{"version": 99, "insts": [], "decisions": []}', "[]"]:
         with pytest.raises(TraceFormatError):
             Trace.from_json(text)
+
+
+def test_gpu_primitives_are_recorded_and_replayed(matmul_mod):
+    """bind, set_scope and storage_align replay from JSON to the same program (the GPU space needs them)."""
+    sch = Schedule(matmul_mod, rng=Rng(5))
+    block = sch.get_sblock("C")
+    i, j, k = sch.get_loops(block)
+    i0, i1 = sch.split(i, [None, 16])
+    j0, j1 = sch.split(j, [None, 16])
+    sch.reorder(i0, j0, i1, j1, k)
+    sch.bind(sch.fuse(i0, j0), "blockIdx.x")
+    sch.bind(sch.fuse(i1, j1), "threadIdx.x")
+    copy = sch.cache_read(block, 0, "global")
+    sch.set_scope(copy, 0, "shared")
+    sch.storage_align(copy, 0, axis=0, factor=32, offset=1)
+    kinds = [inst.kind for inst in sch.trace.instructions]
+    assert {"bind", "set_scope", "storage_align"} <= set(kinds)
+    assert 'thread="threadIdx.x"' in sch.mod.script() and 'scope="shared"' in sch.mod.script()
+    again = Schedule.replay(matmul_mod, Trace.from_json(sch.trace.to_json()))
+    assert tvm_ffi.structural_equal(again.mod, sch.mod)
+
+
+def test_a_bind_to_an_unknown_thread_axis_is_a_replay_error(matmul_mod):
+    sch = Schedule(matmul_mod)
+    loop = sch.get_loops(sch.get_sblock("C"))[0]
+    sch.bind(loop, "threadIdx.x")
+    text = sch.trace.to_json().replace('"threadIdx.x"', '"warpIdx.q"')
+    with pytest.raises(ReplayError, match="instruction 2 \\(bind\\)"):
+        Schedule.replay(matmul_mod, Trace.from_json(text))

@@ -170,6 +170,11 @@ _PRIMITIVES: dict[str, _Primitive] = {
     "rfactor": _Primitive(lambda s, ins, at: s.rfactor(ins[0], at["factor_axis"]), BlockRV),
     "decompose_reduction": _Primitive(lambda s, ins, at: s.decompose_reduction(ins[0], ins[1]), BlockRV),
     "annotate": _Primitive(_annotate),
+    "bind": _Primitive(lambda s, ins, at: s.bind(ins[0], at["thread_axis"])),
+    "set_scope": _Primitive(lambda s, ins, at: s.set_scope(ins[0], at["buffer_index"], at["storage_scope"])),
+    "storage_align": _Primitive(
+        lambda s, ins, at: s.storage_align(ins[0], at["buffer_index"], at["axis"], at["factor"], at["offset"])
+    ),
     "unannotate": _Primitive(lambda s, ins, at: s.unannotate(ins[0], at["ann_key"])),
 }
 
@@ -419,6 +424,10 @@ class Schedule:
     def unroll(self, loop: LoopRV) -> None:
         self.apply("unroll", [loop])
 
+    def bind(self, loop: LoopRV, thread_axis: str) -> None:
+        """Bind ``loop`` to a GPU thread axis ("blockIdx.x", "vthread.x", "threadIdx.y", ...)."""
+        self.apply("bind", [loop], {"thread_axis": thread_axis})
+
     def compute_at(self, block: BlockRV, loop: LoopRV, *, preserve_unit_loops: bool = True) -> None:
         self.apply("compute_at", [block, loop], {"preserve_unit_loops": preserve_unit_loops})
 
@@ -438,6 +447,15 @@ class Schedule:
     def cache_write(self, block: BlockRV, write_buffer_index: int, storage_scope: str = "global") -> BlockRV:
         attrs = {"write_buffer_index": write_buffer_index, "storage_scope": storage_scope}
         return self.apply("cache_write", [block], attrs)[0]  # type: ignore[return-value]
+
+    def set_scope(self, block: BlockRV, buffer_index: int, storage_scope: str) -> None:
+        """Put the buffer ``block`` writes at ``buffer_index`` in ``storage_scope`` ("shared", "local", ...)."""
+        self.apply("set_scope", [block], {"buffer_index": buffer_index, "storage_scope": storage_scope})
+
+    def storage_align(self, block: BlockRV, buffer_index: int, axis: int, factor: int, offset: int) -> None:
+        """Pad ``axis`` of the buffer ``block`` writes so that its stride is ``offset`` modulo ``factor`` (bank conflicts)."""
+        attrs = {"buffer_index": buffer_index, "axis": axis, "factor": factor, "offset": offset}
+        self.apply("storage_align", [block], attrs)
 
     def rfactor(self, loop: LoopRV, factor_axis: int) -> BlockRV:
         return self.apply("rfactor", [loop], {"factor_axis": factor_axis})[0]  # type: ignore[return-value]

@@ -1,0 +1,120 @@
+"""GPU multi-level tiling: a reduction block tiled across thread blocks, virtual threads and threads.
+
+The structure is MetaSchedule's for CUDA, ``SSSRRSRS``: each spatial loop is
+split in five (thread block, virtual thread, thread, and two levels inside a
+thread), each reduction loop in three. The first three spatial levels are
+fused and bound to ``blockIdx.x``, ``vthread.x`` and ``threadIdx.x``. Each
+input is read through a shared-memory copy made once per outermost reduction
+tile and fetched by all the block's threads together (the copy is annotated
+with its vector width; ``rewrite-cooperative-fetch`` spreads it over the
+threads), and the output is accumulated in registers (a local write cache)
+written back under the thread loop.
+
+Tile sizes and fetch widths are sampled; which blocks are tiled and the shape
+of the nest depend only on the program, so every replay makes the same steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import s_tir, tirx
+
+from probtune import SpaceContext
+from probtune.schedule import BlockRV, LoopRV, Schedule
+from probtune.tir import REDUCTION, SPATIAL, at_root, loop_kinds, reuses_data
+
+__all__ = ["COOPERATIVE_FETCH_KEY", "GPUMultiLevelTiling"]
+
+COOPERATIVE_FETCH_KEY = "probtune.cooperative_fetch"
+"""Block annotation on a shared-memory copy: the vector width each thread loads with."""
+
+_THREAD_AXES = ("blockIdx.x", "vthread.x", "threadIdx.x")
+
+
+@dataclass(frozen=True)
+class GPUMultiLevelTiling:
+    """Tile a reduction block that reuses its inputs (matmul, convolution) for the GPU's thread hierarchy."""
+
+    name: str = "gpu-multi-level-tiling"
+    spatial_levels: int = 5
+    reduction_levels: int = 3
+    max_innermost_factor: int = 64
+    vector_load_lens: tuple[int, ...] = (1, 2, 3, 4, 8, 16)
+
+    def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
+        raw, block_rv = sch.tvm, sch.resolve(block)
+        sblock = raw.get(block_rv)
+        if not _tileable(raw, block_rv, sblock):
+            return
+        loops = sch.get_loops(block)
+        kinds = loop_kinds(raw, block_rv, [sch.resolve(loop) for loop in loops])
+        epilogue = _elementwise_consumer(raw, block_rv)
+        levels = self._split(sch, loops, kinds)
+        thread_loops = [sch.fuse(*levels[depth]) for depth in range(len(_THREAD_AXES))]
+        for loop, axis in zip(thread_loops, _THREAD_AXES):
+            sch.bind(loop, axis)
+        if epilogue is not None:  # the epilogue writes the result back; the block's own output stays in registers
+            sch.set_scope(block, 0, "local")
+            sch.reverse_compute_at(sch.get_sblock(epilogue), thread_loops[-1])
+        else:
+            write = sch.cache_write(block, 0, "local")
+            sch.reverse_compute_at(write, thread_loops[-1])
+        self._read_through_shared(sch, block, len(sblock.reads), levels[len(_THREAD_AXES)][-1])
+
+    def _split(self, sch: Schedule, loops: list[LoopRV], kinds: list[str]) -> list[list[LoopRV]]:
+        """Split every loop and reorder the pieces as ``SSSRRSRS``: the loops of each level, outermost level first."""
+        spatial: list[list[LoopRV]] = [[] for _ in range(self.spatial_levels)]
+        reduction: list[list[LoopRV]] = [[] for _ in range(self.reduction_levels)]
+        for loop, kind in zip(loops, kinds):
+            parts, levels = (self.spatial_levels, spatial) if kind == SPATIAL else (self.reduction_levels, reduction)
+            factors = sch.sample_perfect_tile(loop, n=parts, max_innermost_factor=self.max_innermost_factor)
+            for level, piece in zip(levels, sch.split(loop, factors)):
+                level.append(piece)
+        order = [spatial[0], spatial[1], spatial[2], reduction[0], reduction[1], spatial[3], reduction[2], spatial[4]]
+        sch.reorder(*[loop for level in order for loop in level])
+        return order
+
+    def _read_through_shared(self, sch: Schedule, block: BlockRV, num_reads: int, at: LoopRV) -> None:
+        """Copy each input's tile into shared memory under the outermost reduction tile, fetched by all threads."""
+        for index in range(num_reads):
+            copy = sch.cache_read(block, index, "shared")
+            sch.compute_at(copy, at)
+            weights = [1.0 / len(self.vector_load_lens)] * len(self.vector_load_lens)
+            sch.annotate(copy, COOPERATIVE_FETCH_KEY, sch.sample_categorical(self.vector_load_lens, weights))
+
+
+def _elementwise_consumer(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV) -> str | None:
+    """The name of the block's only consumer if it reads the block's output element for element and nothing else does.
+
+    Its loops then follow the block's spatial tiles, so it can finish each
+    output value in registers (a bias add, an activation), as MetaSchedule's
+    write reuse does for CUDA.
+    """
+    consumers = raw.get_consumers(block_rv)
+    output = raw.get(block_rv).writes[0].source
+    if len(consumers) != 1 or any(param.same_as(output) for param in raw.mod["main"].params):
+        return None
+    consumer = raw.get(consumers[0])
+    if not all(int(iv.iter_type) == tirx.IterVar.DataPar for iv in consumer.iter_vars):
+        return None
+    spatial = [iv.var for iv in raw.get(block_rv).iter_vars if int(iv.iter_type) == tirx.IterVar.DataPar]
+    reads = [read for read in consumer.reads if read.source.same_as(output)]
+    if len(reads) != 1 or len(consumer.iter_vars) != len(spatial) or len(reads[0].region) != len(spatial):
+        return None
+    own = [iv.var for iv in consumer.iter_vars]
+    point = all(
+        isinstance(r.extent, tirx.IntImm) and int(r.extent) == 1 and r.min.same_as(var)
+        for r, var in zip(reads[0].region, own)
+    )
+    return str(consumer.name_hint) if point else None
+
+
+def _tileable(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, sblock: s_tir.SBlock) -> bool:
+    """A block at the root, one output, reducing over some loop, each loop feeding spatial or reduction iterators only."""
+    if not at_root(raw, block_rv) or len(sblock.writes) != 1 or not reuses_data(sblock):
+        return False
+    if not any(int(iv.iter_type) == tirx.IterVar.CommReduce for iv in sblock.iter_vars):
+        return False
+    kinds = loop_kinds(raw, block_rv, list(raw.get_loops(block_rv)))
+    return SPATIAL in kinds and all(kind in (SPATIAL, REDUCTION) for kind in kinds)

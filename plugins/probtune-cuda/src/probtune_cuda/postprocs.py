@@ -1,0 +1,93 @@
+"""GPU validators: TVM MetaSchedule's CUDA postprocessors, run on a replayed program.
+
+Each finishes the program as MetaSchedule does for CUDA (spreading the
+shared-memory copies over the threads, binding blocks no module bound,
+splitting reduction initialisation out) or checks it: ``verify-gpu-code``
+lowers it and rejects one whose threads, shared memory or vector accesses
+exceed the target's per-block limits, before it costs a build.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import tvm
+from tvm import s_tir
+from tvm.s_tir import meta_schedule as ms
+
+from probtune import SpaceContext
+from probtune.tir import block_names
+from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY
+
+__all__ = ["RewriteCooperativeFetch", "RewriteGPUReductionBlock", "RewriteUnboundBlock", "VerifyGPUCode"]
+
+_TVM_FETCH_KEY = "meta_schedule.cooperative_fetch"  # what TVM's RewriteCooperativeFetch reads
+
+
+@functools.lru_cache(maxsize=64)
+def _postproc(kind: str, target_json: str) -> Any:
+    """TVM's postprocessor ``kind``, initialised for the target (it reads the thread and memory limits from it)."""
+    postproc = getattr(ms.postproc, kind)()
+    postproc._initialize_with_tune_context(ms.TuneContext(target=tvm.target.Target(json.loads(target_json))))
+    return postproc
+
+
+def _apply(kind: str, sch: s_tir.Schedule, ctx: SpaceContext) -> bool:
+    return bool(_postproc(kind, json.dumps(dict(ctx.target.tvm_target), sort_keys=True)).apply(sch))
+
+
+@dataclass(frozen=True)
+class RewriteCooperativeFetch:
+    """Fuse each shared-memory copy's loops and split them over the thread block's threads, with its vector width."""
+
+    name: str = "rewrite-cooperative-fetch"
+
+    def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
+        for name in block_names(sch.mod["main"]):
+            block = sch.get_sblock(name)
+            width = sch.get(block).annotations.get(COOPERATIVE_FETCH_KEY)
+            if width is not None:
+                sch.unannotate(block, COOPERATIVE_FETCH_KEY)
+                sch.annotate(block, _TVM_FETCH_KEY, tvm.tirx.IntImm("int32", int(width)))
+        if not _apply("RewriteCooperativeFetch", sch, ctx):
+            return "a shared-memory copy cannot be spread over the threads"
+        return None
+
+
+@dataclass(frozen=True)
+class RewriteUnboundBlock:
+    """Bind every block no module bound (padding, elementwise tails) to blocks and threads of the target's size."""
+
+    name: str = "rewrite-unbound-block"
+
+    def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
+        return None if _apply("RewriteUnboundBlock", sch, ctx) else "a block cannot be bound to GPU threads"
+
+
+@dataclass(frozen=True)
+class RewriteGPUReductionBlock:
+    """Split each reduction's initialisation into its own block, under the loops that need it."""
+
+    name: str = "rewrite-gpu-reduction-block"
+
+    def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
+        return None if _apply("RewriteReductionBlock", sch, ctx) else "a reduction's initialisation cannot be split out"
+
+
+@dataclass(frozen=True)
+class VerifyGPUCode:
+    """Reject a program whose threads per block, shared memory or vector accesses exceed the target's limits."""
+
+    name: str = "verify-gpu-code"
+
+    def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
+        if _apply("VerifyGPUCode", sch, ctx):
+            return None
+        limits = ctx.target.tvm_target
+        return (
+            f"exceeds the GPU's per-block limits ({limits.get('max_threads_per_block')} threads, "
+            f"{limits.get('max_shared_memory_per_block')} bytes of shared memory) or its vector width"
+        )

@@ -1,0 +1,60 @@
+"""NVIDIA GPU targets with their limits written out, as TVM's context checks need them.
+
+A bare ``{"kind": "cuda"}`` target carries no ``max_threads_per_block``, and
+MetaSchedule's own tuning context refuses it; each target here names the
+architecture and the per-block limits its programs are checked against.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from probtune import TargetSpec
+from probtune_cuda.device import CUDARequirement
+
+__all__ = ["DEFAULT_MODULES", "DEFAULT_MUTATORS", "DEFAULT_VALIDATORS", "cuda_target", "make_targets"]
+
+DEFAULT_MODULES = ("auto-inline", "gpu-multi-level-tiling", "gpu-auto-unroll")
+"""Inline elementwise blocks first (so tiling sees a single consumer), then tile and bind, then sample unrolling."""
+
+DEFAULT_VALIDATORS = (
+    "rewrite-cooperative-fetch",
+    "rewrite-unbound-block",
+    "rewrite-gpu-unroll",
+    "rewrite-gpu-reduction-block",
+    "verify-gpu-code",
+)
+"""Finish the program (shared-memory copies spread over the threads, every block bound, unrolling), then check it fits."""
+
+DEFAULT_MUTATORS = {"tile_size": 0.9, "categorical": 0.1}
+"""Mutators by probability, after TVM MetaSchedule's CUDA defaults (tile sizes 0.9; unroll and fetch widths share 0.1)."""
+
+
+def cuda_target(name: str, description: str, arch: str, max_shared_memory_per_block: int, **limits: Any) -> TargetSpec:
+    """A CUDA target for ``arch`` (e.g. ``sm_80``) with explicit per-block limits and the GPU space."""
+    tvm_target = {
+        "kind": "cuda",
+        "arch": arch,
+        "max_threads_per_block": 1024,
+        "max_num_threads": 1024,
+        "thread_warp_size": 32,
+        "registers_per_block": 65536,
+        "max_shared_memory_per_block": max_shared_memory_per_block,
+        **limits,
+    }
+    return TargetSpec(
+        name=name,
+        description=description,
+        tvm_target=tvm_target,
+        modules=DEFAULT_MODULES,
+        validators=DEFAULT_VALIDATORS,
+        mutators=DEFAULT_MUTATORS,
+        runs_here=CUDARequirement(),
+    )
+
+
+def make_targets() -> list[TargetSpec]:
+    return [
+        cuda_target("cuda-sm90", "NVIDIA Hopper (H100/H200 class), sm_90, 48 KB shared memory per block", "sm_90", 49152),
+        cuda_target("cuda-sm80", "NVIDIA Ampere (A100 class), sm_80, 48 KB shared memory per block", "sm_80", 49152),
+    ]

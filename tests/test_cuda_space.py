@@ -1,0 +1,102 @@
+"""The CUDA targets and their GPU space: sampled programs are bound to threads, fit the limits, and build without a GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+import tvm
+
+from probtune import Rng, Schedule, UnsupportedTargetError
+from probtune.catalog import resolve_workload
+from probtune.space import generate_space
+from probtune.targets import resolve_target
+from probtune_cuda.postprocs import VerifyGPUCode
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def valid_samples(space, count: int, seed: int = 1, tries: int = 400):
+    rng = Rng(seed)
+    found = []
+    for _ in range(tries):
+        candidate = space.sample(rng)
+        if candidate is not None:
+            found.append(candidate)
+            if len(found) == count:
+                break
+    return found
+
+
+def cuda_source(mod: tvm.IRModule, target) -> str:
+    executable = tvm.compile(mod, target=tvm.target.Target(dict(target.tvm_target)))
+    return executable.mod.imports[0].inspect_source()
+
+
+@pytest.mark.parametrize("name,arch", [("cuda-sm80", "sm_80"), ("cuda-sm90", "sm_90")])
+def test_targets_name_their_architecture_and_limits(name, arch):
+    target = resolve_target(name)
+    tvm_target = tvm.target.Target(dict(target.tvm_target))
+    assert tvm_target.kind.name == "cuda" and tvm_target.attrs["arch"] == arch
+    assert int(tvm_target.attrs["max_threads_per_block"]) == 1024
+    assert int(tvm_target.attrs["max_shared_memory_per_block"]) == 48 * 1024
+
+
+def test_matmul_samples_are_tiled_over_blocks_and_threads_and_build_to_cuda():
+    target = resolve_target("cuda-sm80")
+    space = generate_space(resolve_workload("matmul", "256,256,256"), target, seed=0)
+    samples = valid_samples(space, 3)
+    assert len(samples) == 3
+    for candidate in samples:
+        script = candidate.mod.script()
+        for axis in ("blockIdx.x", "vthread.x", "threadIdx.x"):
+            assert f'thread="{axis}"' in script
+        assert 'scope="shared"' in script and 'scope="local"' in script
+        source = cuda_source(candidate.mod, target)
+        assert "__global__" in source and "__shared__" in source and "threadIdx.x" in source
+        again = Schedule.replay(space.workload.mod, candidate.trace)
+        assert again.trace.decision_hash() == candidate.decision_hash
+
+
+def test_an_elementwise_epilogue_finishes_the_tiles_in_registers():
+    """dense + bias + ReLU: the product stays in local memory and the epilogue writes the result, in one kernel."""
+    target = resolve_target("cuda-sm80")
+    without_check = [v for v in target.validators if v != "verify-gpu-code"]
+    space = generate_space(resolve_workload("dense_bias_relu", "64,256,128"), target, seed=0, validators=without_check)
+    kinds = [inst.kind for inst in space.trace.instructions]
+    assert "set_scope" in kinds and "cache_write" not in kinds
+    candidate = valid_samples(space, 1)[0]
+    assert re.search(r"T_dense\w* = T.sblock_alloc_buffer\([^)]*\), scope=\"local\"\)", candidate.mod.script())
+    source = cuda_source(candidate.mod, target)
+    kernels = set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", source))
+    assert len(kernels) == 1
+
+
+def test_blocks_no_module_tiles_are_bound_to_threads():
+    target = resolve_target("cuda-sm90")
+    space = generate_space(resolve_workload("softmax", "64,256"), target, seed=0)
+    candidate = valid_samples(space, 1)[0]
+    assert "threadIdx.x" in cuda_source(candidate.mod, target)
+
+
+def test_programs_over_the_shared_memory_limit_are_rejected_before_building():
+    small = dataclasses.replace(
+        resolve_target("cuda-sm80"), tvm_target={**resolve_target("cuda-sm80").tvm_target, "max_shared_memory_per_block": 256}
+    )
+    space = generate_space(resolve_workload("matmul", "256,256,256"), small, seed=0)
+    assert valid_samples(space, 1, tries=20) == []
+    assert space.rejections["verify-gpu-code"] > 0
+    sch = Schedule.replay(space.workload.mod, space.trace.with_decisions({}), rng=Rng(3))
+    for validator in space.validators[:-1]:
+        validator.check(sch.tvm, space.context)
+    reason = VerifyGPUCode().check(sch.tvm, space.context)
+    assert reason is not None and "256 bytes of shared memory" in reason
+
+
+@pytest.mark.skipif(tvm.cuda(0).exist, reason="this machine has a CUDA device")
+def test_tuning_a_cuda_target_without_a_gpu_says_why():
+    from probtune import tune
+
+    with pytest.raises(UnsupportedTargetError, match=r"cuda-sm80.*no CUDA device 0 is visible"):
+        tune("matmul", shape="64,64,64", target="cuda-sm80", trials=4)
