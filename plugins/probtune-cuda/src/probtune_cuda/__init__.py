@@ -14,7 +14,13 @@ from typing import Any
 
 from probtune import hookimpl
 from probtune_cuda.multi_level_tiling import GPUMultiLevelTiling
-from probtune_cuda.postprocs import RewriteCooperativeFetch, RewriteGPUReductionBlock, RewriteUnboundBlock, VerifyGPUCode
+from probtune_cuda.postprocs import (
+    RewriteCooperativeFetch,
+    RewriteGPUReductionBlock,
+    RewriteUnboundBlock,
+    VerifyGPUCode,
+    VerifyRegisterTile,
+)
 from probtune_cuda.targets import make_targets
 from probtune_cuda.unroll import GPUAutoUnroll, RewriteGPUUnroll
 
@@ -26,6 +32,7 @@ __all__ = [
     "RewriteGPUUnroll",
     "RewriteUnboundBlock",
     "VerifyGPUCode",
+    "VerifyRegisterTile",
 ]
 
 
@@ -47,4 +54,5 @@ def probtune_register_validators(register: Callable[[Any], None]) -> None:
     register(RewriteUnboundBlock())
     register(RewriteGPUUnroll())
     register(RewriteGPUReductionBlock())
+    register(VerifyRegisterTile())
     register(VerifyGPUCode())

@@ -20,9 +20,9 @@ from tvm.s_tir import meta_schedule as ms
 
 from probtune import SpaceContext
 from probtune.tir import block_names
-from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY
+from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY, MAX_ACCUMULATORS, accumulators_per_thread
 
-__all__ = ["RewriteCooperativeFetch", "RewriteGPUReductionBlock", "RewriteUnboundBlock", "VerifyGPUCode"]
+__all__ = ["RewriteCooperativeFetch", "RewriteGPUReductionBlock", "RewriteUnboundBlock", "VerifyGPUCode", "VerifyRegisterTile"]
 
 _TVM_FETCH_KEY = "meta_schedule.cooperative_fetch"  # what TVM's RewriteCooperativeFetch reads
 
@@ -91,3 +91,23 @@ class VerifyGPUCode:
             f"exceeds the GPU's per-block limits ({limits.get('max_threads_per_block')} threads, "
             f"{limits.get('max_shared_memory_per_block')} bytes of shared memory) or its vector width"
         )
+
+
+@dataclass(frozen=True)
+class VerifyRegisterTile:
+    """Reject a tiling whose threads each accumulate more values than registers can hold.
+
+    An accumulator array larger than ``max_accumulators`` goes to local
+    memory, which the cubin lint would refuse after seconds of compiling;
+    this check costs a walk of the loops.
+    """
+
+    name: str = "verify-register-tile"
+    max_accumulators: int = MAX_ACCUMULATORS
+
+    def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
+        for name in block_names(sch.mod["main"]):
+            count = accumulators_per_thread(sch, sch.get_sblock(name))
+            if count is not None and count > self.max_accumulators:
+                return f"block {name} accumulates {count} values per thread (at most {self.max_accumulators} fit in registers)"
+        return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from probtune import TargetSpec
+from probtune_cuda.codegen import NVRTCCompiler
 from probtune_cuda.device import CUDARequirement
 
 __all__ = ["DEFAULT_MODULES", "DEFAULT_MUTATORS", "DEFAULT_VALIDATORS", "cuda_target", "make_targets"]
@@ -22,6 +23,7 @@ DEFAULT_VALIDATORS = (
     "rewrite-unbound-block",
     "rewrite-gpu-unroll",
     "rewrite-gpu-reduction-block",
+    "verify-register-tile",
     "verify-gpu-code",
 )
 """Finish the program (shared-memory copies spread over the threads, every block bound, unrolling), then check it fits."""
@@ -49,6 +51,7 @@ def cuda_target(name: str, description: str, arch: str, max_shared_memory_per_bl
         modules=DEFAULT_MODULES,
         validators=DEFAULT_VALIDATORS,
         mutators=DEFAULT_MUTATORS,
+        compiler=NVRTCCompiler(),
         runs_here=CUDARequirement(),
     )
 
