@@ -19,7 +19,7 @@ TRIALS ?= 96
 DATABASE ?= probtune.db
 RPC_KEY ?= arm-neon-qemu
 
-.PHONY: setup tune tune-op test bench bench-space bench-tune bench-transfer bench-models bench-rpc arm-device clean
+.PHONY: setup tune tune-op test bench bench-space bench-tune bench-transfer bench-models bench-rpc bench-cuda arm-device clean
 
 setup: $(VENV)/.deps $(VENV)/.core $(VENV)/.plugins
 
@@ -86,6 +86,10 @@ bench-models: setup
 bench-rpc: setup
 	$(BIN)/python -m pip install --quiet -r requirements-bench.txt
 	$(BIN)/python bench/rpc_devices.py $(BENCH_ARGS)
+
+# The CUDA space's random draws against MetaSchedule's, built to cubins and linted here (no GPU needed).
+bench-cuda: setup
+	$(BIN)/python bench/cuda_space.py $(BENCH_ARGS)
 
 # An emulated AArch64 RPC server, registered with the tracker RPC_TRACKER=HOST:PORT under RPC_KEY.
 arm-device: setup

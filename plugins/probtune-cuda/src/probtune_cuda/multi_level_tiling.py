@@ -6,7 +6,7 @@ thread), each reduction loop in three. The first three spatial levels are
 fused and bound to ``blockIdx.x``, ``vthread.x`` and ``threadIdx.x``. Each
 input is read through a shared-memory copy made once per outermost reduction
 tile and fetched by all the block's threads together (the copy is annotated
-with its vector width; ``rewrite-cooperative-fetch`` spreads it over the
+with its vector width, at most 16 bytes; ``rewrite-cooperative-fetch`` spreads it over the
 threads), and the output is accumulated in registers (a local write cache)
 written back under the thread loop.
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tvm
 from tvm import s_tir, tirx
 
 from probtune import SpaceContext
@@ -31,6 +32,8 @@ COOPERATIVE_FETCH_KEY = "probtune.cooperative_fetch"
 
 MAX_ACCUMULATORS = 128
 """Output values one thread may accumulate: a thread has at most 255 registers, and a larger array goes to local memory."""
+
+_MAX_VECTOR_BITS = 128  # a GPU thread loads at most 16 bytes at once (a float4)
 
 _THREAD_AXES = ("blockIdx.x", "vthread.x", "threadIdx.x")
 
@@ -99,8 +102,9 @@ class GPUMultiLevelTiling:
         for index in range(num_reads):
             copy = sch.cache_read(block, index, "shared")
             sch.compute_at(copy, at)
-            weights = [1.0 / len(self.vector_load_lens)] * len(self.vector_load_lens)
-            sch.annotate(copy, COOPERATIVE_FETCH_KEY, sch.sample_categorical(self.vector_load_lens, weights))
+            bits = tvm.DataType(str(sch.tvm.get(sch.resolve(copy)).writes[0].source.dtype)).bits
+            widths = [n for n in self.vector_load_lens if n * bits <= _MAX_VECTOR_BITS] or [1]
+            sch.annotate(copy, COOPERATIVE_FETCH_KEY, sch.sample_categorical(widths, [1.0 / len(widths)] * len(widths)))
 
 
 def accumulators_per_thread(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV) -> int | None:
