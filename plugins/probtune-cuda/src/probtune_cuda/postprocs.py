@@ -1,10 +1,11 @@
-"""GPU validators: TVM MetaSchedule's CUDA postprocessors, run on a replayed program.
+"""GPU validators, run on a replayed program: mostly TVM MetaSchedule's CUDA postprocessors.
 
 Each finishes the program as MetaSchedule does for CUDA (spreading the
 shared-memory copies over the threads, binding blocks no module bound,
-splitting reduction initialisation out) or checks it: ``verify-gpu-code``
-lowers it and rejects one whose threads, shared memory or vector accesses
-exceed the target's per-block limits, before it costs a build.
+splitting reduction initialisation out) or checks it before it costs a
+build: ``verify-register-tile`` rejects threads with more accumulators than
+registers hold, ``verify-gpu-code`` lowers the program and rejects one whose
+threads, shared memory or vector accesses exceed the target's per-block limits.
 """
 
 from __future__ import annotations
