@@ -23,5 +23,5 @@ class CUDARequirement:
             return None
         return (
             f"no CUDA device {self.device_id} is visible to TVM on this machine; its candidates build here "
-            "(to CUDA source) but must be timed on a machine with an NVIDIA GPU"
+            "(CUDA source, compiled to a cubin and linted by NVRTC) but are timed only on a machine with an NVIDIA GPU"
         )
