@@ -53,6 +53,8 @@ def test_matmul_samples_are_tiled_over_blocks_and_threads_and_build_to_cuda():
         for axis in ("blockIdx.x", "vthread.x", "threadIdx.x"):
             assert f'thread="{axis}"' in script
         assert 'scope="shared"' in script and 'scope="local"' in script
+        assert script.count('thread="threadIdx.x"') == 3  # the tile's threads, and both inputs' copies spread over them
+        assert "probtune." not in script  # the sampled fetch widths and unroll limits were turned into what TVM lowers
         source = cuda_source(candidate.mod, target)
         assert "__global__" in source and "__shared__" in source and "threadIdx.x" in source
         again = Schedule.replay(space.workload.mod, candidate.trace)

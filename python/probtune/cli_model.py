@@ -12,6 +12,7 @@ import numpy as np
 
 from probtune import defaults
 from probtune.cli_rpc import add_rpc_options, rpc_runner
+from probtune.plugins import name_list
 
 __all__ = ["add_model_commands"]
 
@@ -32,7 +33,7 @@ def add_model_commands(sub: Any, positive_int: Any, non_negative_int: Any, defau
     tune_p.add_argument("--cache-flush", action=argparse.BooleanOptionalAction, default=defaults.MODEL_CACHE_FLUSH,
                         help="time tasks with their weights and outputs flushed from the caches, as in the model")
     tune_p.add_argument("--output", help="write the compiled model here (a shared library; its inputs in OUTPUT.json)")
-    tune_p.add_argument("--graph-rewrites", type=_name_list, metavar="NAMES",
+    tune_p.add_argument("--graph-rewrites", type=name_list, metavar="NAMES",
                         help="comma-separated graph rewrites to apply instead of the target's ('' for none; "
                              "see 'probtune plugins')")
     add_rpc_options(tune_p)
@@ -57,10 +58,6 @@ def add_model_commands(sub: Any, positive_int: Any, non_negative_int: Any, defau
 def _input_shape_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME=DIMS",
                         help="an input's shape, e.g. input=1,3,224,224 (repeat for each input)")
-
-
-def _name_list(value: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in value.split(",") if part.strip())
 
 
 def _input_shapes(items: list[str]) -> dict[str, str]:

@@ -29,6 +29,7 @@ __all__ = [
     "Registry",
     "get_registry",
     "load_registry",
+    "name_list",
     "reset_registry",
 ]
 
@@ -83,15 +84,16 @@ class Registry:
     plugins: dict[str, PluginInfo] = field(default_factory=dict)
 
 
-def _name_list(value: str) -> set[str]:
-    return {part.strip() for part in value.split(",") if part.strip()}
+def name_list(value: str) -> tuple[str, ...]:
+    """The names of a comma-separated list, in order, blanks dropped (``PROBTUNE_LOAD_PLUGINS``, ``--graph-rewrites``)."""
+    return tuple(part.strip() for part in value.split(",") if part.strip())
 
 
 def _wanted(name: str) -> bool:
     allow = os.environ.get(ALLOW_ENV)
-    if allow is not None and name not in _name_list(allow):
+    if allow is not None and name not in name_list(allow):
         return False
-    return name not in _name_list(os.environ.get(BLOCK_ENV, ""))
+    return name not in name_list(os.environ.get(BLOCK_ENV, ""))
 
 
 def _warn(plugin: str, what: str, exc: BaseException) -> None:

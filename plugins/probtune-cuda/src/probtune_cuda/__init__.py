@@ -22,10 +22,9 @@ from probtune_cuda.postprocs import (
     VerifyRegisterTile,
 )
 from probtune_cuda.targets import make_targets
-from probtune_cuda.unroll import GPUAutoUnroll, RewriteGPUUnroll
+from probtune_cuda.unroll import GPU_AUTO_UNROLL, RewriteGPUUnroll
 
 __all__ = [
-    "GPUAutoUnroll",
     "GPUMultiLevelTiling",
     "RewriteCooperativeFetch",
     "RewriteGPUReductionBlock",
@@ -45,7 +44,7 @@ def probtune_register_targets(register: Callable[[Any], None]) -> None:
 @hookimpl
 def probtune_register_space_modules(register: Callable[[Any], None]) -> None:
     register(GPUMultiLevelTiling())
-    register(GPUAutoUnroll())
+    register(GPU_AUTO_UNROLL)
 
 
 @hookimpl

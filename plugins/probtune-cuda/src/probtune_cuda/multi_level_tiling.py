@@ -23,9 +23,9 @@ from tvm import s_tir, tirx
 
 from probtune import SpaceContext
 from probtune.schedule import BlockRV, LoopRV, Schedule
-from probtune.tir import REDUCTION, SPATIAL, at_root, block_names, loop_kinds, reuses_data
+from probtune.tir import REDUCTION, SPATIAL, at_root, loop_kinds, reuses_data, sblock_names
 
-__all__ = ["COOPERATIVE_FETCH_KEY", "MAX_ACCUMULATORS", "GPUMultiLevelTiling", "accumulators_per_thread"]
+__all__ = ["COOPERATIVE_FETCH_KEY", "MAX_ACCUMULATORS", "GPUMultiLevelTiling", "accumulators_per_thread", "oversized_register_tiles"]
 
 COOPERATIVE_FETCH_KEY = "probtune.cooperative_fetch"
 """Block annotation on a shared-memory copy: the vector width each thread loads with."""
@@ -57,12 +57,7 @@ class GPUMultiLevelTiling:
         accumulators on a large matmul, and such programs keep them in local
         memory; mutations still reach every tiling.
         """
-        weight = 1.0
-        for name in block_names(sch.mod["main"]):
-            count = accumulators_per_thread(sch, sch.get_sblock(name))
-            if count is not None and count > self.max_accumulators:
-                weight *= self.off_tile_weight
-        return weight
+        return float(self.off_tile_weight ** len(oversized_register_tiles(sch, self.max_accumulators)))
 
     def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
         raw, block_rv = sch.tvm, sch.resolve(block)
@@ -105,6 +100,16 @@ class GPUMultiLevelTiling:
             bits = tvm.DataType(str(sch.tvm.get(sch.resolve(copy)).writes[0].source.dtype)).bits
             widths = [n for n in self.vector_load_lens if n * bits <= _MAX_VECTOR_BITS] or [1]
             sch.annotate(copy, COOPERATIVE_FETCH_KEY, sch.sample_categorical(widths, [1.0 / len(widths)] * len(widths)))
+
+
+def oversized_register_tiles(raw: s_tir.Schedule, limit: int) -> list[tuple[str, int]]:
+    """(block, accumulators per thread) of each tiled block whose threads accumulate more than ``limit`` values."""
+    found = []
+    for name in sblock_names(raw):
+        count = accumulators_per_thread(raw, raw.get_sblock(name))
+        if count is not None and count > limit:
+            found.append((name, count))
+    return found
 
 
 def accumulators_per_thread(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV) -> int | None:

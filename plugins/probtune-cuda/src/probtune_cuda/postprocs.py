@@ -20,8 +20,8 @@ from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 
 from probtune import SpaceContext
-from probtune.tir import block_names
-from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY, MAX_ACCUMULATORS, accumulators_per_thread
+from probtune.tir import sblock_names
+from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY, MAX_ACCUMULATORS, oversized_register_tiles
 
 __all__ = ["RewriteCooperativeFetch", "RewriteGPUReductionBlock", "RewriteUnboundBlock", "VerifyGPUCode", "VerifyRegisterTile"]
 
@@ -47,7 +47,7 @@ class RewriteCooperativeFetch:
     name: str = "rewrite-cooperative-fetch"
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
-        for name in block_names(sch.mod["main"]):
+        for name in sblock_names(sch):
             block = sch.get_sblock(name)
             width = sch.get(block).annotations.get(COOPERATIVE_FETCH_KEY)
             if width is not None:
@@ -107,8 +107,8 @@ class VerifyRegisterTile:
     max_accumulators: int = MAX_ACCUMULATORS
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
-        for name in block_names(sch.mod["main"]):
-            count = accumulators_per_thread(sch, sch.get_sblock(name))
-            if count is not None and count > self.max_accumulators:
-                return f"block {name} accumulates {count} values per thread (at most {self.max_accumulators} fit in registers)"
-        return None
+        oversized = oversized_register_tiles(sch, self.max_accumulators)
+        if not oversized:
+            return None
+        name, count = oversized[0]
+        return f"block {name} accumulates {count} values per thread (at most {self.max_accumulators} fit in registers)"

@@ -1,8 +1,10 @@
-"""GPU unrolling: a sampled unroll limit per loop nest, applied by TVM's loop unrolling when lowering.
+"""GPU unrolling: the unroll limit sampled per loop nest, applied by TVM's loop unrolling when lowering.
 
-The module records the choice as a block annotation; ``rewrite-gpu-unroll``
-turns it into the ``pragma_auto_unroll_max_step`` (and explicit unrolling) of
-the nest's outermost loop, which TVM's ``UnrollLoop`` pass reads.
+The limit is sampled by the CPU plugin's ``AutoUnroll`` module (registered
+here as ``gpu-auto-unroll``, with MetaSchedule's CUDA choices), which records
+it as a block annotation; ``rewrite-gpu-unroll`` turns it into the
+``pragma_auto_unroll_max_step`` (and explicit unrolling) of the nest's
+outermost loop, which TVM's ``UnrollLoop`` pass reads.
 """
 
 from __future__ import annotations
@@ -13,26 +15,13 @@ import tvm
 from tvm import s_tir
 
 from probtune import SpaceContext
-from probtune.schedule import BlockRV, Schedule
-from probtune.tir import at_root, block_names
+from probtune.tir import sblock_names
+from probtune_cpu.parallel_vectorize import UNROLL_KEY, AutoUnroll
 
-__all__ = ["UNROLL_KEY", "GPUAutoUnroll", "RewriteGPUUnroll"]
+__all__ = ["GPU_AUTO_UNROLL", "RewriteGPUUnroll"]
 
-UNROLL_KEY = "probtune.gpu_unroll_max_step"
-"""Block annotation: how many steps TVM may unroll in this block's loop nest (0: none)."""
-
-
-@dataclass(frozen=True)
-class GPUAutoUnroll:
-    """Sample an unroll limit for each loop nest at the root (MetaSchedule's CUDA choices)."""
-
-    name: str = "gpu-auto-unroll"
-    max_steps: tuple[int, ...] = (0, 16, 64, 512, 1024)
-
-    def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
-        if at_root(sch.tvm, sch.resolve(block)):
-            step = sch.sample_categorical(self.max_steps, [1.0 / len(self.max_steps)] * len(self.max_steps))
-            sch.annotate(block, UNROLL_KEY, step)
+GPU_AUTO_UNROLL = AutoUnroll(name="gpu-auto-unroll", max_steps=(0, 16, 64, 512, 1024))
+"""Sample an unroll limit for each loop nest at the root (MetaSchedule's CUDA choices)."""
 
 
 @dataclass(frozen=True)
@@ -42,16 +31,14 @@ class RewriteGPUUnroll:
     name: str = "rewrite-gpu-unroll"
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
-        for block_rv in _annotated_blocks(sch):
-            step = int(sch.get(block_rv).annotations[UNROLL_KEY])
+        for name in sblock_names(sch):
+            block_rv = sch.get_sblock(name)
+            step = sch.get(block_rv).annotations.get(UNROLL_KEY)
+            if step is None:
+                continue
             sch.unannotate(block_rv, UNROLL_KEY)
             loops = sch.get_loops(block_rv)
-            if step > 0 and loops:
-                sch.annotate(loops[0], "pragma_auto_unroll_max_step", tvm.tirx.IntImm("int32", step))
+            if int(step) > 0 and loops:
+                sch.annotate(loops[0], "pragma_auto_unroll_max_step", tvm.tirx.IntImm("int32", int(step)))
                 sch.annotate(loops[0], "pragma_unroll_explicit", tvm.tirx.IntImm("int32", 1))
         return None
-
-
-def _annotated_blocks(sch: s_tir.Schedule) -> list[s_tir.schedule.SBlockRV]:
-    blocks = [sch.get_sblock(name) for name in block_names(sch.mod["main"])]
-    return [block for block in blocks if UNROLL_KEY in sch.get(block).annotations]
