@@ -118,15 +118,28 @@ class Worker:
             self.process.kill()
 
 
-def time_in_turn(workers: dict[str, Worker], inputs: list[np.ndarray], rounds: int, budget_s: float) -> dict[str, float]:
-    """Median seconds per call of each engine: ``rounds`` rounds, each engine timed alone in turn for about ``budget_s``."""
+def time_in_turn(workers: dict[str, Worker], inputs: list[np.ndarray], rounds: int, budget_s: float) -> dict[str, list[float]]:
+    """Seconds per call of each engine, one figure per round: each engine is timed alone in turn for about ``budget_s``.
+
+    The order rotates from round to round, so that no engine always follows the same one.
+    """
     calls = {}
     for name, worker in workers.items():
         once = worker.time(inputs, 1)  # also a warm-up
         calls[name] = max(1, int(budget_s / max(once, 1e-6)))
     samples: dict[str, list[float]] = {name: [] for name in workers}
-    for _ in range(rounds):
-        for name, worker in workers.items():
+    names = list(workers)
+    for round_ in range(rounds):
+        for name in names[round_ % len(names):] + names[: round_ % len(names)]:
             time.sleep(PAUSE_SECONDS)
-            samples[name].append(worker.time(inputs, calls[name]))
-    return {name: float(np.median(values)) for name, values in samples.items()}
+            samples[name].append(workers[name].time(inputs, calls[name]))
+    return samples
+
+
+def median_ratio(numerator: list[float], denominator: list[float]) -> float:
+    """The median over rounds of one engine's time over another's, both taken in the same round.
+
+    On a machine whose speed drifts over seconds, this compares the engines
+    at the same moments, which the ratio of their medians does not.
+    """
+    return float(np.median(np.asarray(numerator) / np.asarray(denominator)))

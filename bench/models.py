@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 import tvm
 from common import cpu_model, ms_build_without_intrinsics, say, tvm_import_intrinsics  # sets TVM_NUM_THREADS
-from isolated import Engine, Worker, time_in_turn
+from isolated import Engine, Worker, median_ratio, time_in_turn
 from model_zoo import MODELS
 from tvm import relax
 
@@ -163,20 +163,24 @@ def bench_model(name: str, args: argparse.Namespace, scratch: Path) -> dict:
                     entry["problems"].append(f"{system}: {exc}")
                     workers.pop(system).close()
         fast = {k: v for k, v in workers.items() if k != "tvm_untuned"}
-        latency = time_in_turn(fast, inputs, args.rounds, args.round_seconds)
+        rounds = time_in_turn(fast, inputs, args.rounds, args.round_seconds)
         if "tvm_untuned" in workers:
-            latency.update(time_in_turn({"tvm_untuned": workers["tvm_untuned"]}, inputs, 1, 0.0))
+            rounds.update(time_in_turn({"tvm_untuned": workers["tvm_untuned"]}, inputs, 1, 0.0))
     finally:
         for worker in workers.values():
             worker.close()
+    latency = {k: float(np.median(v)) for k, v in rounds.items()}
     entry["latency_ms"] = {k: round(v * 1e3, 3) for k, v in latency.items()}
-    ort = latency["onnxruntime"]
-    entry["speedup_vs_onnxruntime"] = {k: round(ort / v, 3) for k, v in latency.items()}
+    entry["latency_ms_per_round"] = {k: [round(t * 1e3, 3) for t in v] for k, v in rounds.items()}
+    entry["speedup_vs_onnxruntime"] = {  # same-round ratios: the machine's speed drifts between rounds
+        k: round(median_ratio(rounds["onnxruntime"], v) if k in fast else latency["onnxruntime"] / latency[k], 3)
+        for k, v in rounds.items()
+    }
     if "probtune" in latency and "tvm" in latency:
-        entry["probtune_speedup_vs_tvm"] = round(latency["tvm"] / latency["probtune"], 3)
+        entry["probtune_speedup_vs_tvm"] = round(median_ratio(rounds["tvm"], rounds["probtune"]), 3)
         entry["tuning_time_ratio_probtune_vs_tvm"] = round(
             entry["probtune"]["tuning_wall_seconds"] / entry["tvm"]["tuning_wall_seconds"], 3)
-    say(f"[{name}] " + ", ".join(f"{k} {v:.3f} ms" for k, v in entry["latency_ms"].items()))
+    say(f"[{name}] " + ", ".join(f"{k} {v:.3f} ms ({entry['speedup_vs_onnxruntime'][k]:.3f}x)" for k, v in entry["latency_ms"].items()))
     return entry
 
 
@@ -223,8 +227,8 @@ def main() -> None:
     parser.add_argument("--tvm-trials-per-iter", type=int, default=TVM_TRIALS_PER_ITER,
                         help="MetaSchedule's num_trials_per_iter (its task scheduler gives each task that many at first)")
     parser.add_argument("--untuned", action="store_true", help="also time TVM's untuned build (very slow)")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--round-seconds", type=float, default=1.0)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--round-seconds", type=float, default=0.5)
     parser.add_argument("--output", default=str(RESULTS / "models.json"))
     parser.add_argument("--keep", metavar="DIR", help="keep the ONNX files, databases and compiled models in DIR (a new folder)")
     parser.add_argument("--tune-one", nargs=4, metavar=("SYSTEM", "NAME", "ONNX", "OUT"), help=argparse.SUPPRESS)

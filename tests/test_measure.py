@@ -289,6 +289,18 @@ class _RecordingModule:
         return lambda *args: type("Result", (), {"results": results})()
 
 
+class _Device:
+    """Stands for a TVM device: here (type 1, the CPU) or behind an RPC session (the session's mask added)."""
+
+    def __init__(self, remote: bool) -> None:
+        self.remote = remote
+
+    def dlpack_device_type(self) -> int:
+        from tvm.runtime.device import RPC_SESS_MASK
+
+        return 1 + RPC_SESS_MASK if self.remote else 1
+
+
 @pytest.mark.parametrize(("first", "calls"), [(1e-4, 10), (0.002, 3), (1.0, 1)])
 def test_cold_timing_flushes_before_every_call_and_averages_up_to_ten_a_repeat(first: float, calls: int) -> None:
     from probtune.measure._worker import RunTask, time_cold
@@ -296,10 +308,23 @@ def test_cold_timing_flushes_before_every_call_and_averages_up_to_ten_a_repeat(f
     timings = [float(i) for i in range(3 * calls)]
     module = _RecordingModule([[first], timings])
     task = RunTask("ref.npz", 2, 0.0, 0.0, "a.so", "cpu", 3, 5.0, 1, None, True)
-    latencies = time_cold(module, None, [], task)
+    latencies = time_cold(module, _Device(remote=False), [], task)
     assert [call["repeat"] for call in module.calls] == [1, 3 * calls]  # a first call sizes the repeats
-    assert all(call["number"] == 1 and call["f_preproc"] == "cache_flush_cpu_non_first_arg" for call in module.calls)
+    assert all(call["number"] == 1 and call["f_preproc"] == "probtune.cache_flush_all" for call in module.calls)
     assert latencies == tuple(float(np.mean(timings[i * calls : (i + 1) * calls])) for i in range(3))
+
+
+def test_cold_timing_flushes_every_argument_here_and_all_but_the_input_through_rpc() -> None:
+    import tvm
+
+    from probtune.measure._worker import cache_flush_function
+
+    assert cache_flush_function(_Device(remote=True)) == "cache_flush_cpu_non_first_arg"  # all a server knows
+    here = cache_flush_function(_Device(remote=False))
+    assert here == "probtune.cache_flush_all"
+    tensors = [tvm.runtime.tensor(np.arange(n, dtype="float32")) for n in (1 << 16, 3, 1)]
+    tvm.get_global_func(here)(*tensors)  # flushing changes no value
+    assert [t.numpy().tolist() for t in tensors[1:]] == [[0.0, 1.0, 2.0], [0.0]]
 
 
 def test_cache_flush_is_refused_for_a_device_other_than_the_cpu(reference: MeasureReference) -> None:

@@ -77,7 +77,7 @@ def test_a_runner_that_flushes_the_caches_keeps_its_records_apart(tmp_path):
         with pytest.raises(probtune.TuningConfigError, match=r"cache_flush=False but the runner given flushes"):
             probtune.tune_model(_tiny_relax_model(), trials=1, runner=cold, cache_flush=False, database=db)
     with Database(db) as database:
-        assert {r.target for r in database.records(database.workloads()[0].id)} == {host_key("host+cold-cache")}
+        assert {r.target for r in database.records(database.workloads()[0].id)} == {host_key("host+cold")}
 
 
 def _tiny_relax_model():

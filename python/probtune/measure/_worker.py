@@ -30,6 +30,7 @@ __all__ = [
     "RunReply",
     "RunTask",
     "build_worker_main",
+    "cache_flush_function",
     "check_and_time",
     "describe_error",
     "first_mismatch",
@@ -39,6 +40,7 @@ __all__ = [
 
 _M_MMAP_THRESHOLD = -3  # mallopt parameter, from glibc's malloc.h
 _FLUSH_ALL_BUT_FIRST = "cache_flush_cpu_non_first_arg"  # TVM's: evicts every argument but the first from the caches
+_FLUSH_ALL = "probtune.cache_flush_all"  # registered by a local runner child: evicts every argument
 COLD_CALLS = 10  # at most this many cold calls averaged into one repeat: each needs its own flush
 _ERROR_LINES = 12
 _ERROR_CHARS = 2000
@@ -72,7 +74,7 @@ class RunTask:
     min_repeat_ms: float
     warmup: int
     stop_above: float | None  # seconds per call: a first repeat slower than this ends the timing
-    cache_flush: bool = False  # time each call with all arguments but the first flushed from the CPU caches
+    cache_flush: bool = False  # time each call with its arguments flushed from the CPU caches (time_cold)
 
 
 @dataclass(frozen=True)
@@ -198,17 +200,19 @@ def check_and_time(
 
 
 def time_cold(module: Any, device: Any, args: list[Any], task: RunTask) -> tuple[float, ...]:
-    """Seconds per call, each call timed after the candidate's weights and outputs were flushed from the caches.
+    """Seconds per call, each call timed after the candidate's arguments were flushed from the caches.
 
-    In a whole model, other layers run between two calls of a kernel, and its
-    weights are no longer cached; timing it warm overstates what it gains from
-    a small working set. A repeat averages up to ``COLD_CALLS`` calls, as many
-    as last ``min_repeat_ms``; a first call slower than ``stop_above`` is all
-    that is timed.
+    In a whole model, other layers run between two calls of a kernel: its
+    weights are no longer cached, and its input, written by the layer before,
+    is in the last-level cache or memory when it is large. Timing it warm
+    overstates what a schedule gains from a small working set, and favours
+    schedules that read a large input out of order. A repeat averages up to
+    ``COLD_CALLS`` calls, as many as last ``min_repeat_ms``; a first call
+    slower than ``stop_above`` is all that is timed.
     """
 
     def cold_calls(count: int) -> list[float]:
-        timer = module.time_evaluator("main", device, number=1, repeat=count, f_preproc=_FLUSH_ALL_BUT_FIRST)
+        timer = module.time_evaluator("main", device, number=1, repeat=count, f_preproc=cache_flush_function(device))
         return [float(t) for t in timer(*args).results]
 
     first = cold_calls(1)[0]
@@ -217,6 +221,28 @@ def time_cold(module: Any, device: Any, args: list[Any], task: RunTask) -> tuple
     calls = COLD_CALLS if first <= 0 else min(COLD_CALLS, max(1, math.ceil(task.min_repeat_ms / 1e3 / first)))
     timings = cold_calls(task.repeat * calls)
     return tuple(float(np.mean(timings[i * calls : (i + 1) * calls])) for i in range(task.repeat))
+
+
+def cache_flush_function(device: Any) -> str:
+    """The name of the function the timer calls before each cold call on ``device``.
+
+    Here, one registered by this process that evicts every argument; behind an
+    RPC session, TVM's own, the only one a server knows, which keeps the first
+    argument (the kernel's input) cached.
+    """
+    from tvm.runtime.device import RPC_SESS_MASK  # added to the type of a device behind an RPC session
+
+    return _register_flush_all() if device.dlpack_device_type() < RPC_SESS_MASK else _FLUSH_ALL_BUT_FIRST
+
+
+@functools.cache
+def _register_flush_all() -> str:
+    """Register ``_FLUSH_ALL`` with TVM: TVM's flush, called with a placeholder before the arguments."""
+    import tvm
+
+    flush = tvm.get_global_func(_FLUSH_ALL_BUT_FIRST)
+    tvm.register_global_func(_FLUSH_ALL, lambda *args: flush(0, *args), override=True)
+    return _FLUSH_ALL
 
 
 def _return_large_frees_to_the_system() -> None:

@@ -92,7 +92,9 @@ class RPCRunner:
     ``tracker`` is ``"host:port"`` (default: the ``PROBTUNE_RPC_TRACKER``
     environment variable), ``key`` the servers' key (``PROBTUNE_RPC_KEY``).
     ``timeout`` bounds one candidate on a server: upload, load, check and
-    timing. The other settings are :class:`~probtune.measure.LocalRunner`'s.
+    timing. The other settings are :class:`~probtune.measure.LocalRunner`'s,
+    except that ``cache_flush`` keeps a kernel's first argument (its input)
+    cached: a server knows only TVM's flush function, which leaves it out.
     """
 
     name = "rpc"

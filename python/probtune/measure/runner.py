@@ -101,9 +101,9 @@ class LocalRunner:
     repeat.  ``num_threads`` sets TVM's thread pool in the child; ``None`` takes
     the target's ``num-cores`` (TVM's own default is half the logical
     CPUs, as it assumes SMT, which would leave a core of this machine idle).
-    With ``cache_flush``, every call is timed cold: all the candidate's
-    arguments but the first (its weights and outputs) are flushed from the CPU
-    caches before it, as they are when the kernel runs inside a whole model.
+    With ``cache_flush``, every call is timed cold: the candidate's arguments
+    (input, weights and outputs) are flushed from the CPU caches before it, as
+    they mostly are when the kernel runs inside a whole model.
     """
 
     name = LOCAL
