@@ -303,7 +303,7 @@ class _Device:
 
 @pytest.mark.parametrize(("first", "calls"), [(1e-4, 10), (0.002, 3), (1.0, 1)])
 def test_cold_timing_flushes_before_every_call_and_averages_up_to_ten_a_repeat(first: float, calls: int) -> None:
-    from probtune.measure._worker import RunTask, time_cold
+    from probtune.measure.timing import RunTask, time_cold
 
     timings = [float(i) for i in range(3 * calls)]
     module = _RecordingModule([[first], timings])
@@ -317,7 +317,7 @@ def test_cold_timing_flushes_before_every_call_and_averages_up_to_ten_a_repeat(f
 def test_cold_timing_flushes_every_argument_here_and_all_but_the_input_through_rpc() -> None:
     import tvm
 
-    from probtune.measure._worker import cache_flush_function
+    from probtune.measure.timing import cache_flush_function
 
     assert cache_flush_function(_Device(remote=True)) == "cache_flush_cpu_non_first_arg"  # all a server knows
     here = cache_flush_function(_Device(remote=False))

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from probtune import defaults
+from probtune.cli_bundle import add_bundle_commands
 from probtune.cli_db import add_db_commands
 from probtune.cli_model import add_model_commands
 from probtune.cli_rpc import add_rpc_command, add_rpc_options, rpc_runner
@@ -188,6 +189,7 @@ def _parser() -> argparse.ArgumentParser:
     tune_p.set_defaults(run=_cmd_tune)
 
     add_model_commands(sub, _positive_int, _non_negative_int, DEFAULT_DATABASE)
+    add_bundle_commands(sub, _positive_int, DEFAULT_DATABASE)
 
     best_p = sub.add_parser("best", help="show the best record per workload and target")
     best_p.add_argument("--database", default=DEFAULT_DATABASE)

@@ -31,7 +31,17 @@ from probtune.session import TaskSession, replayable
 from probtune.space import Candidate, DesignSpace
 from probtune.targets import check_runs_here
 
-__all__ = ["COLD_CACHE", "MeasurePipeline", "Progress", "TrialOutcome", "open_pipeline", "resolve_cost_model"]
+__all__ = [
+    "COLD_CACHE",
+    "MeasurePipeline",
+    "Progress",
+    "TrialOutcome",
+    "build",
+    "load_cost_model_state",
+    "make_builder",
+    "open_pipeline",
+    "resolve_cost_model",
+]
 
 
 @dataclass(frozen=True)
@@ -171,7 +181,7 @@ def open_pipeline(
     runner object's own ``cache_flush``, and warm timings from a named one.
     """
     with contextlib.ExitStack() as stack:
-        built_by = _builder(builder, target, build_timeout, stack)
+        built_by = make_builder(builder, target, build_timeout, stack)
         runs_on, cold = _runner(runner, target, run_timeout, cache_flush, stack)
         if cold:
             target = dataclasses.replace(target, name=target.name + COLD_CACHE)
@@ -180,11 +190,11 @@ def open_pipeline(
         db = stack.enter_context(Database(db_path))
         target = dataclasses.replace(target, name=db.measured_on(target.name, target.tvm_target, _device(runs_on, target)))
         if model is not None:
-            _load_state(model, db, target)
+            load_cost_model_state(model, db, target)
         yield MeasurePipeline(db, target, built_by, runs_on, model, scratch, trials=trials, progress=progress)
 
 
-def _builder(builder: str | Builder | None, target: TargetSpec, timeout: float, stack: contextlib.ExitStack) -> Builder:
+def make_builder(builder: str | Builder | None, target: TargetSpec, timeout: float, stack: contextlib.ExitStack) -> Builder:
     """The builder object to use; one made here is closed with ``stack``."""
     if builder is not None and not isinstance(builder, str):
         return builder
@@ -242,7 +252,7 @@ def resolve_cost_model(model: str | CostModel, seed: int) -> CostModel:
     return factories[model](seed=seed)
 
 
-def _load_state(model: CostModel, db: Database, target: TargetSpec) -> None:
+def load_cost_model_state(model: CostModel, db: Database, target: TargetSpec) -> None:
     state = db.load_cost_model(model.name, target.name)
     if state is None:
         return

@@ -8,42 +8,20 @@ caught and reported; a crash or a hang is left to the parent to detect.
 from __future__ import annotations
 
 import ctypes
-import functools
-import math
 import os
 import shutil
 import time
-import traceback
-from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from probtune.measure._process import serve
+from probtune.measure.timing import RunReply, RunTask, check_and_time, describe_error, read_reference
 
-__all__ = [
-    "BuildReply",
-    "BuildTask",
-    "RunReply",
-    "RunTask",
-    "build_worker_main",
-    "cache_flush_function",
-    "check_and_time",
-    "describe_error",
-    "first_mismatch",
-    "read_reference",
-    "run_worker_main",
-]
+__all__ = ["BuildReply", "BuildTask", "build_worker_main", "run_worker_main"]
 
 _M_MMAP_THRESHOLD = -3  # mallopt parameter, from glibc's malloc.h
-_FLUSH_ALL_BUT_FIRST = "cache_flush_cpu_non_first_arg"  # TVM's: evicts every argument but the first from the caches
-_FLUSH_ALL = "probtune.cache_flush_all"  # registered by a local runner child: evicts every argument
-COLD_CALLS = 10  # at most this many cold calls averaged into one repeat: each needs its own flush
-_ERROR_LINES = 12
-_ERROR_CHARS = 2000
 
 
 @dataclass(frozen=True)
@@ -60,28 +38,6 @@ class BuildReply:
     error: str | None
     seconds: float  # measured here: the parent may read the reply late
     resident_bytes: int  # the worker's memory afterwards: compiling grows it, and it is not given back
-
-
-@dataclass(frozen=True)
-class RunTask:
-    reference_path: str
-    num_inputs: int
-    rtol: float
-    atol: float
-    artifact_path: str
-    device: int  # DLPack device type, as tvm.device takes it (1: the CPU, 2: CUDA, ...)
-    repeat: int
-    min_repeat_ms: float
-    warmup: int
-    stop_above: float | None  # seconds per call: a first repeat slower than this ends the timing
-    cache_flush: bool = False  # time each call with its arguments flushed from the CPU caches (time_cold)
-
-
-@dataclass(frozen=True)
-class RunReply:
-    status: str  # a MeasureStatus value: "ok", "wrong_result" or "run_error" (plain text crosses the pipe)
-    latencies: tuple[float, ...]
-    error: str | None
 
 
 def build_worker_main(connection: Connection) -> None:
@@ -139,112 +95,6 @@ def run_worker_main(connection: Connection, num_threads: int | None) -> None:
     serve(connection, run)
 
 
-@functools.lru_cache(maxsize=1)
-def read_reference(path: str, num_inputs: int) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
-    """The inputs and expected outputs saved at ``path``; the last read is kept (a reference's name carries its digest)."""
-    with np.load(path) as arrays:
-        inputs = tuple(arrays[f"input_{i}"] for i in range(num_inputs))
-        outputs = tuple(arrays[f"output_{i}"] for i in range(len(arrays.files) - num_inputs))
-    return inputs, outputs
-
-
-def check_and_time(
-    module: Any, device: Any, inputs: Sequence[np.ndarray], expected: Sequence[np.ndarray], task: RunTask
-) -> RunReply:
-    """Run a loaded candidate once on ``inputs``, compare with ``expected``, then time it as ``task`` says.
-
-    ``module`` and ``device`` may be local or behind a TVM RPC session: the
-    tensors are made on ``device``, the outputs copied back to be checked here.
-    """
-    import tvm  # not at the top: a runner child sets TVM's environment before its first import
-
-    # Fresh tensors per candidate: one that scribbles on its inputs cannot spoil the next.
-    args = [tvm.runtime.tensor(array, device) for array in inputs]
-    args += [tvm.runtime.tensor(np.zeros_like(array), device) for array in expected]
-    started = time.perf_counter()
-    module["main"](*args)
-    device.sync()
-    check_seconds = time.perf_counter() - started
-    mismatch = first_mismatch([tensor.numpy() for tensor in args[len(inputs) :]], expected, task.rtol, task.atol)
-    if mismatch is not None:
-        return RunReply("wrong_result", (), mismatch)
-    stop_above = task.stop_above
-    if task.cache_flush:
-        return RunReply("ok", time_cold(module, device, args, task), None)
-    # A check call slower than stop_above has warmed the candidate already, and the
-    # timer discards its own first call too: another warmup would only cost time.
-    if stop_above is None or check_seconds <= stop_above:
-        for _ in range(task.warmup):
-            module["main"](*args)
-
-    def time_repeats(repeat: int, number: int = 1) -> tuple[float, ...]:
-        timer = module.time_evaluator(  # number grows until one repeat lasts min_repeat_ms
-            "main",
-            device,
-            number=number,
-            repeat=repeat,
-            min_repeat_ms=math.ceil(task.min_repeat_ms),
-        )
-        return tuple(float(t) for t in timer(*args).results)
-
-    if stop_above is None:
-        return RunReply("ok", time_repeats(task.repeat), None)
-    latencies = time_repeats(1)
-    first = latencies[0]
-    if first <= stop_above and task.repeat > 1:
-        # Enough calls per repeat to last min_repeat_ms, judged by the first repeat: the
-        # timer would otherwise grow the count from one call again.
-        number = int(task.min_repeat_ms / 1e3 / first) + 1 if first > 0 else 1
-        latencies += time_repeats(task.repeat - 1, number)
-    return RunReply("ok", latencies, None)
-
-
-def time_cold(module: Any, device: Any, args: list[Any], task: RunTask) -> tuple[float, ...]:
-    """Seconds per call, each call timed after the candidate's arguments were flushed from the caches.
-
-    In a whole model, other layers run between two calls of a kernel: its
-    weights are no longer cached, and its input, written by the layer before,
-    is in the last-level cache or memory when it is large. Timing it warm
-    overstates what a schedule gains from a small working set, and favours
-    schedules that read a large input out of order. A repeat averages up to
-    ``COLD_CALLS`` calls, as many as last ``min_repeat_ms``; a first call
-    slower than ``stop_above`` is all that is timed.
-    """
-
-    def cold_calls(count: int) -> list[float]:
-        timer = module.time_evaluator("main", device, number=1, repeat=count, f_preproc=cache_flush_function(device))
-        return [float(t) for t in timer(*args).results]
-
-    first = cold_calls(1)[0]
-    if task.stop_above is not None and first > task.stop_above:
-        return (first,)
-    calls = COLD_CALLS if first <= 0 else min(COLD_CALLS, max(1, math.ceil(task.min_repeat_ms / 1e3 / first)))
-    timings = cold_calls(task.repeat * calls)
-    return tuple(float(np.mean(timings[i * calls : (i + 1) * calls])) for i in range(task.repeat))
-
-
-def cache_flush_function(device: Any) -> str:
-    """The name of the function the timer calls before each cold call on ``device``.
-
-    Here, one registered by this process that evicts every argument; behind an
-    RPC session, TVM's own, the only one a server knows, which keeps the first
-    argument (the kernel's input) cached.
-    """
-    from tvm.runtime.device import RPC_SESS_MASK  # added to the type of a device behind an RPC session
-
-    return _register_flush_all() if device.dlpack_device_type() < RPC_SESS_MASK else _FLUSH_ALL_BUT_FIRST
-
-
-@functools.cache
-def _register_flush_all() -> str:
-    """Register ``_FLUSH_ALL`` with TVM: TVM's flush, called with a placeholder before the arguments."""
-    import tvm
-
-    flush = tvm.get_global_func(_FLUSH_ALL_BUT_FIRST)
-    tvm.register_global_func(_FLUSH_ALL, lambda *args: flush(0, *args), override=True)
-    return _FLUSH_ALL
-
-
 def _return_large_frees_to_the_system() -> None:
     """Have glibc serve every allocation above 128 KiB by mmap, so that freeing it gives the memory back.
 
@@ -259,30 +109,4 @@ def _return_large_frees_to_the_system() -> None:
         return
     libc.mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
 
-
-def describe_error(error: BaseException) -> str:
-    """The error's type and the last lines of its message (TVM's messages end with the cause)."""
-    text = "".join(traceback.format_exception_only(type(error), error)).strip()
-    lines = [line for line in text.splitlines() if line.strip()]
-    tail = "\n".join(lines[-_ERROR_LINES:])
-    return tail[-_ERROR_CHARS:]
-
-
-def first_mismatch(
-    actual: Sequence[np.ndarray], expected: Sequence[np.ndarray], rtol: float, atol: float
-) -> str | None:
-    """Why the first wrong output is wrong, or None when all match (a NaN never matches)."""
-    for index, (out, ref) in enumerate(zip(actual, expected)):
-        if np.allclose(out, ref, rtol=rtol, atol=atol, equal_nan=False):
-            continue
-        with np.errstate(invalid="ignore"):
-            error = np.abs(out.astype(np.float64) - ref.astype(np.float64))
-        nans = int(np.isnan(error).sum())
-        if nans:
-            return f"{nans} NaN value(s) in output {index}"
-        return (
-            f"max abs error {error.max():.3g} exceeds tolerance "
-            f"(rtol {rtol:g}, atol {atol:g}) in output {index}"
-        )
-    return None
 

@@ -31,8 +31,8 @@ from probtune.codegen import device_type
 from probtune.defaults import RUN_TIMEOUT
 from probtune.errors import DeviceError, warn_caller
 from probtune.interfaces import TargetSpec
-from probtune.measure._worker import RunReply, RunTask, check_and_time, describe_error, read_reference
 from probtune.measure.results import BuildResult, MeasureReference, MeasureStatus, RunResult, not_built
+from probtune.measure.timing import RunReply, RunTask, check_and_time, describe_error, read_reference
 
 __all__ = ["RPCRunner", "parse_tracker", "tracker_servers"]
 

@@ -25,8 +25,9 @@ from probtune.codegen import device_type
 from probtune.defaults import LOCAL
 from probtune.interfaces import TargetSpec
 from probtune.measure._process import WorkerProcess
-from probtune.measure._worker import RunTask, run_worker_main
+from probtune.measure._worker import run_worker_main
 from probtune.measure.results import BuildResult, MeasureReference, MeasureStatus, RunResult, not_built
+from probtune.measure.timing import RunTask
 
 if TYPE_CHECKING:
     from probtune.workload import Workload

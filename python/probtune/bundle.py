@@ -1,0 +1,247 @@
+"""Measurement bundles: candidates built here, measured on a device that no runner reaches, recorded here.
+
+:func:`write_bundle` draws a batch of new candidates of one workload (the
+evolutionary search guided by the cost model, as :func:`probtune.tune` does),
+builds them for the target and writes them into a folder with their
+reference and the stand-alone script that measures them
+(:mod:`probtune.measure.run_bundle`); candidates that fail to build are
+recorded at once. On the device: ``python BUNDLE/run_bundle.py``. Then
+:func:`import_results` records what the device measured, as a local run
+records it, and trains the cost model on it: the next bundle goes on from
+there. Records are kept under the target and the device named when the
+bundle was written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tvm
+
+from probtune._core import Trace
+from probtune.catalog import resolve_workload
+from probtune.codegen import device_type
+from probtune.database import Database
+from probtune.defaults import BATCH_SIZE, BUILD_TIMEOUT
+from probtune.errors import NOT_REPLAYABLE, TuningConfigError
+from probtune.interfaces import CostModel, TargetSpec
+from probtune.measure import run_bundle, timing
+from probtune.measure.results import MeasureStatus
+from probtune.pipeline import COLD_CACHE, build, load_cost_model_state, make_builder, resolve_cost_model
+from probtune.plugins import get_registry
+from probtune.session import TaskSession
+from probtune.space import generate_space
+from probtune.targets import resolve_target
+from probtune.workload import Workload
+
+__all__ = ["BundleImport", "BundleWritten", "import_results", "write_bundle"]
+
+REPEAT = 3  # timings per candidate, each lasting MIN_REPEAT_MS: the local runner's
+MIN_REPEAT_MS = 50.0
+WARMUP = 1
+
+
+@dataclass(frozen=True)
+class BundleWritten:
+    """What :func:`write_bundle` wrote: the folder, the records' key, the candidates in it and those that failed to build."""
+
+    path: Path
+    measured_on: str
+    candidates: int
+    build_errors: int
+
+
+@dataclass(frozen=True)
+class BundleImport:
+    """What :func:`import_results` recorded: by status, and the candidates left unmeasured (offered again later)."""
+
+    measured_on: str
+    device: str  # as the bundle's runner described it
+    statuses: Counter[str]
+    already_recorded: int
+    unmeasured: int
+    best_latency: float | None
+
+
+def write_bundle(
+    workload: str | Workload | tvm.IRModule,
+    output: str | Path,
+    *,
+    device: str,
+    target: str | TargetSpec = "host",
+    database: str | Path,
+    candidates: int = BATCH_SIZE,
+    shape: Sequence[int] | str | None = None,
+    dtype: str = "float32",
+    seed: int = 0,
+    cost_model: str | CostModel = "xgb",
+    cache_flush: bool = False,
+    build_timeout: float = BUILD_TIMEOUT,
+) -> BundleWritten:
+    """Write a bundle of up to ``candidates`` new candidates of ``workload`` into ``output`` (a new or empty folder).
+
+    ``device`` names the device the bundle is for: records are kept under
+    ``TARGET@DEVICE`` (with ``cache_flush``, ``TARGET+cold@DEVICE``, timed
+    cold). Import a bundle's results before writing the next: until then its
+    candidates are not in the database, and would be drawn again.
+    """
+    out = Path(output)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise TuningConfigError(f"{out} exists and is not an empty folder: a bundle is written into a new one")
+    if candidates < 1:
+        raise TuningConfigError(f"candidates must be at least 1, got {candidates}")
+    spec = resolve_target(target)
+    work = resolve_workload(workload, shape, dtype, get_registry().workloads)
+    model = resolve_cost_model(cost_model, seed)
+    with contextlib.ExitStack() as stack:
+        db = stack.enter_context(Database(database))
+        key = db.measured_on(spec.name + (COLD_CACHE if cache_flush else ""), spec.tvm_target, device)
+        keyed = dataclasses.replace(spec, name=key)
+        load_cost_model_state(model, db, keyed)
+        builder = make_builder(None, spec, build_timeout, stack)
+        scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="probtune-bundle-"))
+        session = TaskSession.open(work, keyed, db, model, workdir=scratch, seed=seed)
+        stack.callback(session.close)
+        batch = session.next_batch(candidates)
+        if not batch:
+            raise TuningConfigError(f"the space of {work.key} has no candidate left that {key} has not measured")
+        built, runnable = build([session.form(c.program)[0] for c in batch], builder, spec, scratch)
+        for index in set(range(len(batch))) - set(runnable):
+            candidate = batch[index]
+            db.add_record(session.workload_id, key, candidate.trace.to_json(), candidate.decision_hash,
+                          MeasureStatus.BUILD_ERROR, (), built[index].error, program_hash=candidate.program_hash,
+                          build_seconds=built[index].seconds)
+        entries = _write_candidates(out, [(batch[i], built[i]) for i in runnable])
+        reference = session.form.reference
+        shutil.copyfile(reference.path, out / "reference.npz")
+        manifest = {
+            "format": run_bundle.FORMAT, "measured_on": key, "target": spec.name, "cache_flush": cache_flush,
+            "workload": _describe_workload(work), "device_type": device_type(spec),
+            "num_threads": spec.tvm_target.get("num-cores"), "repeat": REPEAT, "min_repeat_ms": MIN_REPEAT_MS,
+            "warmup": WARMUP, "candidates": entries,
+            "reference": {"path": "reference.npz", "num_inputs": reference.num_inputs, "rtol": reference.rtol,
+                          "atol": reference.atol},
+        }
+        (out / run_bundle.MANIFEST).write_text(json.dumps(manifest, indent=1))
+        for module in (run_bundle, timing):
+            shutil.copyfile(str(module.__file__), out / Path(str(module.__file__)).name)
+    return BundleWritten(out, key, len(entries), len(batch) - len(runnable))
+
+
+def import_results(bundle: str | Path, database: str | Path, *, cost_model: str | CostModel = "xgb", seed: int = 0) -> BundleImport:
+    """Record the results that the bundle's runner wrote in ``database``, and train the cost model on them.
+
+    Importing twice records nothing twice. A malformed results file is refused
+    before anything is recorded.
+    """
+    folder = Path(bundle)
+    manifest = _read_manifest(folder)
+    try:
+        header, results = run_bundle.read_results(folder / run_bundle.RESULTS)
+    except (OSError, ValueError, KeyError) as exc:
+        raise TuningConfigError(f"{folder}: no readable results ({exc}); run run_bundle.py in it on the device first") from exc
+    entries = {entry["id"]: entry for entry in manifest["candidates"]}
+    unknown = sorted(set(results) - set(entries))
+    if unknown:
+        raise TuningConfigError(f"{folder / run_bundle.RESULTS}: results for candidates {unknown} that the bundle does not hold")
+    for row in results.values():
+        _check_result(folder, row)
+    spec = resolve_target(manifest["target"])
+    work = _workload(manifest["workload"])
+    key = manifest["measured_on"]
+    model = resolve_cost_model(cost_model, seed)
+    statuses: Counter[str] = Counter()
+    with Database(database) as db:
+        workload_id = db.commit_workload(work.key, work.mod)
+        seen = db.seen_decision_hashes(workload_id, key)
+        fresh = [(entries[i], results[i]) for i in sorted(results) if entries[i]["decision_hash"] not in seen]
+        for entry, row in fresh:
+            db.add_record(workload_id, key, entry["trace"], entry["decision_hash"], row["status"],
+                          tuple(row["latencies"]), row.get("error"), program_hash=entry["program_hash"],
+                          build_seconds=entry["build_seconds"], run_seconds=row.get("seconds"))
+            statuses[row["status"]] += 1
+        keyed = dataclasses.replace(spec, name=key)
+        _train(model, db, keyed, work, fresh)
+        best = db.best(workload_id, key)
+    return BundleImport(key, str(header["device"]), statuses, len(results) - len(fresh),
+                        len(entries) - len(results), best[0].mean_latency if best else None)
+
+
+def _write_candidates(out: Path, built: list[tuple[Any, Any]]) -> list[dict[str, Any]]:
+    """Copy the built candidates into ``out/candidates``; their manifest entries."""
+    (out / "candidates").mkdir(parents=True, exist_ok=True)
+    entries = []
+    for index, (candidate, result) in enumerate(built):
+        artifact = Path("candidates") / f"{index}{Path(str(result.artifact)).suffix}"
+        shutil.copyfile(result.artifact, out / artifact)
+        entries.append({"id": index, "artifact": str(artifact), "trace": candidate.trace.to_json(),
+                        "decision_hash": candidate.decision_hash, "program_hash": candidate.program_hash,
+                        "build_seconds": result.seconds})
+    return entries
+
+
+def _describe_workload(work: Workload) -> dict[str, Any]:
+    """How the importing process finds the workload again: its catalog entry, or its program."""
+    if work.shape is not None:
+        return {"name": work.name, "shape": list(work.shape), "dtype": work.dtype}
+    return {"name": work.name, "program": tvm.ir.save_json(work.mod)}
+
+
+def _workload(described: dict[str, Any]) -> Workload:
+    if "program" in described:
+        return Workload.from_module(tvm.ir.load_json(described["program"]), name=described["name"])
+    return resolve_workload(described["name"], described["shape"], described["dtype"], get_registry().workloads)
+
+
+def _read_manifest(folder: Path) -> dict[str, Any]:
+    path = folder / run_bundle.MANIFEST
+    if not path.is_file():
+        raise TuningConfigError(f"{folder} is not a measurement bundle: it has no {run_bundle.MANIFEST}")
+    try:
+        manifest: dict[str, Any] = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise TuningConfigError(f"{path}: not JSON ({exc.msg})") from None
+    if manifest.get("format") != run_bundle.FORMAT:
+        raise TuningConfigError(f"{path}: format {manifest.get('format')!r}, this probtune reads {run_bundle.FORMAT}")
+    return manifest
+
+
+def _check_result(folder: Path, row: dict[str, Any]) -> None:
+    """Refuse a result row that the database would not take, naming it."""
+    status, latencies = row.get("status"), row.get("latencies")
+    statuses = {MeasureStatus.OK, MeasureStatus.WRONG_RESULT, MeasureStatus.RUN_ERROR, MeasureStatus.CRASH}
+    good = status in statuses and isinstance(latencies, list) and all(
+        isinstance(t, (int, float)) and t > 0 for t in latencies
+    )
+    if not good or (status == MeasureStatus.OK) != bool(latencies):
+        raise TuningConfigError(
+            f"{folder / run_bundle.RESULTS}: the result of candidate {row.get('id')} is malformed "
+            f"(status {status!r}, latencies {latencies!r}); nothing was recorded"
+        )
+
+
+def _train(model: CostModel, db: Database, spec: TargetSpec, work: Workload, fresh: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
+    """Update the cost model (its saved state for ``spec``) with the new results, as a search round does."""
+    load_cost_model_state(model, db, spec)
+    space = generate_space(work, spec)
+    programs, latencies = [], []
+    for entry, row in fresh:
+        try:
+            programs.append(space.program(Trace.from_json(entry["trace"])))
+        except NOT_REPLAYABLE:  # a space changed since the bundle was written: recorded, not learned from
+            continue
+        ok = row["status"] == MeasureStatus.OK
+        latencies.append(sum(row["latencies"]) / len(row["latencies"]) if ok else None)
+    if programs:
+        model.update(model.featurize(programs), latencies, [work.key] * len(programs))
+        db.save_cost_model(model.name, spec.name, model.save())
+

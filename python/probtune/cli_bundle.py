@@ -1,0 +1,61 @@
+"""``probtune bundle`` and ``probtune import-results``: measuring on a device that no runner reaches."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from probtune.defaults import BATCH_SIZE
+
+__all__ = ["add_bundle_commands"]
+
+
+def add_bundle_commands(sub: Any, positive_int: Callable[[str], int], default_database: str) -> None:
+    bundle_p = sub.add_parser(
+        "bundle", help="write new candidates of a workload, built, with a script that measures them on another machine"
+    )
+    bundle_p.add_argument("output", help="the bundle's folder (new or empty)")
+    bundle_p.add_argument("--device", required=True, help="the device it is for: records are kept under TARGET@DEVICE")
+    bundle_p.add_argument("--workload", default="matmul", help="catalog name (see 'probtune workloads')")
+    bundle_p.add_argument("--shape", default=None, help="shape parameters, e.g. 512,512,512 (default: the workload's)")
+    bundle_p.add_argument("--dtype", default="float32")
+    bundle_p.add_argument("--target", default="host", help="target name (see 'probtune targets')")
+    bundle_p.add_argument("--candidates", type=positive_int, default=BATCH_SIZE, help="how many (default: one search round's)")
+    bundle_p.add_argument("--cost-model", default="xgb")
+    bundle_p.add_argument("--seed", type=int, default=0)
+    bundle_p.add_argument("--cache-flush", action="store_true", help="time each call with cold caches")
+    bundle_p.add_argument("--database", default=default_database)
+    bundle_p.set_defaults(run=_cmd_bundle)
+    import_p = sub.add_parser("import-results", help="record what a bundle's script measured, and learn from it")
+    import_p.add_argument("bundle", help="the bundle's folder, with the results.jsonl its script wrote")
+    import_p.add_argument("--cost-model", default="xgb")
+    import_p.add_argument("--database", default=default_database)
+    import_p.set_defaults(run=_cmd_import)
+
+
+def _cmd_bundle(args: argparse.Namespace) -> int:
+    from probtune.bundle import write_bundle
+
+    written = write_bundle(
+        args.workload, args.output, device=args.device, target=args.target, database=args.database,
+        candidates=args.candidates, shape=args.shape, dtype=args.dtype, seed=args.seed,
+        cost_model=args.cost_model, cache_flush=args.cache_flush,
+    )
+    failed = f"; {written.build_errors} failed to build (recorded)" if written.build_errors else ""
+    print(f"{written.path}: {written.candidates} candidates for {written.measured_on}{failed}")
+    print(f"on the device: python {written.path}/run_bundle.py   then here: probtune import-results {written.path}")
+    return 0
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    from probtune.bundle import import_results
+
+    done = import_results(args.bundle, args.database, cost_model=args.cost_model)
+    counts = ", ".join(f"{count} {status}" for status, count in sorted(done.statuses.items())) or "nothing new"
+    print(f"{args.bundle}: measured on {done.device}; recorded under {done.measured_on}: {counts}"
+          + (f" ({done.already_recorded} recorded before)" if done.already_recorded else "")
+          + (f"; {done.unmeasured} not measured" if done.unmeasured else ""))
+    if done.best_latency is not None:
+        print(f"best so far: {done.best_latency * 1e3:.4f} ms")
+    return 0

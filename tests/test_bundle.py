@@ -1,0 +1,118 @@
+"""Measurement bundles: written here, measured by their stand-alone script (here: the fake device), imported back."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from probtune import Database, TuningConfigError
+from probtune.bundle import BundleWritten, import_results, write_bundle
+from probtune.cli import main
+from probtune.measure.run_bundle import DIED, MANIFEST, RESULTS
+
+SHAPE = (32, 32, 32)
+DEVICE = "lab-box"
+KEY = f"host@{DEVICE}"
+
+# The script must run where probtune is not installed: importing it fails in the child.
+RUN_WITHOUT_PROBTUNE = (
+    "import runpy, sys; sys.modules['probtune'] = None; "
+    "sys.argv = [sys.argv[1]]; runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+
+
+def _run_script(bundle: Path) -> subprocess.CompletedProcess[str]:
+    script = bundle / "run_bundle.py"
+    return subprocess.run([sys.executable, "-c", RUN_WITHOUT_PROBTUNE, str(script)], capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+def _write(tmp_path: Path, name: str, db: Path, candidates: int = 4) -> BundleWritten:
+    """A bundle of up to ``candidates`` (the search may offer fewer); at least two built."""
+    written = write_bundle("matmul", tmp_path / name, device=DEVICE, shape=SHAPE, database=db, candidates=candidates)
+    assert written.measured_on == KEY and 2 <= written.candidates + written.build_errors <= candidates
+    assert written.candidates >= 2
+    return written
+
+
+def test_a_bundle_round_trip_records_what_the_device_measured_and_the_next_bundle_goes_on(tmp_path: Path) -> None:
+    db = tmp_path / "tuning.db"
+    written = _write(tmp_path, "b1", db)
+    bundle, count = written.path, written.candidates
+    assert {p.name for p in bundle.iterdir()} >= {MANIFEST, "reference.npz", "candidates", "run_bundle.py", "timing.py"}
+    ran = _run_script(bundle)
+    assert ran.returncode == 0, ran.stderr
+    done = import_results(bundle, db)
+    assert done.measured_on == KEY and done.statuses == {"ok": count} and done.unmeasured == 0
+    assert done.best_latency is not None and done.best_latency > 0
+    with Database(db) as database:
+        [workload] = database.workloads()
+        records = database.records(workload.id)
+        measured = [r for r in records if r.status != "build_error"]
+        assert {r.target for r in records} == {KEY} and len(measured) == count
+        assert all(len(r.latencies) == 3 for r in measured)
+        assert database.load_cost_model("xgb", KEY) is not None  # trained on the results
+        first = database.seen_decision_hashes(workload.id, KEY)
+    again = import_results(bundle, db)  # importing twice records nothing twice
+    assert again.statuses == {} and again.already_recorded == count
+    second = json.loads((_write(tmp_path, "b2", db).path / MANIFEST).read_text())
+    assert not first & {entry["decision_hash"] for entry in second["candidates"]}
+
+
+def test_the_script_resumes_a_run_that_died_and_records_the_candidate_it_died_on_as_a_crash(tmp_path: Path) -> None:
+    db = tmp_path / "tuning.db"
+    bundle = _write(tmp_path, "b", db).path
+    header = {"format": 1, "device": "a GPU that went away", "started": 0.0}
+    (bundle / RESULTS).write_text(json.dumps(header) + "\n" + json.dumps({"id": 0, "started": True}) + "\n")
+    ran = _run_script(bundle)
+    assert ran.returncode == 0, ran.stderr
+    done = import_results(bundle, db)
+    assert done.statuses["crash"] == 1 and done.statuses["ok"] >= 1 and set(done.statuses) == {"crash", "ok"}
+    with Database(db) as database:
+        [crash] = [r for r in database.records(database.workloads()[0].id) if r.status == "crash"]
+    assert crash.error == DIED
+
+
+def test_malformed_results_are_refused_before_anything_is_recorded(tmp_path: Path) -> None:
+    db = tmp_path / "tuning.db"
+    bundle = _write(tmp_path, "b", db).path
+    with pytest.raises(TuningConfigError, match="no readable results"):
+        import_results(bundle, db)
+    rows = [{"format": 1, "device": "d"},
+            {"id": 0, "status": "ok", "latencies": [1e-4], "error": None, "seconds": 0.1},
+            {"id": 1, "status": "ok", "latencies": [-1.0], "error": None, "seconds": 0.1}]
+    (bundle / RESULTS).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(TuningConfigError, match="the result of candidate 1 is malformed"):
+        import_results(bundle, db)
+    (bundle / RESULTS).write_text("".join(json.dumps(row) + "\n" for row in rows[:2]) + '{"id": 7, "status": "ok"\n')
+    with pytest.raises(TuningConfigError, match="line 3: not JSON"):
+        import_results(bundle, db)
+    rows[2] = {"id": 9, "status": "ok", "latencies": [1e-4], "error": None, "seconds": 0.1}
+    (bundle / RESULTS).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(TuningConfigError, match=r"results for candidates \[9\] that the bundle does not hold"):
+        import_results(bundle, db)
+    with Database(db) as database:
+        assert all(r.status == "build_error" for r in database.records(database.workloads()[0].id))
+
+
+def test_bad_folders_are_named(tmp_path: Path) -> None:
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    with pytest.raises(TuningConfigError, match="is not an empty folder"):
+        write_bundle("matmul", tmp_path / "full", device=DEVICE, shape=SHAPE, database=tmp_path / "t.db")
+    with pytest.raises(TuningConfigError, match="is not a measurement bundle"):
+        import_results(tmp_path / "full", tmp_path / "t.db")
+
+
+def test_the_cli_writes_and_imports_a_bundle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db, bundle = str(tmp_path / "t.db"), tmp_path / "b"
+    assert main(["bundle", str(bundle), "--device", DEVICE, "--shape", "32,32,32", "--candidates", "2",
+                 "--database", db]) == 0
+    assert f"candidates for {KEY}" in capsys.readouterr().out
+    assert _run_script(bundle).returncode == 0
+    assert main(["import-results", str(bundle), "--database", db]) == 0
+    assert f"recorded under {KEY}: " in capsys.readouterr().out
