@@ -108,5 +108,3 @@ def _return_large_frees_to_the_system() -> None:
     except OSError:  # not glibc: nothing to set
         return
     libc.mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
-
-

@@ -38,6 +38,8 @@ _ERROR_CHARS = 2000
 
 @dataclass(frozen=True)
 class RunTask:
+    """One candidate to check and time: its reference, its library and how to time it."""
+
     reference_path: str
     num_inputs: int
     rtol: float
@@ -53,11 +55,11 @@ class RunTask:
 
 @dataclass(frozen=True)
 class RunReply:
+    """A candidate's outcome."""
+
     status: str  # a MeasureStatus value: "ok", "wrong_result" or "run_error" (plain text crosses the pipe)
     latencies: tuple[float, ...]
     error: str | None
-
-
 
 
 @functools.lru_cache(maxsize=1)
