@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,10 +20,8 @@ DEVICE = "lab-box"
 KEY = f"host@{DEVICE}"
 
 # The script must run where probtune is not installed: importing it fails in the child.
-RUN_WITHOUT_PROBTUNE = (
-    "import runpy, sys; sys.modules['probtune'] = None; "
-    "sys.argv = [sys.argv[1]]; runpy.run_path(sys.argv[0], run_name='__main__')"
-)
+RUN_WITHOUT = "import runpy, sys; {hide}sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+RUN_WITHOUT_PROBTUNE = RUN_WITHOUT.format(hide="sys.modules['probtune'] = None; ")
 
 
 def _run_script(bundle: Path) -> subprocess.CompletedProcess[str]:
@@ -116,3 +115,109 @@ def test_the_cli_writes_and_imports_a_bundle(tmp_path: Path, capsys: pytest.Capt
     assert _run_script(bundle).returncode == 0
     assert main(["import-results", str(bundle), "--database", db]) == 0
     assert f"recorded under {KEY}: " in capsys.readouterr().out
+
+
+FAKE_CUPY = '''
+"""Stands for CuPy on a machine without a GPU: loads a cubin's header, logs launches, runs nothing."""
+import json, os
+import numpy as np
+
+LOG = os.environ["FAKE_CUPY_LOG"]
+REFERENCE = os.environ.get("FAKE_CUPY_ANSWERS")  # the reference outputs, to stand for a correct kernel
+
+
+class _Kernel:
+    def __init__(self, name):
+        self.name = name
+
+    def __call__(self, grid, block, args, shared_mem=0):
+        with open(LOG, "a") as log:
+            log.write(json.dumps({"kernel": self.name, "grid": list(grid), "block": list(block),
+                                  "args": len(args), "shared": shared_mem}) + "\\n")
+
+
+class RawModule:
+    def __init__(self, path):
+        with open(path, "rb") as cubin:
+            assert cubin.read(4) == b"\\x7fELF"
+
+    def get_function(self, name):
+        return _Kernel(name)
+
+
+_outputs = []
+
+
+def asarray(array):
+    return np.array(array)
+
+
+def zeros(shape, dtype=None):
+    array = np.zeros(shape, dtype)
+    _outputs.append(array)
+    return array
+
+
+def asnumpy(array):
+    if REFERENCE:
+        with np.load(REFERENCE) as saved:
+            return saved["output_0"]
+    return np.asarray(array)
+
+
+class _Event:
+    def record(self):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+class cuda:
+    Event = _Event
+
+    @staticmethod
+    def get_elapsed_time(start, end):
+        return 0.5
+
+    class Device:
+        def synchronize(self):
+            pass
+
+    class runtime:
+        @staticmethod
+        def getDeviceProperties(index):
+            return {"name": b"Fake GPU"}
+'''
+
+
+@pytest.mark.parametrize("correct", [False, True])
+def test_a_cuda_bundle_carries_cubins_that_its_script_launches_without_tvm(tmp_path: Path, correct: bool) -> None:
+    """The GPU half is a fake CuPy (no GPU here): the launches, in order and shape, and the results file are checked."""
+    db = tmp_path / "tuning.db"
+    written = write_bundle("matmul", tmp_path / "b", device="h100", target="cuda-sm80", shape=SHAPE, database=db,
+                           candidates=3)
+    assert written.measured_on == "cuda-sm80@h100" and written.candidates >= 1
+    manifest = json.loads((written.path / MANIFEST).read_text())
+    (tmp_path / "fake" / "cupy").mkdir(parents=True)
+    (tmp_path / "fake" / "cupy" / "__init__.py").write_text(FAKE_CUPY)
+    log = tmp_path / "launches.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "fake"), "FAKE_CUPY_LOG": str(log)}
+    if correct:
+        env["FAKE_CUPY_ANSWERS"] = str(written.path / "reference.npz")
+    script = RUN_WITHOUT.format(hide="sys.modules['probtune'] = sys.modules['tvm'] = None; ")  # no TVM either
+    ran = subprocess.run([sys.executable, "-c", script, str(written.path / "run_bundle.py"), "--runtime", "cupy"],
+                         capture_output=True, text=True, timeout=300, check=False, env=env)
+    assert ran.returncode == 0, ran.stderr
+    launched = [json.loads(line) for line in log.read_text().splitlines()]
+    first = manifest["candidates"][0]["kernels"]["launches"]
+    assert launched[: len(first)] == [
+        {"kernel": k["kernel"], "grid": k["grid"], "block": k["block"], "args": len(k["args"]), "shared": k["shared"]}
+        for k in first
+    ]
+    done = import_results(written.path, db)
+    assert done.device == "Fake GPU"
+    if correct:  # each repeat: 0.5 ms over the calls it made
+        assert done.statuses == {"ok": written.candidates} and done.best_latency is not None
+    else:
+        assert done.statuses == {"wrong_result": written.candidates}

@@ -93,3 +93,33 @@ def test_missing_nvrtc_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_PATH", str(tmp_path))
     with pytest.raises(CUDAToolchainError, match=r"no libnvrtc\.so in"):
         nvrtc._nvrtc.__wrapped__()
+
+
+def test_a_program_gives_its_cubin_and_the_table_that_launches_it_without_tvm():
+    """A forced tiling with a known launch: 2x2 blocks of 8x8 threads, fused into 4 blocks of 64 threads."""
+    target = resolve_target("cuda-sm80")
+    sch = Schedule(resolve_workload("matmul", "64,64,64").mod)
+    block = sch.get_sblock("C")
+    i, j, k = sch.get_loops(block)
+    i0, i1, i2 = sch.split(i, [2, 8, 4])
+    j0, j1, j2 = sch.split(j, [2, 8, 4])
+    sch.reorder(i0, j0, i1, j1, k, i2, j2)
+    sch.bind(sch.fuse(i0, j0), "blockIdx.x")
+    sch.bind(sch.fuse(i1, j1), "threadIdx.x")
+    cubin, table = target.compiler.kernels(sch.mod, dict(target.tvm_target))
+    assert cubin[:4] == b"\x7fELF"
+    assert table == {
+        "launches": [{"kernel": "main_kernel", "args": [{"param": 0}, {"param": 1}, {"param": 2}],
+                      "grid": [4, 1, 1], "block": [64, 1, 1], "shared": 0}],
+        "scratch": [],
+    }
+
+
+def test_kernels_that_pass_values_through_host_buffers_share_them_as_scratch():
+    target = resolve_target("cuda-sm80")
+    _, table = target.compiler.kernels(valid_program("softmax", "64,256"), dict(target.tvm_target))
+    used = {arg.get("scratch") for launch in table["launches"] for arg in launch["args"]} - {None}
+    assert used == {buffer["name"] for buffer in table["scratch"]} and used
+    params = {arg.get("param") for launch in table["launches"] for arg in launch["args"]} - {None}
+    assert params == {0, 1}  # the input read, the output written
+    assert all(buffer["elements"] > 0 and buffer["dtype"] == "float32" for buffer in table["scratch"])

@@ -114,13 +114,16 @@ def write_bundle(
         batch = session.next_batch(candidates)
         if not batch:
             raise TuningConfigError(f"the space of {work.key} has no candidate left that {key} has not measured")
-        built, runnable = build([session.form(c.program)[0] for c in batch], builder, spec, scratch)
-        for index in set(range(len(batch))) - set(runnable):
+        programs = [session.form(c.program)[0] for c in batch]
+        built, runnable = build(programs, builder, spec, scratch)
+        kernels, failed = _kernels(spec, programs, runnable)
+        for index in sorted(set(range(len(batch))) - set(runnable) | set(failed)):
             candidate = batch[index]
             db.add_record(session.workload_id, key, candidate.trace.to_json(), candidate.decision_hash,
-                          MeasureStatus.BUILD_ERROR, (), built[index].error, program_hash=candidate.program_hash,
-                          build_seconds=built[index].seconds)
-        entries = _write_candidates(out, [(batch[i], built[i]) for i in runnable])
+                          MeasureStatus.BUILD_ERROR, (), failed.get(index, built[index].error),
+                          program_hash=candidate.program_hash, build_seconds=built[index].seconds)
+        runnable = [i for i in runnable if i not in failed]
+        entries = _write_candidates(out, [(batch[i], built[i], kernels.get(i)) for i in runnable])
         reference = session.form.reference
         shutil.copyfile(reference.path, out / "reference.npz")
         manifest = {
@@ -134,7 +137,7 @@ def write_bundle(
         (out / run_bundle.MANIFEST).write_text(json.dumps(manifest, indent=1))
         for module in (run_bundle, timing):
             shutil.copyfile(str(module.__file__), out / Path(str(module.__file__)).name)
-    return BundleWritten(out, key, len(entries), len(batch) - len(runnable))
+    return BundleWritten(out, key, len(entries), len(batch) - len(entries))
 
 
 def import_results(bundle: str | Path, database: str | Path, *, cost_model: str | CostModel = "xgb", seed: int = 0) -> BundleImport:
@@ -176,16 +179,40 @@ def import_results(bundle: str | Path, database: str | Path, *, cost_model: str 
                         len(entries) - len(results), best[0].mean_latency if best else None)
 
 
-def _write_candidates(out: Path, built: list[tuple[Any, Any]]) -> list[dict[str, Any]]:
-    """Copy the built candidates into ``out/candidates``; their manifest entries."""
+def _kernels(
+    spec: TargetSpec, programs: list[tvm.IRModule | str], runnable: list[int]
+) -> tuple[dict[int, tuple[bytes, dict[str, Any]]], dict[int, str]]:
+    """Where the target's compiler gives them (``kernels``), each candidate's machine code and launch table,
+    for a device without TVM; and why a candidate has none (it stays out of the bundle)."""
+    kernels = getattr(spec.compiler, "kernels", None)
+    made: dict[int, tuple[bytes, dict[str, Any]]] = {}
+    failed: dict[int, str] = {}
+    if kernels is None:
+        return made, failed
+    for index in runnable:
+        program = programs[index]
+        try:
+            made[index] = kernels(tvm.ir.load_json(program) if isinstance(program, str) else program, spec.tvm_target)
+        except Exception as exc:  # noqa: BLE001 - a candidate that cannot be carried is a result, recorded
+            failed[index] = f"not carried by the bundle: {timing.describe_error(exc)}"
+    return made, failed
+
+
+def _write_candidates(out: Path, built: list[tuple[Any, Any, tuple[bytes, dict[str, Any]] | None]]) -> list[dict[str, Any]]:
+    """Copy the built candidates (and their machine code) into ``out/candidates``; their manifest entries."""
     (out / "candidates").mkdir(parents=True, exist_ok=True)
     entries = []
-    for index, (candidate, result) in enumerate(built):
+    for index, (candidate, result, kernels) in enumerate(built):
         artifact = Path("candidates") / f"{index}{Path(str(result.artifact)).suffix}"
         shutil.copyfile(result.artifact, out / artifact)
-        entries.append({"id": index, "artifact": str(artifact), "trace": candidate.trace.to_json(),
-                        "decision_hash": candidate.decision_hash, "program_hash": candidate.program_hash,
-                        "build_seconds": result.seconds})
+        entry = {"id": index, "artifact": str(artifact), "trace": candidate.trace.to_json(),
+                 "decision_hash": candidate.decision_hash, "program_hash": candidate.program_hash,
+                 "build_seconds": result.seconds}
+        if kernels is not None:
+            code, table = kernels
+            (out / "candidates" / f"{index}.cubin").write_bytes(code)
+            entry["kernels"] = {"cubin": f"candidates/{index}.cubin", **table}
+        entries.append(entry)
     return entries
 
 

@@ -38,7 +38,13 @@ __all__ = [
 
 
 Compiler = Callable[["tvm.IRModule", dict[str, Any]], Any]
-"""Compiles a finished program for a TVM target (dict form) into what ``tvm.compile`` returns; must pickle."""
+"""Compiles a finished program for a TVM target (dict form) into what ``tvm.compile`` returns; must pickle.
+
+Optional methods: ``export(executable, path, workspace_dir)`` links the
+shared library; ``kernels(mod, tvm_target) -> (bytes, dict)`` gives a
+device's machine code and the table that launches it without TVM, which a
+measurement bundle (:mod:`probtune.bundle`) carries to a machine without TVM.
+"""
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,12 @@
 
 A bundle (``probtune bundle``) holds built candidates, their reference
 inputs and outputs, and this script with ``timing.py`` beside it: the machine
-that runs it needs Python, numpy and TVM's runtime, not probtune. Each
-candidate is checked against the reference and timed as probtune's local
-runner would; its result is appended to ``results.jsonl`` as soon as it is
-known. A run that dies (a crash, a hang that was stopped, a machine that went
+that runs it needs Python, numpy and TVM's runtime, not probtune. A CUDA
+bundle also carries each candidate's cubin and launch table: without TVM,
+``--runtime cupy`` (the default where TVM cannot be imported) loads and
+launches them with CuPy and times them with CUDA events. Each candidate is
+checked against the reference and timed as probtune's local runner would;
+its result is appended to ``results.jsonl`` as soon as it is known. A run that dies (a crash, a hang that was stopped, a machine that went
 away) goes on where it stopped when started again, and the candidate it died
 on is recorded as a crash. ``probtune import-results`` reads the file back.
 """
@@ -13,6 +15,7 @@ on is recorded as a crash. ``probtune import-results`` reads the file back.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -21,8 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 if __package__:  # imported from probtune
-    from probtune.measure.timing import RunReply, RunTask, check_and_time, describe_error, read_reference
+    from probtune.measure.timing import RunReply, RunTask, check_and_time, describe_error, first_mismatch, read_reference
 else:  # run as a bundle's script: timing.py lies beside it
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from timing import (  # type: ignore[import-not-found,no-redef]
@@ -30,6 +35,7 @@ else:  # run as a bundle's script: timing.py lies beside it
         RunTask,
         check_and_time,
         describe_error,
+        first_mismatch,
         read_reference,
     )
 
@@ -45,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="run_bundle.py", description="Measure a probtune bundle's candidates here.")
     parser.add_argument("bundle", nargs="?", default=str(Path(__file__).resolve().parent),
                         help="the bundle's folder (default: this script's)")
+    parser.add_argument("--runtime", choices=["tvm", "cupy"], default=None,
+                        help="TVM's runtime loads each candidate's library; CuPy launches its cubin (a CUDA bundle). "
+                             "Default: TVM where it can be imported")
     args = parser.parse_args(argv)
     bundle = Path(args.bundle)
     manifest = json.loads((bundle / MANIFEST).read_text())
@@ -53,14 +62,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if manifest.get("num_threads"):
         os.environ.setdefault("TVM_NUM_THREADS", str(manifest["num_threads"]))  # read when TVM's pool starts
-    import tvm
-
-    device = tvm.device(manifest["device_type"], 0)
+    runtime = args.runtime or ("tvm" if importlib.util.find_spec("tvm") else "cupy")
+    if runtime == "cupy" and not all("kernels" in candidate for candidate in manifest["candidates"]):
+        print("error: without TVM only a CUDA bundle (cubins and launch tables) can be measured", file=sys.stderr)
+        return 2
+    measure = _tvm_measure(manifest["device_type"]) if runtime == "tvm" else _cupy_measure()
     path = bundle / RESULTS
     done, started = _progress(path)
     with path.open("a") as out:
         if not done and not started:
-            _append(out, {"format": FORMAT, "device": _describe(device), "started": time.time()})
+            _append(out, {"format": FORMAT, "device": measure.device, "started": time.time()})
         for candidate in manifest["candidates"]:
             index = candidate["id"]
             if index in done:
@@ -69,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                 _append(out, {"id": index, "status": "crash", "latencies": [], "error": DIED, "seconds": None})
                 continue
             _append(out, {"id": index, "started": True})
-            reply, seconds = _measure(tvm, device, bundle, manifest, candidate)
+            reply, seconds = _timed(measure, bundle, manifest, candidate)
             _append(out, {"id": index, "status": reply.status, "latencies": list(reply.latencies),
                           "error": reply.error, "seconds": seconds})
             best = f"{min(reply.latencies) * 1e3:.4f} ms" if reply.latencies else (reply.error or "")[:60]
@@ -116,7 +127,15 @@ def _append(out: Any, row: dict[str, Any]) -> None:
     os.fsync(out.fileno())
 
 
-def _measure(tvm: Any, device: Any, bundle: Path, manifest: dict[str, Any], candidate: dict[str, Any]) -> tuple[RunReply, float]:
+class _Measure:
+    """How candidates are checked and timed here: ``run(task, candidate) -> RunReply``, and the device's name."""
+
+    def __init__(self, device: str, run: Any) -> None:
+        self.device = device
+        self.run = run
+
+
+def _timed(measure: _Measure, bundle: Path, manifest: dict[str, Any], candidate: dict[str, Any]) -> tuple[RunReply, float]:
     started = time.perf_counter()
     reference = manifest["reference"]
     task = RunTask(
@@ -125,25 +144,86 @@ def _measure(tvm: Any, device: Any, bundle: Path, manifest: dict[str, Any], cand
         manifest["min_repeat_ms"], manifest["warmup"], None, manifest["cache_flush"],
     )
     try:
-        inputs, expected = read_reference(task.reference_path, task.num_inputs)
-        module = tvm.runtime.load_module(task.artifact_path)
-        reply = check_and_time(module, device, inputs, expected, task)
-    except Exception as error:  # noqa: BLE001 - load failures, runtime errors raised by TVM
+        reply = measure.run(task, candidate, bundle)
+    except Exception as error:  # noqa: BLE001 - load failures, runtime errors of TVM or the driver
         reply = RunReply("run_error", (), describe_error(error))
     return reply, time.perf_counter() - started
 
 
-def _describe(device: Any) -> str:
-    """This device, as the results file names it: a CPU's model, or the accelerator's name."""
-    if device.dlpack_device_type() == 1:
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-        except OSError:
-            pass
-        return platform.processor() or platform.machine()
-    return str(device.device_name)
+def _tvm_measure(device_type: int) -> _Measure:
+    """Each candidate's library loaded by TVM's runtime, checked and timed as the local runner does."""
+    import tvm
+
+    name = _host() if device_type == 1 else str(tvm.device(device_type, 0).device_name)
+
+    def run(task: RunTask, candidate: dict[str, Any], bundle: Path) -> RunReply:
+        device = tvm.device(task.device, 0)
+        inputs, expected = read_reference(task.reference_path, task.num_inputs)
+        return check_and_time(tvm.runtime.load_module(task.artifact_path), device, inputs, expected, task)
+
+    return _Measure(name, run)
+
+
+def _cupy_measure() -> _Measure:
+    """Each candidate's cubin loaded by CuPy, its kernels launched as its table says, timed with CUDA events."""
+    import cupy
+
+    def run(task: RunTask, candidate: dict[str, Any], bundle: Path) -> RunReply:
+        inputs, expected = read_reference(task.reference_path, task.num_inputs)
+        call, outputs = _cupy_program(cupy, bundle, candidate["kernels"], inputs, expected)
+        call()
+        cupy.cuda.Device().synchronize()
+        mismatch = first_mismatch([cupy.asnumpy(out) for out in outputs], expected, task.rtol, task.atol)
+        if mismatch is not None:
+            return RunReply("wrong_result", (), mismatch)
+        for _ in range(task.warmup):
+            call()
+        return RunReply("ok", _cupy_timings(cupy, call, task), None)
+
+    return _Measure(str(cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()), run)
+
+
+def _cupy_program(cupy: Any, bundle: Path, table: dict[str, Any], inputs: Any, expected: Any) -> tuple[Any, list[Any]]:
+    """A function that runs the program's launches in order, and its output arrays."""
+    module = cupy.RawModule(path=str(bundle / table["cubin"]))
+    params = [cupy.asarray(array) for array in inputs] + [cupy.zeros(array.shape, array.dtype) for array in expected]
+    scratch = {b["name"]: cupy.zeros(b["elements"], dtype=b["dtype"]) for b in table["scratch"]}
+
+    def argument(arg: dict[str, Any]) -> Any:
+        if "param" in arg:
+            return params[arg["param"]]
+        return scratch[arg["scratch"]] if "scratch" in arg else np.int32(arg["int32"])
+
+    launches = [(module.get_function(launch["kernel"]), tuple(launch["grid"]), tuple(launch["block"]),
+                 tuple(argument(arg) for arg in launch["args"]), launch["shared"]) for launch in table["launches"]]
+
+    def call() -> None:
+        for kernel, grid, block, args, shared in launches:
+            kernel(grid, block, args, shared_mem=shared)
+
+    return call, params[len(inputs):]
+
+
+def _cupy_timings(cupy: Any, call: Any, task: RunTask) -> tuple[float, ...]:
+    """Seconds per call, one figure per repeat; a repeat makes as many calls as last ``min_repeat_ms``."""
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+
+    def repeat(number: int) -> float:
+        start.record()
+        for _ in range(number):
+            call()
+        end.record()
+        end.synchronize()
+        return float(cupy.cuda.get_elapsed_time(start, end)) / 1e3 / number
+
+    first = repeat(1)
+    number = max(1, int(task.min_repeat_ms / 1e3 / first)) if first > 0 else 1
+    return tuple(repeat(number) for _ in range(task.repeat))
+
+
+def _host() -> str:
+    """This machine, as the results file names the device of a host target's bundle."""
+    return f"{platform.node() or 'this machine'} ({platform.machine()})"
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from typing import Any
 
 import tvm
 
+from probtune_cuda.launch import UnsupportedLaunch, kernel_launches
 from probtune_cuda.nvrtc import KernelResources, compile_cubin, kernel_resources
 
 __all__ = ["CUDALintError", "NVRTCCompiler", "lint"]
@@ -62,6 +63,23 @@ class NVRTCCompiler:
             for device_module in executable.mod.imports:
                 self.check(device_module.inspect_source(), tvm_target)
         return executable
+
+    def kernels(self, mod: tvm.IRModule, tvm_target: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+        """The program's kernels as one linted cubin, and the table that launches them without TVM.
+
+        The table (:func:`probtune_cuda.launch.kernel_launches`) lists each
+        launch in order, ``{"kernel", "args", "grid", "block", "shared"}``,
+        and the ``scratch`` buffers the launches share.
+        """
+        executable = tvm.compile(mod, target=tvm.target.Target(tvm_target))
+        sources = [device_module.inspect_source() for device_module in executable.mod.imports]
+        if len(sources) != 1:
+            raise UnsupportedLaunch(f"the program has {len(sources)} device modules; a bundle carries one cubin")
+        cubin = self.check(sources[0], tvm_target)
+        launches, scratch = kernel_launches(mod, tvm_target)
+        table = {"launches": [launch.to_json() for launch in launches],
+                 "scratch": [{"name": b.name, "dtype": b.dtype, "elements": b.elements} for b in scratch]}
+        return cubin, table
 
     def check(self, source: str, tvm_target: Mapping[str, Any]) -> bytes:
         """Compile ``source`` for the target's architecture; the cubin, or CUDALintError naming what is wrong."""
