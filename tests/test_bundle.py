@@ -221,3 +221,9 @@ def test_a_cuda_bundle_carries_cubins_that_its_script_launches_without_tvm(tmp_p
         assert done.statuses == {"ok": written.candidates} and done.best_latency is not None
     else:
         assert done.statuses == {"wrong_result": written.candidates}
+
+
+def test_cold_timings_are_refused_for_a_gpu_bundle(tmp_path: Path) -> None:
+    with pytest.raises(TuningConfigError, match="cache_flush flushes CPU caches; target 'cuda-sm80'"):
+        write_bundle("matmul", tmp_path / "b", device="h100", target="cuda-sm80", shape=SHAPE,
+                     database=tmp_path / "t.db", cache_flush=True)

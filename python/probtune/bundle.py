@@ -36,6 +36,7 @@ from probtune.errors import NOT_REPLAYABLE, TuningConfigError
 from probtune.interfaces import CostModel, TargetSpec
 from probtune.measure import run_bundle, timing
 from probtune.measure.results import MeasureStatus
+from probtune.measure.runner import CPU_DEVICE
 from probtune.pipeline import COLD_CACHE, build, load_cost_model_state, make_builder, resolve_cost_model
 from probtune.plugins import get_registry
 from probtune.session import TaskSession
@@ -100,6 +101,8 @@ def write_bundle(
     if candidates < 1:
         raise TuningConfigError(f"candidates must be at least 1, got {candidates}")
     spec = resolve_target(target)
+    if cache_flush and device_type(spec) != CPU_DEVICE:
+        raise TuningConfigError(f"cache_flush flushes CPU caches; target {spec.name!r} runs on another device")
     work = resolve_workload(workload, shape, dtype, get_registry().workloads)
     model = resolve_cost_model(cost_model, seed)
     with contextlib.ExitStack() as stack:

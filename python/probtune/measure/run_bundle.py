@@ -3,9 +3,9 @@
 A bundle (``probtune bundle``) holds built candidates, their reference
 inputs and outputs, and this script with ``timing.py`` beside it: the machine
 that runs it needs Python, numpy and TVM's runtime, not probtune. A CUDA
-bundle also carries each candidate's cubin and launch table: without TVM,
-``--runtime cupy`` (the default where TVM cannot be imported) loads and
-launches them with CuPy and times them with CUDA events. Each candidate is
+bundle also carries each candidate's cubin and launch table: ``--runtime
+cupy`` (the default for such a bundle where CuPy is installed) loads and
+launches them with CuPy, without TVM, and times them with CUDA events. Each candidate is
 checked against the reference and timed as probtune's local runner would;
 its result is appended to ``results.jsonl`` as soon as it is known. A run that dies (a crash, a hang that was stopped, a machine that went
 away) goes on where it stopped when started again, and the candidate it died
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the bundle's folder (default: this script's)")
     parser.add_argument("--runtime", choices=["tvm", "cupy"], default=None,
                         help="TVM's runtime loads each candidate's library; CuPy launches its cubin (a CUDA bundle). "
-                             "Default: TVM where it can be imported")
+                             "Default: CuPy for a CUDA bundle where it is installed, else TVM")
     args = parser.parse_args(argv)
     bundle = Path(args.bundle)
     manifest = json.loads((bundle / MANIFEST).read_text())
@@ -62,8 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if manifest.get("num_threads"):
         os.environ.setdefault("TVM_NUM_THREADS", str(manifest["num_threads"]))  # read when TVM's pool starts
-    runtime = args.runtime or ("tvm" if importlib.util.find_spec("tvm") else "cupy")
-    if runtime == "cupy" and not all("kernels" in candidate for candidate in manifest["candidates"]):
+    cubins = all("kernels" in candidate for candidate in manifest["candidates"])
+    runtime = args.runtime or ("cupy" if cubins and importlib.util.find_spec("cupy") else "tvm")
+    if runtime == "cupy" and not cubins:
         print("error: without TVM only a CUDA bundle (cubins and launch tables) can be measured", file=sys.stderr)
         return 2
     measure = _tvm_measure(manifest["device_type"]) if runtime == "tvm" else _cupy_measure()

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["LocalRunner", "local_device_name", "prepare_reference", "save_reference"]
 
 _STARTUP_TIMEOUT = 120.0  # importing TVM takes about a second; minutes mean something is broken
-_CPU = 1  # DLPack's device type of the host CPU
+CPU_DEVICE = 1  # DLPack's device type of the host CPU
 
 
 def prepare_reference(
@@ -159,7 +159,7 @@ class LocalRunner:
         if not os.path.isfile(reference.path):
             raise FileNotFoundError(f"reference file {reference.path} does not exist")
         device = device_type(target)
-        if self.cache_flush and device != _CPU:
+        if self.cache_flush and device != CPU_DEVICE:
             raise ValueError(f"cache_flush flushes CPU caches; target {target.name!r} runs on {tvm.device(device, 0)}")
         threads = self.num_threads if self.num_threads is not None else target.tvm_target.get("num-cores")
         threads = None if threads is None else int(threads)
