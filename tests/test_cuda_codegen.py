@@ -66,18 +66,23 @@ def test_a_kernel_compiles_to_a_cubin_with_its_resources():
     assert resources and all(kernel.registers > 0 for kernel in resources)
 
 
-def test_the_targets_compiler_refuses_a_kernel_with_its_accumulators_in_local_memory():
-    """A tiling the space's checks would refuse, forced: 64x64 accumulators per thread go to local memory."""
-    target = resolve_target("cuda-sm80")
-    mod = resolve_workload("matmul", "256,256,256").mod
-    sch = Schedule(mod)
+def forced_tiling(size: int, split: list[int]) -> tuple[Schedule, object]:
+    """A ``size``^3 matmul tiled by hand: i and j split as ``split``, the outer pair bound to blocks, the next to threads."""
+    sch = Schedule(resolve_workload("matmul", f"{size},{size},{size}").mod)
     block = sch.get_sblock("C")
     i, j, k = sch.get_loops(block)
-    i0, i1, i2 = sch.split(i, [2, 2, 64])
-    j0, j1, j2 = sch.split(j, [2, 2, 64])
+    i0, i1, i2 = sch.split(i, split)
+    j0, j1, j2 = sch.split(j, split)
     sch.reorder(i0, j0, i1, j1, k, i2, j2)
     sch.bind(sch.fuse(i0, j0), "blockIdx.x")
     sch.bind(sch.fuse(i1, j1), "threadIdx.x")
+    return sch, block
+
+
+def test_the_targets_compiler_refuses_a_kernel_with_its_accumulators_in_local_memory():
+    """A tiling the space's checks would refuse, forced: 64x64 accumulators per thread go to local memory."""
+    target = resolve_target("cuda-sm80")
+    sch, block = forced_tiling(256, [2, 2, 64])
     sch.reverse_compute_at(sch.cache_write(block, 0, "local"), sch.get_loops(block)[1])
     with pytest.raises(CUDALintError, match="in local memory"):
         compile_for(sch.mod, target)
@@ -98,14 +103,7 @@ def test_missing_nvrtc_is_named(tmp_path, monkeypatch):
 def test_a_program_gives_its_cubin_and_the_table_that_launches_it_without_tvm():
     """A forced tiling with a known launch: 2x2 blocks of 8x8 threads, fused into 4 blocks of 64 threads."""
     target = resolve_target("cuda-sm80")
-    sch = Schedule(resolve_workload("matmul", "64,64,64").mod)
-    block = sch.get_sblock("C")
-    i, j, k = sch.get_loops(block)
-    i0, i1, i2 = sch.split(i, [2, 8, 4])
-    j0, j1, j2 = sch.split(j, [2, 8, 4])
-    sch.reorder(i0, j0, i1, j1, k, i2, j2)
-    sch.bind(sch.fuse(i0, j0), "blockIdx.x")
-    sch.bind(sch.fuse(i1, j1), "threadIdx.x")
+    sch, _ = forced_tiling(64, [2, 8, 4])
     cubin, table = target.compiler.kernels(sch.mod, dict(target.tvm_target))
     assert cubin[:4] == b"\x7fELF"
     assert table == {

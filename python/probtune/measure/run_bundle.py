@@ -4,12 +4,13 @@ A bundle (``probtune bundle``) holds built candidates, their reference
 inputs and outputs, and this script with ``timing.py`` beside it: the machine
 that runs it needs Python, numpy and TVM's runtime, not probtune. A CUDA
 bundle also carries each candidate's cubin and launch table: ``--runtime
-cupy`` (the default for such a bundle where CuPy is installed) loads and
-launches them with CuPy, without TVM, and times them with CUDA events. Each candidate is
+cupy`` (the default for such a bundle where CuPy is installed) launches them
+with CuPy, without TVM, and times them with CUDA events. Each candidate is
 checked against the reference and timed as probtune's local runner would;
-its result is appended to ``results.jsonl`` as soon as it is known. A run that dies (a crash, a hang that was stopped, a machine that went
-away) goes on where it stopped when started again, and the candidate it died
-on is recorded as a crash. ``probtune import-results`` reads the file back.
+its result is appended to ``results.jsonl`` as soon as it is known. A run
+that dies (a crash, a hang that was stopped, a machine that went away) goes
+on where it stopped when started again, and the candidate it died on is
+recorded as a crash. ``probtune import-results`` reads the file back.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     cubins = all("kernels" in candidate for candidate in manifest["candidates"])
     runtime = args.runtime or ("cupy" if cubins and importlib.util.find_spec("cupy") else "tvm")
     if runtime == "cupy" and not cubins:
-        print("error: without TVM only a CUDA bundle (cubins and launch tables) can be measured", file=sys.stderr)
+        print("error: CuPy measures only a CUDA bundle (cubins and launch tables); this one has none", file=sys.stderr)
         return 2
     measure = _tvm_measure(manifest["device_type"]) if runtime == "tvm" else _cupy_measure()
     path = bundle / RESULTS
@@ -129,7 +130,7 @@ def _append(out: Any, row: dict[str, Any]) -> None:
 
 
 class _Measure:
-    """How candidates are checked and timed here: ``run(task, candidate) -> RunReply``, and the device's name."""
+    """How candidates are checked and timed here, ``run(task, candidate, bundle) -> RunReply``, and the device's name."""
 
     def __init__(self, device: str, run: Any) -> None:
         self.device = device
