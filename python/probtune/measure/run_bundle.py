@@ -194,7 +194,7 @@ def _cupy_program(cupy: Any, bundle: Path, table: dict[str, Any], inputs: Any, e
     def argument(arg: dict[str, Any]) -> Any:
         if "param" in arg:
             return params[arg["param"]]
-        return scratch[arg["scratch"]] if "scratch" in arg else np.int32(arg["int32"])
+        return scratch[arg["scratch"]] if "scratch" in arg else np.dtype(arg["dtype"]).type(arg["scalar"])
 
     launches = [(module.get_function(launch["kernel"]), tuple(launch["grid"]), tuple(launch["block"]),
                  tuple(argument(arg) for arg in launch["args"]), launch["shared"]) for launch in table["launches"]]

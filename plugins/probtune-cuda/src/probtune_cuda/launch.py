@@ -39,7 +39,7 @@ class Scratch:
 
 @dataclass(frozen=True)
 class KernelLaunch:
-    """One kernel launch: ``args`` items are ``{"param": i}``, ``{"scratch": name}`` or ``{"int32": v}``."""
+    """One kernel launch: ``args`` items are ``{"param": i}``, ``{"scratch": name}`` or ``{"scalar": v, "dtype": d}``."""
 
     kernel: str
     args: tuple[dict[str, Any], ...]
@@ -100,7 +100,7 @@ def _launch(call: Any, params: dict[str, int], scratch: dict[str, Scratch]) -> K
 
 def _argument(arg: Any, params: dict[str, int], scratch: dict[str, Scratch]) -> dict[str, Any]:
     if isinstance(arg, tvm.tirx.IntImm):
-        return {"int32": int(arg.value)}
+        return {"scalar": int(arg.value), "dtype": str(arg.dtype)}
     if _is_buffer_data(arg):
         name = str(_data_var(arg).name)
         if name in scratch:
