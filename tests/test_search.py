@@ -190,3 +190,43 @@ def test_measured_programs_are_never_offered_again(host):
     batch = resumed.next_batch(8)
     assert batch
     assert not {c.program_hash for c in batch} & {c.program_hash for c in first}
+
+
+def _moved_location(trace, best) -> bool:
+    """Whether ``trace`` is ``best`` with exactly one compute location changed."""
+    mine, theirs = trace.decisions, best.decisions
+    changed = [i for i in set(mine) | set(theirs) if mine.get(i) != theirs.get(i)]
+    return len(changed) == 1 and best.instruction(changed[0]).kind == "sample_compute_location"
+
+
+def _conv_search(host, sweep):
+    registry = get_registry()
+    workload = resolve_workload("conv2d_nhwc", "1,8,14,14,16,3,3,1,1", "float32", registry.workloads)
+    space = generate_space(workload, host)
+    return EvolutionarySearch(space, Rng(0), LoopCountModel(), list(registry.mutators.values()), group=workload.key,
+                              population_size=24, init_samples=12, generations=2, untrained_share=1.0,
+                              location_sweep=sweep)
+
+
+def test_the_fastest_programs_other_compute_locations_are_measured_next(host):
+    search = _conv_search(host, sweep=3)
+    first = search.next_batch(8)
+    placed = [c for c in first if any(c.trace.instruction(i).kind == "sample_compute_location"
+                                      for i in c.trace.sampling_indices())]
+    assert placed, "the padded convolution's programs place their padding"
+    best = placed[0]
+    search.observe([(c, 1e-4 if c is best else 1e-3) for c in first])
+    second = search.next_batch(8)
+    moved = [c for c in second if _moved_location(c.trace, best.trace)]
+    assert 1 <= len(moved) <= 3 and second[: len(moved)] == moved  # first in the batch, at most the sweep's share
+    for candidate in moved:
+        search.space.program(candidate.trace)  # a legal location: it replays and passes the validators
+    search.observe([(c, 1e-3) for c in second])
+    offered = list(moved)
+    for _ in range(6):  # the rest of the moves follow, each offered once, until none is left
+        batch = search.next_batch(8)
+        offered += [c for c in batch if _moved_location(c.trace, best.trace)]
+        search.observe([(c, 1e-3) for c in batch])
+    assert len({c.decision_hash for c in offered}) == len(offered)
+    assert best.trace.decision_hash() in search._swept
+    search.close()

@@ -25,6 +25,8 @@ from probtune.space import Candidate, DesignSpace, program_hash
 __all__ = ["BATCH_SIZE", "INIT_MEASURED", "EvolutionarySearch", "RandomSearch", "SearchStrategy"]
 
 INIT_MEASURED = 32
+LOCATION_SWEEP = 4  # a batch's share of compute-location moves of the fastest measured program (_location_neighbours)
+MAX_LOCATION = 12  # decisions tried for a move: inline (-2), the root (-1), then the consumer's first loops
 """How many of the fastest measured traces seed each evolutionary round."""
 
 
@@ -111,6 +113,9 @@ class EvolutionarySearch:
     (replay, validators and features here, in Python; mutation, dedup and
     selection in Rust). The batch is the model's
     best unmeasured candidates plus an ``eps_greedy`` share of random ones.
+    A batch starts with up to ``location_sweep`` programs that move one block
+    of the fastest measured program to another compute location, until all
+    of its moves have been measured (:meth:`_location_neighbours`).
     Until the model has samples to learn from, batches are random samples of
     the space, and only an ``untrained_share`` of the size asked for: the
     model then guides more of a small budget (conv2d 1x64x56x56, 64 trials,
@@ -153,6 +158,7 @@ class EvolutionarySearch:
         max_cached: int = 16384,
         realize_workers: int = 0,
         realize_helpers: Lend | None = None,
+        location_sweep: int = LOCATION_SWEEP,
     ) -> None:
         if not 0 < untrained_share <= 1:
             raise ValueError(f"untrained_share must be in (0, 1], got {untrained_share}")
@@ -170,6 +176,8 @@ class EvolutionarySearch:
         self.eps_greedy = eps_greedy
         self.untrained_share = untrained_share
         self.max_cached = max_cached
+        self.location_sweep = location_sweep
+        self._swept: set[int] = set()  # best programs whose compute locations were all offered
         # One record of what was offered, shared with the random rounds.
         self._random = RandomSearch(space, rng, seen_decisions=seen_decisions, seen_programs=seen_programs)
         self.seen = self._random.seen_decisions
@@ -198,7 +206,8 @@ class EvolutionarySearch:
         self._samples.extend(self._fresh_samples(max(self.fresh_per_batch, self.init_samples - len(kept))))
         carried = [trace for trace in self._carried if self._unmeasured_and_valid(trace.decision_hash())]
         initial = [trace for trace, _ in self._measured] + carried + list(self._samples)
-        chosen = evolve(
+        neighbours = self._location_neighbours(min(self.location_sweep, size - 1))
+        chosen = neighbours + evolve(
             initial,
             self._score,
             self.rng,
@@ -208,7 +217,7 @@ class EvolutionarySearch:
             mutate_prob=self.mutate_prob,
             mutators=self._mutator_weights,
             python_mutators=self._python_mutators or None,
-            num_select=size,
+            num_select=size - len(neighbours),
             eps_greedy=self.eps_greedy,
         )
         self._carry_best_unmeasured()
@@ -258,6 +267,33 @@ class EvolutionarySearch:
         unmeasured.sort(key=lambda item: -item[0])  # stable: ties keep the order they were scored in
         self._carried = [trace for _, trace in unmeasured[: self.carry]]
         self._batch_scores.clear()
+
+    def _location_neighbours(self, limit: int) -> list[Trace]:
+        """Up to ``limit`` unmeasured programs that move one block of the fastest measured program elsewhere.
+
+        A compute location changes a program's memory traffic more than the
+        cost model sees (a padded copy of the input, written whole at the root
+        or tile by tile inside the consumer), and mutation reaches each of the
+        other locations rarely; they are measured directly instead, until each
+        best program's have all been offered.
+        """
+        if limit <= 0 or not self._measured:
+            return []
+        best = self._measured[0][0]
+        if best.decision_hash() in self._swept:
+            return []
+        decisions = best.decisions
+        sites = [i for i in best.sampling_indices() if best.instruction(i).kind == "sample_compute_location"]
+        moved = [best.with_decisions({**decisions, site: location})
+                 for site in sites for location in range(-2, MAX_LOCATION) if location != decisions.get(site)]
+        moved = [trace for trace in moved if trace.decision_hash() not in self.seen]
+        self._score(moved)  # replays them: an illegal location is remembered as invalid
+        valid = [trace for trace in moved if self._unmeasured_and_valid(trace.decision_hash())][:limit + 1]
+        if len(valid) <= limit:
+            self._swept.add(best.decision_hash())
+        for trace in valid[:limit]:
+            self.seen.add(trace.decision_hash())
+        return valid[:limit]
 
     def _unmeasured_and_valid(self, key: int) -> bool:
         """Whether a pooled sample or carried candidate is worth evolving: unmeasured, valid, features kept."""
