@@ -145,17 +145,12 @@ class RawModule:
         return _Kernel(name)
 
 
-_outputs = []
-
-
 def asarray(array):
     return np.array(array)
 
 
 def zeros(shape, dtype=None):
-    array = np.zeros(shape, dtype)
-    _outputs.append(array)
-    return array
+    return np.zeros(shape, dtype)
 
 
 def asnumpy(array):

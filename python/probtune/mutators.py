@@ -31,6 +31,11 @@ class CoreMutator:
         return self._function(trace, rng)
 
 
+def compute_location_sites(trace: Trace) -> list[int]:
+    """The indices of the trace's ``sample_compute_location`` instructions."""
+    return [i for i in trace.sampling_indices() if trace.instruction(i).kind == "sample_compute_location"]
+
+
 class ComputeLocationMutator:
     """Moves a block sampled by ``sample_compute_location`` to another legal loop.
 
@@ -47,7 +52,7 @@ class ComputeLocationMutator:
         self.attempts = attempts
 
     def mutate(self, trace: Trace, rng: Rng, ctx: SpaceContext) -> Trace | None:
-        sites = [i for i in trace.sampling_indices() if trace.instruction(i).kind == "sample_compute_location"]
+        sites = compute_location_sites(trace)
         if not sites:
             return None
         index = sites[rng.randint(0, len(sites))]

@@ -19,15 +19,20 @@ from probtune._core import DecisionSet, Rng, Trace, evolve
 from probtune.defaults import BATCH_SIZE
 from probtune.errors import NOT_REPLAYABLE
 from probtune.interfaces import CostModel, Mutator
+from probtune.mutators import compute_location_sites
 from probtune.realize import Lend, Realized, Realizer
 from probtune.space import Candidate, DesignSpace, program_hash
 
 __all__ = ["BATCH_SIZE", "INIT_MEASURED", "EvolutionarySearch", "RandomSearch", "SearchStrategy"]
 
 INIT_MEASURED = 32
-LOCATION_SWEEP = 4  # a batch's share of compute-location moves of the fastest measured program (_location_neighbours)
-MAX_LOCATION = 12  # decisions tried for a move: inline (-2), the root (-1), then the consumer's first loops
 """How many of the fastest measured traces seed each evolutionary round."""
+
+LOCATION_SWEEP = 4
+"""A batch's share of compute-location moves of the fastest measured program (``_location_neighbours``)."""
+
+MAX_LOCATION = 12
+"""Decisions a move tries: inline (-2), the root (-1), then the consumer's first loops (replay rejects the illegal)."""
 
 
 class SearchStrategy(Protocol):
@@ -283,9 +288,9 @@ class EvolutionarySearch:
         if best.decision_hash() in self._swept:
             return []
         decisions = best.decisions
-        sites = [i for i in best.sampling_indices() if best.instruction(i).kind == "sample_compute_location"]
         moved = [best.with_decisions({**decisions, site: location})
-                 for site in sites for location in range(-2, MAX_LOCATION) if location != decisions.get(site)]
+                 for site in compute_location_sites(best) for location in range(-2, MAX_LOCATION)
+                 if location != decisions.get(site)]
         moved = [trace for trace in moved if trace.decision_hash() not in self.seen]
         self._score(moved)  # replays them: an illegal location is remembered as invalid
         valid = [trace for trace in moved if self._unmeasured_and_valid(trace.decision_hash())][:limit + 1]
