@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -50,6 +51,20 @@ def test_a_cnn_is_tuned_compiled_and_matches_onnxruntime(cnn_result, tmp_path):
     path = compiled.export_library(tmp_path / "cnn.so")
     loaded = CompiledModel.load(path, cnn_result.model.inputs)
     np.testing.assert_array_equal(loaded(*inputs)[0], logits)
+
+
+def test_calls_from_several_threads_each_get_their_own_outputs(cnn_result):
+    compiled = cnn_result.compile()
+    inputs = [cnn_result.model.random_inputs(seed) for seed in range(4)]
+    expected = [compiled(*batch)[0] for batch in inputs]
+    first = expected[0].copy()
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda i: compiled(*inputs[i % 4])[0], range(32)))
+    for i, out in enumerate(got):
+        np.testing.assert_array_equal(out, expected[i % 4])
+    np.testing.assert_array_equal(expected[0], first)  # later calls do not write into an earlier call's outputs
+    with pytest.raises(ValueError, match=r"input 'x' must be float32\[1, 3, 16, 16\], got float64"):
+        compiled(inputs[0][0].astype("float64"))
 
 
 def test_a_mismatch_with_the_reference_is_an_error(cnn_result, monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,9 @@ class CompiledModel:
 
     It runs on ``num_threads`` threads (default: the target's cores); TVM's
     runtime would otherwise use half the logical CPUs, or the pool that the
-    calling thread started before (:mod:`probtune.model.threads`).
+    calling thread started before (:mod:`probtune.model.threads`). Inputs are
+    copied into tensors kept from call to call, so that a call allocates no
+    fresh input memory; calls from several threads are served one at a time.
     """
 
     def __init__(self, executable: Any, inputs: Sequence[InputSpec], num_threads: int, compiler: Compiler | None = None) -> None:
@@ -92,17 +95,24 @@ class CompiledModel:
         self._pool = PoolThread(num_threads)
         self._device = tvm.cpu()
         self._vm = relax.VirtualMachine(executable, self._device)
+        self._main = self._vm["main"]
+        self._staged = [tvm.runtime.empty(spec.shape, spec.dtype, self._device) for spec in self.inputs]
+        self._lock = threading.Lock()  # the VM and the kept input tensors serve one call at a time
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
-        out = self._pool.run(self._vm["main"], *self._tensors(inputs))
-        return outputs_to_numpy(out)
+        arrays = self._checked(inputs)
+        with self._lock:
+            for tensor, array in zip(self._staged, arrays):
+                tensor.copyfrom(array)
+            return outputs_to_numpy(self._pool.run(self._main, *self._staged))
 
     def time(self, inputs: Sequence[np.ndarray], repeat: int = 10, min_repeat_ms: int = 100) -> list[float]:
         """Seconds per call of the model on ``inputs``, one figure per repeat (TVM's timer)."""
         tensors = self._tensors(inputs)
-        self._vm.set_input("main", *tensors)
         timer = self._vm.time_evaluator("invoke_stateful", self._device, repeat=repeat, min_repeat_ms=int(min_repeat_ms))
-        return [float(r) for r in self._pool.run(timer, "main").results]
+        with self._lock:
+            self._vm.set_input("main", *tensors)
+            return [float(r) for r in self._pool.run(timer, "main").results]
 
     def threads(self) -> int:
         """How many threads the model runs on."""
@@ -120,15 +130,19 @@ class CompiledModel:
         return cls(tvm.runtime.load_module(str(path)), inputs, num_threads or os.cpu_count() or 1)
 
     def _tensors(self, inputs: Sequence[np.ndarray]) -> list[Any]:
+        return [tvm.runtime.tensor(array, self._device) for array in self._checked(inputs)]
+
+    def _checked(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """``inputs`` as C-ordered arrays; ValueError naming the input whose count, shape or dtype is wrong."""
         if len(inputs) != len(self.inputs):
             names = [spec.name for spec in self.inputs]
             raise ValueError(f"the model takes {len(self.inputs)} inputs ({names}), got {len(inputs)}")
-        tensors = []
+        arrays = []
         for array, spec in zip(inputs, self.inputs):
             array = np.asarray(array, order="C")
             if array.shape != spec.shape or array.dtype != np.dtype(spec.dtype):
                 raise ValueError(
                     f"input {spec.name!r} must be {spec.dtype}{list(spec.shape)}, got {array.dtype}{list(array.shape)}"
                 )
-            tensors.append(tvm.runtime.tensor(array, self._device))
-        return tensors
+            arrays.append(array)
+        return arrays
