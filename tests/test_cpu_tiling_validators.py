@@ -16,6 +16,7 @@ from tvm.script import tirx as T
 
 from probtune import Rng, Trace, generate_space
 from probtune.catalog import BUILTIN_WORKLOADS
+from probtune.constant_layouts import LAYOUT_FREE_ATTR
 from probtune.schedule import BlockRV, Schedule
 from probtune.targets import resolve_target
 from probtune.tir import block_names
@@ -238,6 +239,25 @@ def test_an_input_walked_with_a_stride_by_the_reduction_may_be_packed_in_panels(
         else:
             assert not copies  # the copy is inlined back
         assert_program_correct(workload, sch.mod, host)
+
+
+def test_a_constant_weight_read_once_per_call_may_be_packed_in_panels_of_half_vectors(host, two_cores):
+    """A single-row matmul reads ``B`` once per call: packing it repays only when ``B`` is a constant whose copy is made
+    once (TVM's ``layout_free_buffers``); an ``N`` of whole half vectors but not whole vectors still gets vector tiles."""
+    half = vector_width(host) // 2
+    shape = (1, 5 * half, 64)
+    plain = CATALOG["matmul"].instantiate(shape)
+    with pytest.raises(ValueError):  # no copy would repay: no panels offered
+        _annotation_sample(generate_space(plain, two_cores).trace, PANEL_KEY)
+    workload = dataclasses.replace(plain, mod=tvm.IRModule({"main": plain.mod["main"].with_attr(LAYOUT_FREE_ATTR, [1])}))
+    space = generate_space(workload, two_cores)
+    (sch,) = _realize_accepted(space, {_annotation_sample(space.trace, PANEL_KEY): 1}, 1)
+    raw = sch.tvm
+    width = int(raw.get(raw.get_loops(raw.get_sblock("C_update"))[-1]).extent)
+    assert width % half == 0
+    packed = raw.get(raw.get_sblock("B_global")).writes[0].source
+    assert [int(extent) for extent in packed.shape] == [shape[1] // width, shape[2], width]
+    assert_program_correct(workload, sch.mod, host)
 
 
 def test_a_panel_copy_under_an_outer_tile_of_one_leaves_the_row_tiles_parallel(host):

@@ -25,7 +25,16 @@ from tvm.ir.expr import TensorLoad
 
 from probtune.measure import MeasureReference, save_reference
 
-__all__ = ["LayoutCopy", "MeasuredForm", "layout_copies", "read_constants_packed"]
+__all__ = ["LAYOUT_FREE_ATTR", "LayoutCopy", "MeasuredForm", "layout_copies", "layout_free_params", "read_constants_packed"]
+
+# TVM's name for a PrimFunc attribute listing the parameters its callers pass as constants (weights)
+LAYOUT_FREE_ATTR = "layout_free_buffers"
+
+
+def layout_free_params(func: tirx.PrimFunc) -> set[int]:
+    """Positions of ``func``'s parameters marked constant (``LAYOUT_FREE_ATTR``): a layout copy of one is made once, not per call."""
+    attrs = func.attrs
+    return {int(i) for i in attrs[LAYOUT_FREE_ATTR]} if attrs is not None and LAYOUT_FREE_ATTR in attrs else set()
 
 
 @dataclass(frozen=True)

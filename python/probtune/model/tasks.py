@@ -16,6 +16,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
+from probtune.constant_layouts import LAYOUT_FREE_ATTR
 from probtune.errors import ModelImportError
 from probtune.interfaces import GraphRewrite, TargetSpec
 from probtune.model.importer import Model
@@ -34,6 +35,8 @@ class ModelTask:
     ``constants`` are the parameter positions where every call passes a
     constant (a weight): the compiled model makes their layout copies once,
     and the task's candidates are timed so (:mod:`probtune.constant_layouts`).
+    The workload's PrimFunc lists them too (TVM's ``layout_free_buffers``),
+    so that its design space knows a copy of them costs nothing per call.
     """
 
     workload: Workload
@@ -65,19 +68,21 @@ def extract_tasks(fused: tvm.IRModule) -> list[ModelTask]:
     Raises :class:`ModelImportError` if nothing in the model is a tunable call.
     """
     calls = _call_sites(fused)
+    constant = constant_arguments(fused)
     by_structure: dict[int, list[str]] = {}
     workloads: dict[int, Workload] = {}
     for gv in fused.get_global_vars():
         func = fused[gv]
         if not isinstance(func, tvm.tirx.PrimFunc) or calls[gv.name_hint] == 0:
             continue
+        if constant.get(gv.name_hint):  # the space may then pack those weights whatever their reuse
+            func = func.with_attr(LAYOUT_FREE_ATTR, sorted(constant[gv.name_hint]))
         workload = Workload.from_module(func, name=gv.name_hint)
         key = workload.structural_hash
         by_structure.setdefault(key, []).append(gv.name_hint)
         workloads.setdefault(key, workload)
     if not workloads:
         raise ModelImportError("the model has no tunable task: no operator of it becomes a TIR function")
-    constant = constant_arguments(fused)
     tasks = [
         ModelTask(
             workloads[key], sum(calls[name] for name in names), tuple(sorted(names)),

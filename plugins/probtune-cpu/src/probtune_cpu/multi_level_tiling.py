@@ -42,6 +42,7 @@ import tvm_ffi
 from tvm import DataType, ir, s_tir, tirx
 
 from probtune import SpaceContext
+from probtune.constant_layouts import layout_free_params
 from probtune.errors import last_line
 from probtune.schedule import BlockRV, LoopRV, Schedule
 from probtune.tir import REDUCTION, SPATIAL, at_root, contiguous_along, indexing_dims, loop_kinds, reuses_data, sblock_names
@@ -120,15 +121,19 @@ def _take_annotation(sch: s_tir.Schedule, key: str) -> Iterator[tuple[str, s_tir
 def _repays_copy(sch: s_tir.Schedule, sblock: s_tir.SBlock, index: int, reused_over: list[dict]) -> bool:
     """Whether a packing copy of ``sblock``'s read ``index`` pays for itself and is safe.
 
-    The buffer must be a function input that no other block reads, and the
-    read the same for every iteration of another spatial loop (one whose
+    The buffer must be a function input that no other block reads, and
+    either a constant whose copy is made once (``layout_free_params``: a
+    model's weight, even one a GEMV reads once per call) or read the same
+    for every iteration of another spatial loop (one whose
     ``indexing_dims`` in ``reused_over`` lacks it): dense's ``W`` and
     matmul's ``B`` serve every row.
     """
     source = sblock.reads[index].source
+    func = sch.mod["main"]
+    position = next((i for i, param in enumerate(func.params) if source.same_as(param)), None)
     return (
-        any(source.same_as(param) for param in sch.mod["main"].params)
-        and any(("read", index) not in indexed for indexed in reused_over)
+        position is not None
+        and (position in layout_free_params(func) or any(("read", index) not in indexed for indexed in reused_over))
         and not any(
             name != sblock.name_hint and any(r.source.same_as(source) for r in sch.get(sch.get_sblock(name)).reads)
             for name in sblock_names(sch)
@@ -253,15 +258,15 @@ class MultiLevelTiling:
         # the reads that are the same for every iteration of some other spatial loop (a copy of them is reused)
         reused_over = [indexing_dims(raw, block_rv, sch.resolve(loop)) for loop in spatial[:-1] if sch.loop_extent(loop) != 1]
         packed = self._packable_inputs(sch, block, spatial, reused_over)
-        vector_loop = self._vector_loop(sch, block, spatial[-1], vector_width(ctx.target), packed)
+        vector_loop, lanes = self._vector_loop(sch, block, spatial[-1], vector_width(ctx.target), packed)
         panels = self._panel_inputs(sch, block, spatial, reductions, reused_over) if vector_loop is not None else []
         lanes_loop: LoopRV | None = None
         for loop, kind in zip(loops, kinds):
             depth = len(levels[kind])
             max_innermost = self.max_innermost_factor
             if loop == vector_loop:
-                loop, lanes_loop = sch.split(loop, [None, vector_width(ctx.target)])
-                max_innermost = max(1, self.max_innermost_factor // vector_width(ctx.target))
+                loop, lanes_loop = sch.split(loop, [None, lanes])
+                max_innermost = max(1, self.max_innermost_factor // lanes)
             tiles = sch.sample_perfect_tile(loop, depth, max_innermost)
             for level, tile_loop in zip(levels[kind], sch.split(loop, tiles)):
                 level.append(tile_loop)
@@ -344,20 +349,22 @@ class MultiLevelTiling:
 
     def _vector_loop(
         self, sch: Schedule, block: BlockRV, loop: LoopRV, lanes: int, packed: list[tuple[int, int]]
-    ) -> LoopRV | None:
-        """``loop``, the spatial loop that ends up innermost (and vectorized), if whole vectors can tile it.
+    ) -> tuple[LoopRV | None, int]:
+        """``loop``, the spatial loop that ends up innermost (and vectorized), if whole vectors can tile it, and their lanes.
 
-        Only when every buffer it indexes is contiguous along it, or will be
-        once packed: vectors of a strided access (dense's ``W[j, k]`` along
-        ``j``) are gathers, slower than the scalar code a narrower random tile
-        leaves.
+        Whole target vectors of ``lanes``, else half vectors (an extent such
+        as 1000 or 24 that 16 lanes do not divide). Only when every buffer it
+        indexes is contiguous along it, or will be once packed: vectors of a
+        strided access (dense's ``W[j, k]`` along ``j``) are gathers, slower
+        than the scalar code a narrower random tile leaves.
         """
-        if not self.align_innermost_to_vector or lanes <= 1:
-            return None
         extent = sch.loop_extent(loop)
-        if extent is None or extent % lanes != 0 or extent <= lanes:
-            return None
-        return loop if packed or contiguous_along(sch.tvm, sch.resolve(block), sch.resolve(loop)) else None
+        if not self.align_innermost_to_vector or extent is None:
+            return None, lanes
+        width = next((w for w in (lanes, lanes // 2) if w > 1 and extent % w == 0 and extent > w), None)
+        if width is None or not (packed or contiguous_along(sch.tvm, sch.resolve(block), sch.resolve(loop))):
+            return None, lanes
+        return loop, width
 
     @staticmethod
     def _write_back_per_tile(sch: Schedule, block: BlockRV, depths: list[int]) -> None:
