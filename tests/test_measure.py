@@ -327,6 +327,16 @@ def test_cold_timing_flushes_every_argument_here_and_all_but_the_input_through_r
     assert [t.numpy().tolist() for t in tensors[1:]] == [[0.0, 1.0, 2.0], [0.0]]
 
 
+def test_the_eviction_read_is_sized_by_the_largest_cache_the_machine_describes(tmp_path: Path) -> None:
+    from probtune.measure.timing import FALLBACK_LLC_BYTES, last_level_cache_bytes
+
+    for index, size in enumerate(["32K", "1024K", "32768K", "bogus"]):  # Linux's sysfs: L1d, L2, L3 and a broken entry
+        (tmp_path / f"index{index}").mkdir()
+        (tmp_path / f"index{index}" / "size").write_text(size + "\n")
+    assert last_level_cache_bytes(str(tmp_path)) == 32 << 20
+    assert last_level_cache_bytes(str(tmp_path / "absent")) == FALLBACK_LLC_BYTES  # not Linux: an assumed size
+
+
 def test_cache_flush_is_refused_for_a_device_other_than_the_cpu(reference: MeasureReference) -> None:
     with LocalRunner(cache_flush=True) as cold:
         with pytest.raises(ValueError, match=r"cache_flush flushes CPU caches; target 'gpu' runs on cuda"):

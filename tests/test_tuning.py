@@ -24,6 +24,7 @@ from probtune.measure import prepare_reference
 from probtune.measure.builder import LocalBuilder
 from probtune.measure.results import BuildResult, RunResult
 from probtune.measure.runner import LocalRunner
+from probtune.pipeline import COLD_CACHE
 from probtune.pipeline import confirm_best as _confirm_best
 from probtune.realize import Realizer
 from probtune.session import replayable as _replayable
@@ -77,7 +78,7 @@ def test_a_runner_that_flushes_the_caches_keeps_its_records_apart(tmp_path):
         with pytest.raises(probtune.TuningConfigError, match=r"cache_flush=False but the runner given flushes"):
             probtune.tune_model(_tiny_relax_model(), trials=1, runner=cold, cache_flush=False, database=db)
     with Database(db) as database:
-        assert {r.target for r in database.records(database.workloads()[0].id)} == {host_key("host+cold")}
+        assert {r.target for r in database.records(database.workloads()[0].id)} == {host_key("host" + COLD_CACHE)}
 
 
 def _tiny_relax_model():

@@ -91,7 +91,7 @@ def write_bundle(
     """Write a bundle of up to ``candidates`` new candidates of ``workload`` into ``output`` (a new or empty folder).
 
     ``device`` names the device the bundle is for: records are kept under
-    ``TARGET@DEVICE`` (with ``cache_flush``, ``TARGET+cold@DEVICE``, timed
+    ``TARGET@DEVICE`` (with ``cache_flush``, ``TARGET+cold-llc@DEVICE``, timed
     cold). Import a bundle's results before writing the next: until then its
     candidates are not in the database, and would be drawn again.
     """

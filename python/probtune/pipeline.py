@@ -60,7 +60,7 @@ class TrialOutcome:
 
 Progress = Callable[[TrialOutcome], None]
 
-COLD_CACHE = "+cold"  # after the target's name in records timed with flushed caches: other latencies
+COLD_CACHE = "+cold-llc"  # after the target's name in records timed with emptied caches: other latencies
 CLEARLY_SLOWER = 2.0  # a first timing this many times the best so far ends a candidate's timing
 CONFIRM_PASSES = 2
 CONFIRM_ROUNDS = 3

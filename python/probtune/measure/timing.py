@@ -13,6 +13,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ __all__ = [
     "check_and_time",
     "describe_error",
     "first_mismatch",
+    "last_level_cache_bytes",
     "read_reference",
     "time_cold",
 ]
@@ -32,6 +34,8 @@ __all__ = [
 _FLUSH_ALL_BUT_FIRST = "cache_flush_cpu_non_first_arg"  # TVM's: evicts every argument but the first from the caches
 _FLUSH_ALL = "probtune.cache_flush_all"  # registered by the measuring process: evicts every argument
 COLD_CALLS = 10  # at most this many cold calls averaged into one repeat: each needs its own flush
+EVICT_FACTOR = 1.5  # a cold call's eviction read covers this many times the last-level cache
+FALLBACK_LLC_BYTES = 32 << 20  # the last-level cache assumed where the machine does not describe its caches
 _ERROR_LINES = 12
 _ERROR_CHARS = 2000
 
@@ -123,11 +127,12 @@ def check_and_time(
 
 
 def time_cold(module: Any, device: Any, args: list[Any], task: RunTask) -> tuple[float, ...]:
-    """Seconds per call, each call timed after the candidate's arguments were flushed from the caches.
+    """Seconds per call, each call timed after the caches were emptied of the candidate's arguments and buffers.
 
     In a whole model, other layers run between two calls of a kernel: its
-    weights are no longer cached, and its input, written by the layer before,
-    is in the last-level cache or memory when it is large. Timing it warm
+    weights and its own intermediate buffers are no longer cached, and its
+    input, written by the layer before, is in the last-level cache or memory
+    when it is large. Timing it warm
     overstates what a schedule gains from a small working set, and favours
     schedules that read a large input out of order. A repeat averages up to
     ``COLD_CALLS`` calls, as many as last ``min_repeat_ms``; a first call
@@ -160,12 +165,36 @@ def cache_flush_function(device: Any) -> str:
 
 @functools.cache
 def _register_flush_all() -> str:
-    """Register ``_FLUSH_ALL`` with TVM: TVM's flush, called with a placeholder before the arguments."""
+    """Register ``_FLUSH_ALL`` with TVM: a read that evicts the last-level cache, then TVM's flush of the arguments.
+
+    The read evicts what a kernel allocates for itself: a padded copy of its
+    input made at the root stays cached from call to call when only the
+    arguments are flushed, while in a model the other layers evict it.
+    TVM's flush is called with a placeholder before the arguments.
+    """
     import tvm
 
     flush = tvm.get_global_func(_FLUSH_ALL_BUT_FIRST)
-    tvm.register_global_func(_FLUSH_ALL, lambda *args: flush(0, *args), override=True)
+    evict = np.ones(int(EVICT_FACTOR * last_level_cache_bytes()) // 8, dtype=np.int64)  # written: real pages to read
+
+    def flush_all(*args: Any) -> None:
+        evict.sum()
+        flush(0, *args)
+
+    tvm.register_global_func(_FLUSH_ALL, flush_all, override=True)
     return _FLUSH_ALL
+
+
+def last_level_cache_bytes(cache_dir: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
+    """This machine's largest CPU cache, as Linux describes it; ``FALLBACK_LLC_BYTES`` where it does not."""
+    sizes = []
+    for path in Path(cache_dir).glob("index*/size"):
+        text = path.read_text().strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+        digits = text.rstrip("KM")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=FALLBACK_LLC_BYTES)
 
 
 def describe_error(error: BaseException) -> str:
