@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 _FLUSH_ALL_BUT_FIRST = "cache_flush_cpu_non_first_arg"  # TVM's: evicts every argument but the first from the caches
-_FLUSH_ALL = "probtune.cache_flush_all"  # registered by the measuring process: evicts every argument
+_FLUSH_ALL = "probtune.cache_flush_all"  # registered by the measuring process: evicts its caches and every argument
 COLD_CALLS = 10  # at most this many cold calls averaged into one repeat: each needs its own flush
 EVICT_FACTOR = 1.5  # a cold call's eviction read covers this many times the last-level cache
 FALLBACK_LLC_BYTES = 32 << 20  # the last-level cache assumed where the machine does not describe its caches
@@ -132,9 +132,9 @@ def time_cold(module: Any, device: Any, args: list[Any], task: RunTask) -> tuple
     In a whole model, other layers run between two calls of a kernel: its
     weights and its own intermediate buffers are no longer cached, and its
     input, written by the layer before, is in the last-level cache or memory
-    when it is large. Timing it warm
-    overstates what a schedule gains from a small working set, and favours
-    schedules that read a large input out of order. A repeat averages up to
+    when it is large. Timing it warm overstates what a schedule gains from a
+    small working set, and favours schedules that read a large input out of
+    order. A repeat averages up to
     ``COLD_CALLS`` calls, as many as last ``min_repeat_ms``; a first call
     slower than ``stop_above`` is all that is timed.
     """

@@ -191,16 +191,17 @@ class MultiLevelTiling:
     innermost spatial loop are packed per outermost tile of that loop; with
     ``pack_panels``, inputs it reads contiguously but a reduction loop walks
     with a stride may be (sampled); a constant weight (``layout_free_params``)
-    always repays its copy, made once when the model is compiled. A reduction without data reuse (a row
-    max or sum: every input element serves one output) has no tiles to keep
-    in cache and is left alone, as
+    always repays its copy, made once when the model is compiled. A
+    reduction without data reuse (a row max or sum: every input element
+    serves one output) has no tiles to keep in cache and is left alone, as
     MetaSchedule does: untiled, ``random-compute-location`` can move it into
     its consumer's loop over rows (softmax's row max, exponentials, sum and
     normalisation in one pass over each row). With
     ``align_innermost_to_vector``, the innermost tile of the loop that is
     vectorized is a whole number of target vectors (else of half vectors)
-    whenever the loop's extent allows it: a random tiling otherwise mostly draws innermost tiles of 1-4
-    lanes, which leave AVX2/AVX-512/NEON registers partly empty. Its
+    whenever the loop's extent allows it: a random tiling otherwise mostly
+    draws innermost tiles of 1-4 lanes, which leave AVX2/AVX-512/NEON
+    registers partly empty. Its
     :meth:`prior` favours fresh draws whose accumulator tiles take
     ``register_tile`` (shares, low and high) of the target's vector
     registers.
