@@ -163,5 +163,7 @@ def test_a_model_tuned_over_rpc_is_compiled_checked_and_timed_on_a_server(small_
         assert isinstance(remote, RemoteModel) and remote.check is not None  # outputs checked against onnxruntime
         assert remote.check.reference == "onnxruntime"
         assert all(seconds > 0 for seconds in remote.time(result.model.random_inputs(1), repeat=2, min_repeat_ms=10))
+        with pytest.raises(ValueError, match=r"input 'x' must be float32\[1, 3, 16, 16\], got float64"):
+            remote(result.model.random_inputs(1)[0].astype("float64"))  # checked here, as a local model checks it
     with Database(tmp_path / "t.db") as db:
         assert {m.key for m in db.measurements()} == {f"host@rpc:{KEY}"}  # the runner's own setting: warm

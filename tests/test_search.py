@@ -8,6 +8,7 @@ import pytest
 import probtune.search as search_module
 from probtune import Rng
 from probtune.catalog import resolve_workload
+from probtune.mutators import compute_location_sites
 from probtune.plugins import get_registry
 from probtune.search import EvolutionarySearch, RandomSearch
 from probtune.space import generate_space
@@ -211,8 +212,7 @@ def _conv_search(host, sweep):
 def test_the_fastest_programs_other_compute_locations_are_measured_next(host):
     search = _conv_search(host, sweep=3)
     first = search.next_batch(8)
-    placed = [c for c in first if any(c.trace.instruction(i).kind == "sample_compute_location"
-                                      for i in c.trace.sampling_indices())]
+    placed = [c for c in first if compute_location_sites(c.trace)]
     assert placed, "the padded convolution's programs place their padding"
     best = placed[0]
     search.observe([(c, 1e-4 if c is best else 1e-3) for c in first])

@@ -19,7 +19,7 @@ from typing import Any
 import tvm
 
 from probtune._core import Rng, Trace
-from probtune.constant_layouts import MeasuredForm
+from probtune.constant_layouts import MeasuredForm, layout_free_params
 from probtune.database import Database, Record
 from probtune.errors import NOT_REPLAYABLE, TuningConfigError, warn_caller
 from probtune.interfaces import CostModel, Mutator, SpaceModule, TargetSpec
@@ -62,14 +62,14 @@ class TaskSession:
         seed: int = 0,
         modules: Sequence[str | SpaceModule] | None = None,
         search_options: dict[str, Any] | None = None,
-        constants: frozenset[int] = frozenset(),
     ) -> TaskSession:
         """A session for ``workload``, primed with what ``db`` holds of it (measured programs are not offered again).
 
         ``model`` None searches at random; otherwise the evolutionary search
         is guided by it (one model may serve many sessions: it groups its
         samples by workload). Candidates are timed with the layout copies of
-        the parameters at ``constants`` made beforehand (:class:`MeasuredForm`).
+        the parameters the workload marks constant (``layout_free_params``)
+        made beforehand (:class:`MeasuredForm`).
         """
         space = generate_space(workload, target, modules=modules, seed=seed)
         workload_id = db.commit_workload(workload.key, workload.mod)
@@ -81,7 +81,7 @@ class TaskSession:
             search.close()
             raise
         best = db.best(workload_id, target.name)
-        form = MeasuredForm(reference, constants)
+        form = MeasuredForm(reference, frozenset(layout_free_params(workload.mod["main"])))
         return cls(workload, target, workload_id, space, search, form, best[0].mean_latency if best else None)
 
     @property

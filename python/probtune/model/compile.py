@@ -23,7 +23,7 @@ from probtune.model.prepack import prepack_weights
 from probtune.model.threads import PoolThread
 from probtune.space import DesignSpace
 
-__all__ = ["CompiledModel", "compile_model", "default_program", "export_model"]
+__all__ = ["CompiledModel", "checked_inputs", "compile_model", "default_program", "export_model"]
 
 DEFAULT_DRAWS = 64  # draws of a task's space tried for a valid default program
 
@@ -100,7 +100,7 @@ class CompiledModel:
         self._lock = threading.Lock()  # the VM and the kept input tensors serve one call at a time
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
-        arrays = self._checked(inputs)
+        arrays = checked_inputs(inputs, self.inputs)
         with self._lock:
             for tensor, array in zip(self._staged, arrays):
                 tensor.copyfrom(array)
@@ -130,19 +130,20 @@ class CompiledModel:
         return cls(tvm.runtime.load_module(str(path)), inputs, num_threads or os.cpu_count() or 1)
 
     def _tensors(self, inputs: Sequence[np.ndarray]) -> list[Any]:
-        return [tvm.runtime.tensor(array, self._device) for array in self._checked(inputs)]
+        return [tvm.runtime.tensor(array, self._device) for array in checked_inputs(inputs, self.inputs)]
 
-    def _checked(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """``inputs`` as C-ordered arrays; ValueError naming the input whose count, shape or dtype is wrong."""
-        if len(inputs) != len(self.inputs):
-            names = [spec.name for spec in self.inputs]
-            raise ValueError(f"the model takes {len(self.inputs)} inputs ({names}), got {len(inputs)}")
-        arrays = []
-        for array, spec in zip(inputs, self.inputs):
-            array = np.asarray(array, order="C")
-            if array.shape != spec.shape or array.dtype != np.dtype(spec.dtype):
-                raise ValueError(
-                    f"input {spec.name!r} must be {spec.dtype}{list(spec.shape)}, got {array.dtype}{list(array.shape)}"
-                )
-            arrays.append(array)
-        return arrays
+
+def checked_inputs(inputs: Sequence[np.ndarray], specs: Sequence[InputSpec]) -> list[np.ndarray]:
+    """``inputs`` as C-ordered arrays; ValueError naming the input whose count, shape or dtype is not ``specs``'."""
+    if len(inputs) != len(specs):
+        names = [spec.name for spec in specs]
+        raise ValueError(f"the model takes {len(specs)} inputs ({names}), got {len(inputs)}")
+    arrays = []
+    for array, spec in zip(inputs, specs):
+        array = np.asarray(array, order="C")
+        if array.shape != spec.shape or array.dtype != np.dtype(spec.dtype):
+            raise ValueError(
+                f"input {spec.name!r} must be {spec.dtype}{list(spec.shape)}, got {array.dtype}{list(array.shape)}"
+            )
+        arrays.append(array)
+    return arrays

@@ -16,7 +16,7 @@ from tvm import relax
 from probtune.codegen import device_type
 from probtune.interfaces import TargetSpec
 from probtune.model.check import CheckReport, outputs_to_numpy
-from probtune.model.compile import export_model
+from probtune.model.compile import checked_inputs, export_model
 from probtune.model.importer import InputSpec
 
 __all__ = ["RemoteModel"]
@@ -65,6 +65,4 @@ class RemoteModel:
         return export_model(self.target.compiler, self.executable, path)
 
     def _tensors(self, inputs: Sequence[np.ndarray]) -> list[Any]:
-        if len(inputs) != len(self.inputs):
-            raise ValueError(f"the model takes {len(self.inputs)} inputs, got {len(inputs)}")
-        return [tvm.runtime.tensor(np.asarray(array, order="C"), self._device) for array in inputs]
+        return [tvm.runtime.tensor(array, self._device) for array in checked_inputs(inputs, self.inputs)]

@@ -16,7 +16,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from probtune.constant_layouts import LAYOUT_FREE_ATTR
+from probtune.constant_layouts import LAYOUT_FREE_ATTR, layout_free_params
 from probtune.errors import ModelImportError
 from probtune.interfaces import GraphRewrite, TargetSpec
 from probtune.model.importer import Model
@@ -32,21 +32,25 @@ __all__ = ["ModelTask", "extract_tasks", "fuse"]
 class ModelTask:
     """One distinct fused PrimFunc of a model: its workload, call sites, and the names it has in the fused module.
 
-    ``constants`` are the parameter positions where every call passes a
-    constant (a weight): the compiled model makes their layout copies once,
-    and the task's candidates are timed so (:mod:`probtune.constant_layouts`).
-    The workload's PrimFunc lists them too (TVM's ``layout_free_buffers``),
-    so that its design space knows a copy of them costs nothing per call.
+    The workload's PrimFunc lists the parameter positions where every call
+    passes a constant (a weight; TVM's ``layout_free_buffers``): the compiled
+    model makes their layout copies once, the task's candidates are timed so
+    (:mod:`probtune.constant_layouts`), and its design space knows such a
+    copy costs nothing per call.
     """
 
     workload: Workload
     weight: int
     functions: tuple[str, ...]
-    constants: frozenset[int] = frozenset()
 
     @property
     def name(self) -> str:
         return self.workload.name
+
+    @property
+    def constants(self) -> frozenset[int]:
+        """The parameter positions its callers pass as constants."""
+        return frozenset(layout_free_params(self.workload.mod["main"]))
 
 
 def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite] | None = None) -> tvm.IRModule:
@@ -84,10 +88,7 @@ def extract_tasks(fused: tvm.IRModule) -> list[ModelTask]:
     if not workloads:
         raise ModelImportError("the model has no tunable task: no operator of it becomes a TIR function")
     tasks = [
-        ModelTask(
-            workloads[key], sum(calls[name] for name in names), tuple(sorted(names)),
-            frozenset(set.intersection(*(constant.get(name, set()) for name in names))),
-        )
+        ModelTask(workloads[key], sum(calls[name] for name in names), tuple(sorted(names)))
         for key, names in by_structure.items()
     ]
     return sorted(tasks, key=lambda task: (-task.weight * (task.workload.flops or 0.0), task.name))

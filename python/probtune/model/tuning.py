@@ -227,7 +227,7 @@ class _Sessions:
             task = self.tasks[index]
             self._open[index] = TaskSession.open(
                 task.workload, self.pipeline.target, self.pipeline.db, self.model,
-                workdir=self.pipeline.workdir, seed=self.seed, search_options=self.options, constants=task.constants,
+                workdir=self.pipeline.workdir, seed=self.seed, search_options=self.options,
             )
         return self._open[index]
 
