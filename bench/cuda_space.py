@@ -6,7 +6,8 @@ of TVM MetaSchedule's own CUDA space (its default rules and postprocessors,
 dropped) are counted as passing the pre-build checks or not; then up to
 ``--build`` passing programs of each are compiled by the target's compiler
 (TVM, then NVRTC to a cubin) and linted (no spills, no local memory,
-registers within the block), timed per candidate.
+registers within the block), timed per candidate; those whose CUDA code
+multiplies with WMMA are counted as running on the tensor cores.
 
 Run with ``make bench-cuda`` (or ``.venv/bin/python bench/cuda_space.py``);
 the report goes to ``bench/results/cuda_space.json``. Nothing here needs a GPU.
@@ -33,7 +34,15 @@ from probtune.targets import resolve_target
 from probtune_cuda.codegen import NVRTCCompiler
 
 RESULTS = Path(__file__).resolve().parent / "results"
-WORKLOADS = ("matmul:1024,1024,1024", "dense_bias_relu:128,3072,768", "conv2d_nhwc:1,64,56,56,64,3,3,1,1", "softmax:256,1024")
+WORKLOADS = (
+    "matmul:1024,1024,1024",
+    "dense_bias_relu:128,3072,768",
+    "conv2d_nhwc:1,64,56,56,64,3,3,1,1",
+    "softmax:256,1024",
+    "matmul:4096,4096,4096:float16",
+    "dense_bias_gelu:128,3072,768:float16",
+)
+"""``name:shape[:dtype]``: float32 unless named; the float16 ones are tensor-core work."""
 
 
 def probtune_draws(work: Any, target: Any, count: int, seed: int) -> tuple[list[tvm.IRModule], float]:
@@ -72,22 +81,25 @@ def build_and_lint(programs: list[tvm.IRModule], target: Any, limit: int) -> dic
     """Compile up to ``limit`` programs with the target's compiler; how many pass the lint, and seconds each."""
     compiler = NVRTCCompiler()
     outcomes: dict[str, int] = {}
+    tensor_core = 0
     started = time.perf_counter()
     built = programs[:limit]
     for program in built:
         try:
-            compiler(program, dict(target.tvm_target))
+            executable = compiler(program, dict(target.tvm_target))
             outcome = "ok"
+            tensor_core += any("wmma::mma_sync" in m.inspect_source() for m in executable.mod.imports)
         except Exception as error:  # noqa: BLE001 - the lint's reason, or TVM's, is the outcome
             outcome = str(error).split(" (")[0].split(";")[0][:80]
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     seconds = (time.perf_counter() - started) / max(len(built), 1)
-    return {"built": len(built), "lint_ok": outcomes.get("ok", 0), "outcomes": outcomes, "seconds_per_build": round(seconds, 2)}
+    return {"built": len(built), "lint_ok": outcomes.get("ok", 0), "tensor_core": tensor_core, "outcomes": outcomes,
+            "seconds_per_build": round(seconds, 2)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", default="cuda-sm80")
+    parser.add_argument("--target", default="cuda-sm90")
     parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
     parser.add_argument("--draws", type=int, default=100)
     parser.add_argument("--build", type=int, default=8, help="passing programs of each system compiled and linted")
@@ -98,8 +110,9 @@ def main() -> None:
     target = resolve_target(args.target)
     rows = []
     for item in args.workloads:
-        name, _, shape = item.partition(":")
-        work = resolve_workload(name, shape or None)
+        name, _, rest = item.partition(":")
+        shape, _, dtype = rest.partition(":")
+        work = resolve_workload(name, shape or None, dtype or "float32")
         row: dict[str, Any] = {"workload": work.key}
         for system, draw in (("probtune", probtune_draws), ("metaschedule", metaschedule_draws)):
             passed, per_draw = draw(work, target, args.draws, args.seed)
@@ -110,7 +123,8 @@ def main() -> None:
                 **build_and_lint(passed, target, args.build),
             }
             print(f"{work.key} {system}: {len(passed)}/{args.draws} pass the checks; "
-                  f"{row[system]['lint_ok']}/{row[system]['built']} pass the cubin lint "
+                  f"{row[system]['lint_ok']}/{row[system]['built']} pass the cubin lint, "
+                  f"{row[system]['tensor_core']} on tensor cores "
                   f"({row[system]['seconds_per_build']} s per build) {row[system]['outcomes']}", flush=True)
         rows.append(row)
     report = {"machine": cpu_model(), "target": target.name, "tvm_target": dict(target.tvm_target), "seed": args.seed,

@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use crate::decision::Decision;
 use crate::instruction::{Arg, Instruction};
 use crate::rng::Rng;
-use crate::sampling::{divisors, innermost_allowed, sample_categorical};
+use crate::sampling::{divisors, sample_categorical, TileLimits};
 use crate::trace::Trace;
 
 /// Random moves tried before a tile-size mutation gives up: a move can be refused by the
@@ -47,7 +47,7 @@ fn int_attr(inst: &Instruction, name: &str) -> Option<i64> {
 
 /// Moves a divisor of one level of a `sample_perfect_tile` decision to another level (as
 /// MetaSchedule's MutateTileSize does): the product, the number of levels and the
-/// `max_innermost_factor` limit are kept. A whole level can move at once, so a tiling a
+/// instruction's limits (`max_innermost_factor`, `max_inner_product`) are kept. A whole level can move at once, so a tiling a
 /// few levels away is a few moves away, not one move per prime factor.
 pub struct MutateTileSize;
 
@@ -55,7 +55,7 @@ pub struct MutateTileSize;
 struct TileSite<'a> {
     index: usize,
     factors: &'a [i64],
-    max_innermost_factor: i64,
+    limits: TileLimits,
 }
 
 impl MutateTileSize {
@@ -77,14 +77,17 @@ impl MutateTileSize {
                 (well_formed && movable).then(|| TileSite {
                     index: *index,
                     factors,
-                    max_innermost_factor: int_attr(inst, "max_innermost_factor").unwrap_or(0),
+                    limits: TileLimits {
+                        max_innermost_factor: int_attr(inst, "max_innermost_factor").unwrap_or(0),
+                        max_inner_product: int_attr(inst, "max_inner_product").unwrap_or(0),
+                    },
                 })
             })
             .collect()
     }
 
     /// One random move of `site`: a random divisor (above 1) of a random level goes to another
-    /// random level. `None` when no divisor of that level fits under the innermost limit.
+    /// random level. `None` when no divisor of that level can move there within the limits.
     fn random_move(site: &TileSite<'_>, rng: &mut Rng) -> Option<Vec<i64>> {
         let levels = site.factors.len();
         let splittable: Vec<usize> = (0..levels).filter(|&l| site.factors[l] > 1).collect();
@@ -95,10 +98,12 @@ impl MutateTileSize {
             .into_iter()
             .filter(|&divisor| divisor > 1)
             .filter(|&divisor| {
-                to != levels - 1
-                    || site.factors[to]
-                        .checked_mul(divisor)
-                        .is_some_and(|factor| innermost_allowed(factor, site.max_innermost_factor))
+                let mut moved = site.factors.to_vec();
+                moved[from] /= divisor;
+                moved[to].checked_mul(divisor).is_some_and(|factor| {
+                    moved[to] = factor;
+                    site.limits.allow(&moved)
+                })
             })
             .collect();
         if moves.is_empty() {
@@ -236,7 +241,7 @@ pub(crate) mod tests {
 
     use super::*;
     use crate::instruction::RvId;
-    use crate::sampling::check_perfect_tile;
+    use crate::sampling::{check_perfect_tile, TileLimits};
 
     /// Builds test traces, handing out fresh rv ids.
     #[derive(Default)]
@@ -278,10 +283,24 @@ pub(crate) mod tests {
         }
 
         pub fn tile(&mut self, loop_rv: &Arg, factors: Vec<i64>, max_innermost_factor: i64) {
-            let attrs = vec![
+            self.tile_within(
+                loop_rv,
+                factors,
+                TileLimits::innermost(max_innermost_factor),
+            );
+        }
+
+        pub fn tile_within(&mut self, loop_rv: &Arg, factors: Vec<i64>, limits: TileLimits) {
+            let mut attrs = vec![
                 ("n", Arg::Int(factors.len() as i64)),
-                ("max_innermost_factor", Arg::Int(max_innermost_factor)),
+                (
+                    "max_innermost_factor",
+                    Arg::Int(limits.max_innermost_factor),
+                ),
             ];
+            if limits.max_inner_product > 0 {
+                attrs.push(("max_inner_product", Arg::Int(limits.max_inner_product)));
+            }
             let n = factors.len() as u32;
             let tiles = self.push(
                 "sample_perfect_tile",
@@ -378,9 +397,32 @@ pub(crate) mod tests {
             };
             let product: i64 = old.iter().product();
             let limit = int_attr(inst, "max_innermost_factor").unwrap();
-            check_perfect_tile(new, product, old.len(), limit).unwrap();
+            check_perfect_tile(new, product, old.len(), TileLimits::innermost(limit)).unwrap();
         }
         assert_eq!(mutated_sites.len(), 3, "every tile decision gets mutated");
+    }
+
+    #[test]
+    fn tile_mutation_keeps_the_inner_product_limit() {
+        let limits = TileLimits {
+            max_innermost_factor: 4,
+            max_inner_product: 8,
+        };
+        let mut b = TraceBuilder::default();
+        let loops = b.loops(1);
+        b.tile_within(&loops[0], vec![8, 2, 2, 2], limits);
+        let mut trace = b.trace;
+        let mut rng = Rng::new(9);
+        let mut reached = std::collections::BTreeSet::new();
+        for _ in 0..300 {
+            trace = MutateTileSize.mutate(&trace, &mut rng).unwrap();
+            let Some(Decision::Tile(factors)) = trace.decision(2) else {
+                panic!("a tile decision expected");
+            };
+            check_perfect_tile(factors, 64, 4, limits).unwrap();
+            reached.insert(factors[0]);
+        }
+        assert_eq!(reached, [8, 16, 32, 64].into_iter().collect());
     }
 
     #[test]
@@ -418,7 +460,10 @@ pub(crate) mod tests {
             })
             .collect();
         assert!(reached.contains(&vec![1, 1, 32, 4]), "16 moves in one step");
-        assert!(reached.contains(&vec![4, 16, 2, 1]), "so does the innermost 4");
+        assert!(
+            reached.contains(&vec![4, 16, 2, 1]),
+            "so does the innermost 4"
+        );
         assert!(reached.contains(&vec![1, 8, 4, 4]), "and a prime alone");
         assert!(
             reached.iter().all(|factors| factors[3] <= 4),

@@ -615,7 +615,7 @@ mod tests {
     use crate::decision::Decision;
     use crate::mutator::tests::{tiled_trace, TraceBuilder};
     use crate::mutator::{MutateCategorical, MutateTileSize};
-    use crate::sampling::sample_perfect_tile;
+    use crate::sampling::{sample_perfect_tile, TileLimits};
 
     #[derive(Debug, Clone, Copy, PartialEq)]
     enum Call {
@@ -687,9 +687,10 @@ mod tests {
         let mut rng = Rng::new(seed);
         (0..size)
             .map(|_| {
-                let mut first = sample_perfect_tile(&mut rng, 512, 3, 0).unwrap();
+                let mut first =
+                    sample_perfect_tile(&mut rng, 512, 3, TileLimits::default()).unwrap();
                 first.push(1);
-                let second = sample_perfect_tile(&mut rng, 96, 4, 0).unwrap();
+                let second = sample_perfect_tile(&mut rng, 96, 4, TileLimits::default()).unwrap();
                 base.with_decision(2, Decision::Tile(first))
                     .and_then(|trace| trace.with_decision(4, Decision::Tile(second)))
                     .unwrap()
@@ -874,7 +875,9 @@ mod tests {
         assert_eq!(means[0], 1.0, "initial innermost factors are all 1");
         // Rising each generation until half the limit; near the limit, mutations can only lower it.
         assert!(
-            means.windows(2).all(|pair| pair[1] > pair[0] || pair[0] > 8.0),
+            means
+                .windows(2)
+                .all(|pair| pair[1] > pair[0] || pair[0] > 8.0),
             "{means:?}"
         );
         assert!(means.last().unwrap() > &8.0, "{means:?}");

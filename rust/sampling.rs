@@ -52,18 +52,63 @@ pub(crate) fn innermost_allowed(factor: i64, max_innermost_factor: i64) -> bool 
     max_innermost_factor <= 0 || factor <= max_innermost_factor
 }
 
-/// Samples `n` factors whose product is exactly `extent`, the innermost (last) one at most
-/// `max_innermost_factor` (no limit if it is <= 0).
+/// The limits a perfect tiling keeps: the innermost factor, and the product of every factor
+/// but the outermost (the tile one outer iteration covers); a non-positive limit is none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TileLimits {
+    pub max_innermost_factor: i64,
+    pub max_inner_product: i64,
+}
+
+impl TileLimits {
+    /// Only the innermost factor limited.
+    pub fn innermost(max_innermost_factor: i64) -> Self {
+        TileLimits {
+            max_innermost_factor,
+            max_inner_product: 0,
+        }
+    }
+
+    /// Why `factors` break a limit, if they do.
+    pub(crate) fn violation(&self, factors: &[i64]) -> Option<String> {
+        let innermost = *factors.last()?;
+        if !innermost_allowed(innermost, self.max_innermost_factor) {
+            return Some(format!(
+                "has innermost factor {innermost} > max_innermost_factor {}",
+                self.max_innermost_factor
+            ));
+        }
+        if self.max_inner_product > 0 && factors.len() > 1 {
+            let inner = factors[1..]
+                .iter()
+                .try_fold(1i64, |acc, &factor| acc.checked_mul(factor));
+            if inner.is_none_or(|product| product > self.max_inner_product) {
+                return Some(format!(
+                    "has inner factors {:?} whose product exceeds max_inner_product {}",
+                    &factors[1..],
+                    self.max_inner_product
+                ));
+            }
+        }
+        None
+    }
+
+    pub(crate) fn allow(&self, factors: &[i64]) -> bool {
+        self.violation(factors).is_none()
+    }
+}
+
+/// Samples `n` factors whose product is exactly `extent`, within `limits`.
 ///
 /// Like MetaSchedule, each prime factor of `extent` goes to a uniformly random position;
-/// placements whose innermost factor is too large are redrawn. After a bounded number of
-/// attempts, primes that would overflow the innermost limit go to a random outer position,
-/// which always succeeds when `n > 1`.
+/// placements that break a limit are redrawn. After a bounded number of attempts, each
+/// prime goes to a random position where it keeps the limits; the outermost always does
+/// (it is unlimited), so this always succeeds when `n > 1`.
 pub fn sample_perfect_tile(
     rng: &mut Rng,
     extent: i64,
     n: usize,
-    max_innermost_factor: i64,
+    limits: TileLimits,
 ) -> Result<Vec<i64>, CoreError> {
     if extent < 1 {
         return Err(CoreError::InvalidArgument(format!(
@@ -76,10 +121,11 @@ pub fn sample_perfect_tile(
         ));
     }
     if n == 1 {
-        if !innermost_allowed(extent, max_innermost_factor) {
+        if !innermost_allowed(extent, limits.max_innermost_factor) {
             return Err(CoreError::InvalidArgument(format!(
                 "a single tile factor must equal the loop extent {extent}, \
-                 which exceeds max_innermost_factor {max_innermost_factor}"
+                 which exceeds max_innermost_factor {}",
+                limits.max_innermost_factor
             )));
         }
         return Ok(vec![extent]);
@@ -91,21 +137,20 @@ pub fn sample_perfect_tile(
         for &prime in &primes {
             factors[rng.below(positions) as usize] *= prime;
         }
-        if innermost_allowed(factors[n - 1], max_innermost_factor) {
+        if limits.allow(&factors) {
             return Ok(factors);
         }
     }
     let mut factors = vec![1i64; n];
     for &prime in &primes {
-        let position = rng.below(positions) as usize;
-        let overflows_innermost =
-            position == n - 1 && !innermost_allowed(factors[n - 1] * prime, max_innermost_factor);
-        let position = if overflows_innermost {
-            rng.below(positions - 1) as usize
-        } else {
-            position
-        };
-        factors[position] *= prime;
+        let fits: Vec<usize> = (0..n)
+            .filter(|&position| {
+                let mut placed = factors.clone();
+                placed[position] *= prime;
+                position == 0 || limits.allow(&placed)
+            })
+            .collect();
+        factors[fits[rng.below(fits.len() as u64) as usize]] *= prime;
     }
     Ok(factors)
 }
@@ -115,7 +160,7 @@ pub fn check_perfect_tile(
     decision: &[i64],
     extent: i64,
     n: usize,
-    max_innermost_factor: i64,
+    limits: TileLimits,
 ) -> Result<(), CoreError> {
     let invalid = |reason: String| {
         Err(CoreError::InvalidDecision(format!(
@@ -142,14 +187,10 @@ pub fn check_perfect_tile(
         }
         Some(_) => {}
     }
-    if let Some(&innermost) = decision.last() {
-        if !innermost_allowed(innermost, max_innermost_factor) {
-            return invalid(format!(
-                "has innermost factor {innermost} > max_innermost_factor {max_innermost_factor}"
-            ));
-        }
+    match limits.violation(decision) {
+        Some(reason) => invalid(reason),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Samples an index with probability proportional to `weights` (need not sum to 1).
@@ -205,25 +246,35 @@ fn factor_count(n: i64) -> Result<usize, CoreError> {
 }
 
 #[pyfunction]
-#[pyo3(name = "sample_perfect_tile")]
+#[pyo3(name = "sample_perfect_tile", signature = (rng, extent, n, max_innermost_factor, max_inner_product = 0))]
 pub fn sample_perfect_tile_py(
     mut rng: PyRefMut<'_, Rng>,
     extent: i64,
     n: i64,
     max_innermost_factor: i64,
+    max_inner_product: i64,
 ) -> Result<Vec<i64>, CoreError> {
-    sample_perfect_tile(&mut rng, extent, factor_count(n)?, max_innermost_factor)
+    let limits = TileLimits {
+        max_innermost_factor,
+        max_inner_product,
+    };
+    sample_perfect_tile(&mut rng, extent, factor_count(n)?, limits)
 }
 
 #[pyfunction]
-#[pyo3(name = "check_perfect_tile")]
+#[pyo3(name = "check_perfect_tile", signature = (decision, extent, n, max_innermost_factor, max_inner_product = 0))]
 pub fn check_perfect_tile_py(
     decision: Vec<i64>,
     extent: i64,
     n: i64,
     max_innermost_factor: i64,
+    max_inner_product: i64,
 ) -> Result<(), CoreError> {
-    check_perfect_tile(&decision, extent, factor_count(n)?, max_innermost_factor)
+    let limits = TileLimits {
+        max_innermost_factor,
+        max_inner_product,
+    };
+    check_perfect_tile(&decision, extent, factor_count(n)?, limits)
 }
 
 #[pyfunction]
@@ -274,8 +325,9 @@ mod tests {
                 (1, 3, 4),
                 (96, 5, 2),
             ] {
-                let factors = sample_perfect_tile(&mut rng, extent, n, limit).unwrap();
-                check_perfect_tile(&factors, extent, n, limit).unwrap();
+                let factors =
+                    sample_perfect_tile(&mut rng, extent, n, TileLimits::innermost(limit)).unwrap();
+                check_perfect_tile(&factors, extent, n, TileLimits::innermost(limit)).unwrap();
             }
         }
     }
@@ -285,7 +337,7 @@ mod tests {
         let draw = |seed| {
             let mut rng = Rng::new(seed);
             (0..20)
-                .map(|_| sample_perfect_tile(&mut rng, 2048, 4, 32).unwrap())
+                .map(|_| sample_perfect_tile(&mut rng, 2048, 4, TileLimits::innermost(32)).unwrap())
                 .collect::<Vec<_>>()
         };
         assert_eq!(draw(11), draw(11));
@@ -297,7 +349,7 @@ mod tests {
         let mut rng = Rng::new(5);
         let innermost: std::collections::BTreeSet<i64> = (0..300)
             .map(|_| {
-                *sample_perfect_tile(&mut rng, 16, 2, 0)
+                *sample_perfect_tile(&mut rng, 16, 2, TileLimits::innermost(0))
                     .unwrap()
                     .last()
                     .unwrap()
@@ -315,8 +367,9 @@ mod tests {
         // so this exercises the fallback placement.
         for seed in 0..50 {
             let mut rng = Rng::new(seed);
-            let factors = sample_perfect_tile(&mut rng, 1 << 20, 2, 2).unwrap();
-            check_perfect_tile(&factors, 1 << 20, 2, 2).unwrap();
+            let factors =
+                sample_perfect_tile(&mut rng, 1 << 20, 2, TileLimits::innermost(2)).unwrap();
+            check_perfect_tile(&factors, 1 << 20, 2, TileLimits::innermost(2)).unwrap();
         }
     }
 
@@ -324,24 +377,27 @@ mod tests {
     fn perfect_tile_rejects_bad_arguments() {
         let mut rng = Rng::new(0);
         assert!(matches!(
-            sample_perfect_tile(&mut rng, 0, 2, 0),
+            sample_perfect_tile(&mut rng, 0, 2, TileLimits::innermost(0)),
             Err(CoreError::InvalidArgument(_))
         ));
         assert!(matches!(
-            sample_perfect_tile(&mut rng, 8, 0, 0),
+            sample_perfect_tile(&mut rng, 8, 0, TileLimits::innermost(0)),
             Err(CoreError::InvalidArgument(_))
         ));
         assert!(matches!(
-            sample_perfect_tile(&mut rng, 32, 1, 16),
+            sample_perfect_tile(&mut rng, 32, 1, TileLimits::innermost(16)),
             Err(CoreError::InvalidArgument(_))
         ));
-        assert_eq!(sample_perfect_tile(&mut rng, 32, 1, 0).unwrap(), vec![32]);
+        assert_eq!(
+            sample_perfect_tile(&mut rng, 32, 1, TileLimits::innermost(0)).unwrap(),
+            vec![32]
+        );
     }
 
     #[test]
     fn check_perfect_tile_explains_each_failure() {
         let message = |decision: &[i64], extent, n, limit| {
-            check_perfect_tile(decision, extent, n, limit)
+            check_perfect_tile(decision, extent, n, TileLimits::innermost(limit))
                 .unwrap_err()
                 .to_string()
         };
@@ -362,7 +418,32 @@ mod tests {
             "perfect tile decision [1, 16] has innermost factor 16 > max_innermost_factor 8"
         );
         assert!(message(&[i64::MAX, 4], 16, 2, 0).contains("overflows"));
-        assert!(check_perfect_tile(&[2, 8], 16, 2, 8).is_ok());
+        assert!(check_perfect_tile(&[2, 8], 16, 2, TileLimits::innermost(8)).is_ok());
+    }
+
+    #[test]
+    fn inner_product_limit_bounds_every_factor_but_the_outermost() {
+        let mut rng = Rng::new(21);
+        let limits = TileLimits {
+            max_innermost_factor: 4,
+            max_inner_product: 8,
+        };
+        let mut outermost = std::collections::BTreeSet::new();
+        for _ in 0..300 {
+            let factors = sample_perfect_tile(&mut rng, 256, 4, limits).unwrap();
+            check_perfect_tile(&factors, 256, 4, limits).unwrap();
+            assert!(factors[1..].iter().product::<i64>() <= 8 && factors[3] <= 4);
+            outermost.insert(factors[0]);
+        }
+        assert_eq!(
+            outermost,
+            [32, 64, 128, 256].into_iter().collect(),
+            "every inner tile up to 8 is drawn"
+        );
+        let err = check_perfect_tile(&[4, 4, 4, 4], 256, 4, limits)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("product exceeds max_inner_product 8"), "{err}");
     }
 
     #[test]

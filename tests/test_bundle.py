@@ -6,8 +6,10 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from probtune import Database, TuningConfigError
@@ -216,6 +218,27 @@ def test_a_cuda_bundle_carries_cubins_that_its_script_launches_without_tvm(tmp_p
         assert done.statuses == {"ok": written.candidates} and done.best_latency is not None
     else:
         assert done.statuses == {"wrong_result": written.candidates}
+
+
+def test_kernels_asking_for_more_than_48_kb_of_shared_memory_opt_in(tmp_path: Path) -> None:
+    """A CUDA kernel launched with more than 48 KB of shared memory must raise its limit first, or the launch fails."""
+    from probtune.measure import run_bundle
+
+    made: dict[str, types.SimpleNamespace] = {}
+
+    def get_function(name: str) -> types.SimpleNamespace:
+        made[name] = types.SimpleNamespace(name=name)
+        return made[name]
+
+    module = types.SimpleNamespace(get_function=get_function)
+    fake = types.SimpleNamespace(RawModule=lambda path: module, asarray=np.asarray, zeros=np.zeros)
+    launch = {"grid": [1, 1, 1], "block": [32, 1, 1], "args": []}
+    table = {"cubin": "k.cubin", "scratch": [], "launches": [
+        {**launch, "kernel": "small", "shared": 16384}, {**launch, "kernel": "large", "shared": 100000}
+    ]}
+    run_bundle._cupy_program(fake, tmp_path, table, [], [])
+    assert not hasattr(made["small"], "max_dynamic_shared_size_bytes")
+    assert made["large"].max_dynamic_shared_size_bytes == 100000
 
 
 def test_cold_timings_are_refused_for_a_gpu_bundle(tmp_path: Path) -> None:

@@ -54,6 +54,7 @@ def test_catalog_names_are_unique_and_complete() -> None:
         "matmul",
         "batch_matmul",
         "dense_bias_relu",
+        "dense_bias_gelu",
         "conv2d_nchw",
         "conv2d_nhwc",
         "depthwise_conv2d_nchw",
@@ -85,6 +86,7 @@ def test_default_shape_builds_with_consistent_metadata(spec: WorkloadSpec) -> No
     [
         ("matmul", ["C"]),
         ("dense_bias_relu", ["T_dense", "T_bias_add", "T_relu"]),
+        ("dense_bias_gelu", ["T_dense", "T_bias_add", "T_gelu"]),
         ("conv2d_nchw", ["pad_temp", "conv2d_nchw"]),
         ("softmax", ["T_softmax_maxelem", "T_softmax_exp", "T_softmax_expsum", "T_softmax_norm"]),
         ("layer_norm", ["T_layer_norm_sum", "T_layer_norm_sq_dev_sum", "T_layer_norm"]),

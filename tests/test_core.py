@@ -406,6 +406,19 @@ def test_perfect_tiles_are_valid(extent, n, limit):
         check_perfect_tile(factors, extent, n, limit)
 
 
+def test_perfect_tiles_keep_the_inner_product_limit():
+    """``max_inner_product`` bounds every factor but the outermost: the tile one outer iteration covers."""
+    rng = Rng(5)
+    draws = [sample_perfect_tile(rng, 4096, 4, 4, 8) for _ in range(200)]
+    for factors in draws:
+        assert math.prod(factors) == 4096 and math.prod(factors[1:]) <= 8 and factors[-1] <= 4
+        check_perfect_tile(factors, 4096, 4, 4, 8)
+    assert len({tuple(f) for f in draws}) > 5
+    with pytest.raises(InvalidDecisionError, match="product exceeds max_inner_product 8"):
+        check_perfect_tile([64, 4, 4, 4], 4096, 4, 4, 8)
+    check_perfect_tile([64, 4, 4, 4], 4096, 4, 4)  # without the limit, the same decision is valid
+
+
 def test_perfect_tile_sampling_is_deterministic_and_varied():
     draws = [sample_perfect_tile(Rng(3), 256, 3, 16) for _ in range(2)]
     assert draws[0] == draws[1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -212,6 +213,33 @@ def test_gpu_primitives_are_recorded_and_replayed(matmul_mod):
     assert 'thread="threadIdx.x"' in sch.mod.script() and 'scope="shared"' in sch.mod.script()
     again = Schedule.replay(matmul_mod, Trace.from_json(sch.trace.to_json()))
     assert tvm_ffi.structural_equal(again.mod, sch.mod)
+
+
+def test_blockize_is_recorded_and_replayed(matmul_mod):
+    """blockize makes a 16x16x16 tile one block (what a tensor intrinsic replaces), and replays to the same program."""
+    sch = Schedule(matmul_mod)
+    block = sch.get_sblock("C")
+    loops = [sch.split(loop, [None, 16]) for loop in sch.get_loops(block)]
+    sch.reorder(*[outer for outer, _ in loops], *[inner for _, inner in loops])
+    tile = sch.blockize(loops[0][1])
+    assert sch.get(tile).name_hint == "C_o" and [sch.loop_extent(loop) for loop in sch.get_loops(block)] == [16, 16, 16]
+    again = Schedule.replay(matmul_mod, Trace.from_json(sch.trace.to_json()))
+    assert tvm_ffi.structural_equal(again.mod, sch.mod)
+
+
+def test_a_tile_limited_per_outer_iteration_is_recorded_and_checked_on_replay(matmul_mod):
+    sch = Schedule(matmul_mod, rng=Rng(2))
+    loop = sch.get_loops(sch.get_sblock("C"))[0]
+    factors = sch.sample_perfect_tile(loop, 3, max_innermost_factor=4, max_inner_product=8)
+    assert math.prod(sch.get(f) for f in factors[1:]) <= 8
+    text = sch.trace.to_json()
+    assert '"max_inner_product":8' in text.replace(" ", "")
+    plain = Schedule(matmul_mod, rng=Rng(2))
+    plain.sample_perfect_tile(plain.get_loops(plain.get_sblock("C"))[0], 3, max_innermost_factor=4)
+    assert "max_inner_product" not in plain.trace.to_json()  # traces without the limit are unchanged
+    too_big = Trace.from_json(text).with_decisions({2: [1, 16, 4]})
+    with pytest.raises(InvalidDecisionError, match="max_inner_product 8"):
+        Schedule.replay(matmul_mod, too_big)
 
 
 def test_a_bind_to_an_unknown_thread_axis_is_a_replay_error(matmul_mod):

@@ -257,6 +257,29 @@ def test_tolerance_grows_with_the_reduction() -> None:
     assert short.tolerance(hundredfold)[1] == pytest.approx(100 * short.tolerance(unit)[1])
 
 
+@pytest.mark.parametrize("name", ["matmul", "batch_matmul", "dense_bias_relu", "dense_bias_gelu"])
+def test_half_precision_products_are_summed_in_float32_and_checked_at_half_precision(name: str) -> None:
+    """A float16 workload accumulates in float32 (as tensor cores do) and rounds once; its check is that tight."""
+    workload = SPECS[name].instantiate(SPECS[name].small_shape, "float16")
+    reductions = [block for block in workload.mod.script().splitlines() if "= T.float32(0.0)" in block]
+    assert reductions, "the reduction starts from a float32 zero"
+    inputs = workload.random_inputs(seed=2)
+    (untuned,) = workload._run_untuned(inputs)
+    (expected,) = workload.reference_outputs(inputs)
+    assert untuned.dtype == expected.dtype == np.float16
+    rtol, atol = workload.tolerance()
+    np.testing.assert_allclose(untuned.astype(np.float64), expected.astype(np.float64), rtol=rtol, atol=atol)
+    assert rtol < 0.01, "the growth with the reduction is float32's, not float16's"
+    off = expected.astype(np.float64) * 1.02
+    assert not np.allclose(untuned.astype(np.float64), off, rtol=rtol, atol=atol)
+
+
+def test_a_float32_workload_keeps_its_program_when_half_precision_is_added() -> None:
+    """The float32 programs (and so their database keys) have no casts and no extra rounding block."""
+    script = SPECS["dense_bias_relu"].instantiate((16, 48, 40), "float32").mod.script()
+    assert "T.Cast" not in script and "T_rounded" not in script
+
+
 def test_outputs_must_be_trailing_parameters() -> None:
     with pytest.raises(WorkloadShapeError, match=r"trailing.*\['A', 'B'\].*'C'"):
         Workload.from_module(output_first)

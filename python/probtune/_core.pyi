@@ -175,15 +175,20 @@ class Rng:
         """Same state, i.e. the same stream from here on."""
     __hash__: ClassVar[None]  # type: ignore[assignment]
 
-def sample_perfect_tile(rng: Rng, extent: int, n: int, max_innermost_factor: int) -> list[int]:
+def sample_perfect_tile(
+    rng: Rng, extent: int, n: int, max_innermost_factor: int, max_inner_product: int = 0
+) -> list[int]:
     """Sample ``n`` factors whose product is ``extent``, the last at most ``max_innermost_factor``.
 
     Each prime factor of ``extent`` goes to a uniformly random position (as in MetaSchedule).
-    ``max_innermost_factor <= 0`` means no limit. ``ValueError`` if ``extent < 1``, ``n < 1``,
-    or ``n == 1`` and ``extent`` exceeds the limit.
+    ``max_inner_product`` bounds the product of every factor but the first. A limit ``<= 0``
+    means none. ``ValueError`` if ``extent < 1``, ``n < 1``, or ``n == 1`` and ``extent``
+    exceeds the innermost limit.
     """
 
-def check_perfect_tile(decision: list[int], extent: int, n: int, max_innermost_factor: int) -> None:
+def check_perfect_tile(
+    decision: list[int], extent: int, n: int, max_innermost_factor: int, max_inner_product: int = 0
+) -> None:
     """Raise ``InvalidDecisionError`` unless ``decision`` is a valid ``sample_perfect_tile`` outcome."""
 
 def sample_categorical(rng: Rng, probs: list[float]) -> int:

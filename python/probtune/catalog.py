@@ -35,6 +35,7 @@ subtract, square, add; output: subtract, scale, times gamma, plus beta).
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -50,6 +51,7 @@ __all__ = ["BUILTIN_WORKLOADS", "WorkloadSpec", "resolve_workload"]
 Shape = tuple[int, ...]
 
 _FLOAT_DTYPES = ("float32", "float64")
+_MATMUL_DTYPES = (*_FLOAT_DTYPES, "float16")
 _LAYER_NORM_EPS = 1e-5
 
 
@@ -122,13 +124,30 @@ class WorkloadSpec:
 # ---------------------------------------------------------------- matmul family
 
 
+def _accumulator(dtype: str) -> str:
+    """The type products are summed in: float32 for float16 inputs, as tensor cores and cuBLAS do; else the dtype."""
+    return "float32" if dtype == "float16" else dtype
+
+
+def _widened(value: tvm.tirx.PrimExpr, dtype: str) -> tvm.tirx.PrimExpr:
+    return value if value.dtype == dtype else value.astype(dtype)
+
+
+def _rounded(tensor: te.Tensor, dtype: str, name: str) -> te.Tensor:
+    """``tensor`` rounded to ``dtype`` by an elementwise block named ``name``, or itself if it already has that type."""
+    if tensor.dtype == dtype:
+        return tensor
+    return te.compute(tensor.shape, lambda *i: tensor(*i).astype(dtype), name=name)
+
+
 def _build_matmul(shape: Shape, dtype: str) -> tvm.tirx.PrimFunc:
     m, n, k = shape
     a = te.placeholder((m, k), dtype, name="A")
     b = te.placeholder((k, n), dtype, name="B")
     r = te.reduce_axis((0, k), name="k")
-    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
-    return te.create_prim_func([a, b, c])
+    acc = _accumulator(dtype)
+    c = te.compute((m, n), lambda i, j: te.sum(_widened(a[i, r], acc) * _widened(b[r, j], acc), axis=r), name="C")
+    return te.create_prim_func([a, b, _rounded(c, dtype, "C_rounded")])
 
 
 def _reference_matmul(_shape: Shape, a: np.ndarray, b: np.ndarray) -> list[np.ndarray]:
@@ -140,23 +159,48 @@ def _build_batch_matmul(shape: Shape, dtype: str) -> tvm.tirx.PrimFunc:
     a = te.placeholder((batch, m, k), dtype, name="A")
     b = te.placeholder((batch, k, n), dtype, name="B")
     r = te.reduce_axis((0, k), name="k")
+    acc = _accumulator(dtype)
     c = te.compute(
-        (batch, m, n), lambda p, i, j: te.sum(a[p, i, r] * b[p, r, j], axis=r), name="C"
+        (batch, m, n), lambda p, i, j: te.sum(_widened(a[p, i, r], acc) * _widened(b[p, r, j], acc), axis=r), name="C"
     )
-    return te.create_prim_func([a, b, c])
+    return te.create_prim_func([a, b, _rounded(c, dtype, "C_rounded")])
 
 
-def _build_dense_bias_relu(shape: Shape, dtype: str) -> tvm.tirx.PrimFunc:
+def _dense_bias(shape: Shape, dtype: str) -> tuple[list[te.Tensor], te.Tensor]:
+    """The inputs of ``X[M,K] @ W[N,K]^T + bias[N]`` and its value, in the accumulator's type (dense, bias add)."""
     m, n, k = shape
     x = te.placeholder((m, k), dtype, name="X")
     w = te.placeholder((n, k), dtype, name="W")
     bias = te.placeholder((n,), dtype, name="bias")
     r = te.reduce_axis((0, k), name="k")
-    dense = te.compute((m, n), lambda i, j: te.sum(x[i, r] * w[j, r], axis=r), name="T_dense")
-    biased = te.compute((m, n), lambda i, j: dense[i, j] + bias[j], name="T_bias_add")
-    zero = tvm.tirx.const(0, dtype)
-    relu = te.compute((m, n), lambda i, j: te.max(biased[i, j], zero), name="T_relu")
-    return te.create_prim_func([x, w, bias, relu])
+    acc = _accumulator(dtype)
+    dense = te.compute((m, n), lambda i, j: te.sum(_widened(x[i, r], acc) * _widened(w[j, r], acc), axis=r), name="T_dense")
+    biased = te.compute((m, n), lambda i, j: dense[i, j] + _widened(bias[j], acc), name="T_bias_add")
+    return [x, w, bias], biased
+
+
+def _build_dense_bias_relu(shape: Shape, dtype: str) -> tvm.tirx.PrimFunc:
+    inputs, biased = _dense_bias(shape, dtype)
+    zero = tvm.tirx.const(0, biased.dtype)
+    relu = te.compute(biased.shape, lambda i, j: te.max(biased[i, j], zero), name="T_relu")
+    return te.create_prim_func([*inputs, _rounded(relu, dtype, "T_rounded")])
+
+
+def _build_dense_bias_gelu(shape: Shape, dtype: str) -> tvm.tirx.PrimFunc:
+    inputs, biased = _dense_bias(shape, dtype)
+    half, root_half = tvm.tirx.const(0.5, biased.dtype), tvm.tirx.const(math.sqrt(0.5), biased.dtype)
+    gelu = te.compute(
+        biased.shape, lambda i, j: half * biased[i, j] * (1 + te.erf(biased[i, j] * root_half)), name="T_gelu"
+    )
+    return te.create_prim_func([*inputs, _rounded(gelu, dtype, "T_rounded")])
+
+
+def _reference_dense_bias_gelu(
+    _shape: Shape, x: np.ndarray, w: np.ndarray, bias: np.ndarray
+) -> list[np.ndarray]:
+    dense = x.astype(np.float64) @ w.astype(np.float64).T + bias.astype(np.float64)
+    erf = np.vectorize(math.erf, otypes=[np.float64])
+    return [(0.5 * dense * (1.0 + erf(dense * math.sqrt(0.5)))).astype(x.dtype)]
 
 
 def _reference_dense_bias_relu(
@@ -430,7 +474,7 @@ BUILTIN_WORKLOADS: tuple[WorkloadSpec, ...] = (
         flops=lambda shape: 2.0 * shape[0] * shape[1] * shape[2],
         reference=_reference_matmul,
         baseline=_numpy_matmul,
-        dtypes=_FLOAT_DTYPES,
+        dtypes=_MATMUL_DTYPES,
     ),
     WorkloadSpec(
         name="batch_matmul",
@@ -442,7 +486,7 @@ BUILTIN_WORKLOADS: tuple[WorkloadSpec, ...] = (
         flops=lambda shape: 2.0 * shape[0] * shape[1] * shape[2] * shape[3],
         reference=_reference_matmul,
         baseline=_numpy_matmul,
-        dtypes=_FLOAT_DTYPES,
+        dtypes=_MATMUL_DTYPES,
     ),
     WorkloadSpec(
         name="dense_bias_relu",
@@ -454,7 +498,18 @@ BUILTIN_WORKLOADS: tuple[WorkloadSpec, ...] = (
         flops=lambda shape: 2.0 * shape[0] * shape[1] * shape[2] + 2.0 * shape[0] * shape[1],
         reference=_reference_dense_bias_relu,
         baseline=_numpy_dense_bias_relu,
-        dtypes=_FLOAT_DTYPES,
+        dtypes=_MATMUL_DTYPES,
+    ),
+    WorkloadSpec(
+        name="dense_bias_gelu",
+        description="gelu(X[M,K] @ W[N,K]^T + bias[N]), the exact (erf) GELU of BERT's feed-forward layer",
+        shape_params=("M", "N", "K"),
+        default_shape=(128, 3072, 768),
+        small_shape=(16, 48, 40),
+        build=_build_dense_bias_gelu,
+        flops=lambda shape: 2.0 * shape[0] * shape[1] * shape[2] + 8.0 * shape[0] * shape[1],
+        reference=_reference_dense_bias_gelu,
+        dtypes=_MATMUL_DTYPES,
     ),
     WorkloadSpec(
         name="conv2d_nchw",

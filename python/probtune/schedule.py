@@ -176,6 +176,9 @@ _PRIMITIVES: dict[str, _Primitive] = {
         lambda s, ins, at: s.storage_align(ins[0], at["buffer_index"], at["axis"], at["factor"], at["offset"])
     ),
     "unannotate": _Primitive(lambda s, ins, at: s.unannotate(ins[0], at["ann_key"])),
+    "blockize": _Primitive(
+        lambda s, ins, at: s.blockize(ins[0], preserve_unit_iters=at.get("preserve_unit_iters", True)), BlockRV
+    ),
 }
 
 SAMPLING_KINDS = ("sample_perfect_tile", "sample_categorical", "sample_compute_location")
@@ -342,10 +345,11 @@ class Schedule:
             if not isinstance(extent, tvm.tirx.IntImm):
                 raise InvalidDecisionError(f"sample_perfect_tile needs a constant loop extent, got {extent}")
             n, max_inner = _int_attr(attrs, "n"), _int_attr(attrs, "max_innermost_factor", 0)
+            max_product = _int_attr(attrs, "max_inner_product", 0)
             if decision is None:
-                decision = sample_perfect_tile(self._rng, int(extent), n, max_inner)
+                decision = sample_perfect_tile(self._rng, int(extent), n, max_inner, max_product)
             else:
-                check_perfect_tile(list(decision), int(extent), n, max_inner)
+                check_perfect_tile(list(decision), int(extent), n, max_inner, max_product)
             return list(decision), list(decision), ExprRV
         if kind == "sample_categorical":
             candidates = list(attrs["candidates"])
@@ -460,6 +464,10 @@ class Schedule:
     def rfactor(self, loop: LoopRV, factor_axis: int) -> BlockRV:
         return self.apply("rfactor", [loop], {"factor_axis": factor_axis})[0]  # type: ignore[return-value]
 
+    def blockize(self, loop: LoopRV, *, preserve_unit_iters: bool = True) -> BlockRV:
+        """Make the loop nest under ``loop`` one block (a tensor intrinsic's whole tile), returned; the nest stays inside it."""
+        return self.apply("blockize", [loop], {"preserve_unit_iters": preserve_unit_iters})[0]  # type: ignore[return-value]
+
     def decompose_reduction(self, block: BlockRV, loop: LoopRV) -> BlockRV:
         return self.apply("decompose_reduction", [block, loop])[0]  # type: ignore[return-value]
 
@@ -473,9 +481,17 @@ class Schedule:
         self.apply("unannotate", [block_or_loop], {"ann_key": key})
 
     # ---- sampling instructions -------------------------------------------------
-    def sample_perfect_tile(self, loop: LoopRV, n: int, max_innermost_factor: int = 16) -> list[ExprRV]:
-        """Sample ``n`` tile sizes whose product is the loop's extent."""
+    def sample_perfect_tile(
+        self, loop: LoopRV, n: int, max_innermost_factor: int = 16, max_inner_product: int = 0
+    ) -> list[ExprRV]:
+        """Sample ``n`` tile sizes whose product is the loop's extent.
+
+        ``max_inner_product`` (if positive) bounds the product of every size
+        but the outermost: the tile one outer iteration covers.
+        """
         attrs = {"n": n, "max_innermost_factor": max_innermost_factor}
+        if max_inner_product > 0:
+            attrs["max_inner_product"] = max_inner_product
         return self.apply("sample_perfect_tile", [loop], attrs)  # type: ignore[return-value]
 
     def sample_categorical(self, candidates: Sequence[int], probs: Sequence[float]) -> ExprRV:

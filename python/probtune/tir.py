@@ -140,12 +140,12 @@ def loop_kinds(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list[
 
 
 def at_root(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
-    """Whether the block has loops hanging directly under the root block (not computed at another block)."""
+    """Whether the block has loops hanging directly under the root block (not computed at another block or inside one)."""
     loops = sch.get_loops(block)
     if not loops:
         return False
     parent = sch.get_sref(loops[0]).parent
-    return parent is not None and isinstance(parent.stmt, s_tir.SBlock)
+    return parent is not None and isinstance(parent.stmt, s_tir.SBlock) and parent.parent is None
 
 
 def indexing_dims(

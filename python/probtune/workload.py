@@ -123,16 +123,22 @@ class Workload:
         magnitude comes from ``expected``, or else from the reference outputs of
         ``random_inputs(0)``; scaling by it keeps small outputs (softmax) checked.  The
         constants leave a margin of about 10x over the error measured for the untuned
-        built-in workloads against float64 references.
+        built-in workloads against float64 references. Where the reductions accumulate in
+        a wider type than the outputs (float16 products summed in float32), the growth
+        term takes the accumulator's ``eps`` and the final rounding adds a few of the
+        output's.
         """
         dtypes = {np.dtype(dtype) for _, dtype in self.param_specs()[self.num_inputs :]}
         float_dtypes = [dtype for dtype in dtypes if np.issubdtype(dtype, np.floating)]
         if not float_dtypes:
             return 0.0, 0.0
         eps = max(float(np.finfo(dtype).eps) for dtype in float_dtypes)
-        growth = math.sqrt(self._longest_reduction)
+        longest, accumulator_eps = self._reductions
+        summed = eps if accumulator_eps is None else accumulator_eps
+        rounding = 4 * eps if eps > summed else 0.0
+        growth = math.sqrt(longest)
         scale = self._typical_output_scale if expected is None else _rms(expected)
-        return eps * (64 + 16 * growth), eps * (16 + 4 * growth) * scale
+        return summed * (64 + 16 * growth) + rounding, (summed * (16 + 4 * growth) + rounding) * scale
 
     @classmethod
     def from_module(
@@ -157,20 +163,26 @@ class Workload:
         )
 
     @functools.cached_property
-    def _longest_reduction(self) -> int:
-        """Largest number of values any one block folds into a single output element."""
-        longest = 1
+    def _reductions(self) -> tuple[int, float | None]:
+        """The most values any one block folds into an output element, and the largest ``eps`` of the floats they sum in.
+
+        The ``eps`` is None where no block reduces floats.
+        """
+        longest, eps = 1, None
 
         def visit_block(block: tvm.s_tir.SBlock) -> None:
-            nonlocal longest
+            nonlocal longest, eps
             extent = 1
             for iter_var in block.iter_vars:
                 if iter_var.iter_type == tvm.tirx.IterVar.CommReduce:
                     extent *= int(iter_var.dom.extent)
             longest = max(longest, extent)
+            if extent > 1 and block.writes and str(block.writes[0].source.dtype).startswith("float"):
+                summed = float(np.finfo(np.dtype(str(block.writes[0].source.dtype))).eps)
+                eps = summed if eps is None else max(eps, summed)
 
         tvm_ffi.structural_walk(self.prim_func.body, (tvm.s_tir.SBlock, visit_block))
-        return longest
+        return longest, eps
 
     @functools.cached_property
     def _typical_output_scale(self) -> float:

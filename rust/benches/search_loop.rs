@@ -11,7 +11,7 @@ use _core::dedup::DecisionSet;
 use _core::instruction::Arg;
 use _core::population::{evolve, EvolveConfig, SearchHooks};
 use _core::rng::Rng;
-use _core::sampling::{sample_categorical, sample_perfect_tile};
+use _core::sampling::{sample_categorical, sample_perfect_tile, TileLimits};
 use _core::trace::Trace;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use matmul_trace::matmul_schedule_trace;
@@ -30,7 +30,13 @@ fn initial_population(size: usize, rng: &mut Rng) -> Vec<Trace> {
                         };
                         let extent = factors.iter().product();
                         Decision::Tile(
-                            sample_perfect_tile(rng, extent, factors.len(), *limit).unwrap(),
+                            sample_perfect_tile(
+                                rng,
+                                extent,
+                                factors.len(),
+                                TileLimits::innermost(*limit),
+                            )
+                            .unwrap(),
                         )
                     }
                     ("sample_categorical", _) => {

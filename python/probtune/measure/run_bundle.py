@@ -45,6 +45,7 @@ __all__ = ["DIED", "FORMAT", "MANIFEST", "RESULTS", "main", "read_results"]
 FORMAT = 1  # of manifest.json and results.jsonl
 MANIFEST = "manifest.json"
 RESULTS = "results.jsonl"
+_DEFAULT_SHARED_LIMIT = 48 * 1024  # launch-time shared memory a CUDA kernel gets without opting in
 DIED = "the bundle's runner died while measuring it (a crash, a hang that was stopped, or the machine went away)"
 
 
@@ -196,7 +197,7 @@ def _cupy_program(cupy: Any, bundle: Path, table: dict[str, Any], inputs: Any, e
             return params[arg["param"]]
         return scratch[arg["scratch"]] if "scratch" in arg else np.dtype(arg["dtype"]).type(arg["scalar"])
 
-    launches = [(module.get_function(launch["kernel"]), tuple(launch["grid"]), tuple(launch["block"]),
+    launches = [(_kernel(module, launch["kernel"], launch["shared"]), tuple(launch["grid"]), tuple(launch["block"]),
                  tuple(argument(arg) for arg in launch["args"]), launch["shared"]) for launch in table["launches"]]
 
     def call() -> None:
@@ -204,6 +205,14 @@ def _cupy_program(cupy: Any, bundle: Path, table: dict[str, Any], inputs: Any, e
             kernel(grid, block, args, shared_mem=shared)
 
     return call, params[len(inputs):]
+
+
+def _kernel(module: Any, name: str, shared: int) -> Any:
+    """A kernel of the module, allowed the launch-time shared memory it asks for (beyond 48 KB a kernel must opt in)."""
+    kernel = module.get_function(name)
+    if shared > _DEFAULT_SHARED_LIMIT:
+        kernel.max_dynamic_shared_size_bytes = shared
+    return kernel
 
 
 def _cupy_timings(cupy: Any, call: Any, task: RunTask) -> tuple[float, ...]:

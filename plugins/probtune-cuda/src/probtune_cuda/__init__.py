@@ -2,7 +2,8 @@
 
 The targets' programs are tiled across thread blocks, virtual threads and
 threads, read their inputs through shared memory and accumulate in
-registers; they build here without a GPU or a CUDA toolkit (the module keeps
+registers, or, for float16 and int8 matmul-like blocks, run on the tensor
+cores (WMMA) warp by warp; they build here without a GPU or a CUDA toolkit (the module keeps
 its CUDA source, compiled when a machine with a GPU loads it), and are timed
 only where TVM's runtime sees a CUDA device.
 """
@@ -17,11 +18,13 @@ from probtune_cuda.multi_level_tiling import GPUMultiLevelTiling
 from probtune_cuda.postprocs import (
     RewriteCooperativeFetch,
     RewriteGPUReductionBlock,
+    RewriteTensorize,
     RewriteUnboundBlock,
     VerifyGPUCode,
     VerifyRegisterTile,
 )
 from probtune_cuda.targets import make_targets
+from probtune_cuda.tensor_core import TensorCoreTiling
 from probtune_cuda.unroll import GPU_AUTO_UNROLL, RewriteGPUUnroll
 
 __all__ = [
@@ -29,7 +32,9 @@ __all__ = [
     "RewriteCooperativeFetch",
     "RewriteGPUReductionBlock",
     "RewriteGPUUnroll",
+    "RewriteTensorize",
     "RewriteUnboundBlock",
+    "TensorCoreTiling",
     "VerifyGPUCode",
     "VerifyRegisterTile",
 ]
@@ -43,6 +48,7 @@ def probtune_register_targets(register: Callable[[Any], None]) -> None:
 
 @hookimpl
 def probtune_register_space_modules(register: Callable[[Any], None]) -> None:
+    register(TensorCoreTiling())
     register(GPUMultiLevelTiling())
     register(GPU_AUTO_UNROLL)
 
@@ -53,5 +59,6 @@ def probtune_register_validators(register: Callable[[Any], None]) -> None:
     register(RewriteUnboundBlock())
     register(RewriteGPUUnroll())
     register(RewriteGPUReductionBlock())
+    register(RewriteTensorize())
     register(VerifyRegisterTile())
     register(VerifyGPUCode())

@@ -25,7 +25,19 @@ from probtune import SpaceContext
 from probtune.schedule import BlockRV, LoopRV, Schedule
 from probtune.tir import REDUCTION, SPATIAL, at_root, loop_kinds, reuses_data, sblock_names
 
-__all__ = ["COOPERATIVE_FETCH_KEY", "MAX_ACCUMULATORS", "GPUMultiLevelTiling", "accumulators_per_thread", "oversized_register_tiles"]
+__all__ = [
+    "COOPERATIVE_FETCH_KEY",
+    "MAX_ACCUMULATORS",
+    "SHARED",
+    "GPUMultiLevelTiling",
+    "accumulators_per_thread",
+    "elementwise_consumer",
+    "oversized_register_tiles",
+]
+
+SHARED = "shared.dyn"
+"""Shared memory allocated at launch: TVM merges its buffers by lifetime, and a block may opt in to more than the
+48 KB a static allocation gets (the target's ``max_shared_memory_per_block`` is that opt-in limit)."""
 
 COOPERATIVE_FETCH_KEY = "probtune.cooperative_fetch"
 """Block annotation on a shared-memory copy: the vector width each thread loads with."""
@@ -66,7 +78,7 @@ class GPUMultiLevelTiling:
             return
         loops = sch.get_loops(block)
         kinds = loop_kinds(raw, block_rv, [sch.resolve(loop) for loop in loops])
-        epilogue = _elementwise_consumer(raw, block_rv)
+        epilogue = elementwise_consumer(raw, block_rv)
         levels = self._split(sch, loops, kinds)
         thread_loops = [sch.fuse(*levels[depth]) for depth in range(len(_THREAD_AXES))]
         for loop, axis in zip(thread_loops, _THREAD_AXES):
@@ -95,7 +107,7 @@ class GPUMultiLevelTiling:
     def _read_through_shared(self, sch: Schedule, block: BlockRV, num_reads: int, at: LoopRV) -> None:
         """Copy each input's tile into shared memory under the outermost reduction tile, fetched by all threads."""
         for index in range(num_reads):
-            copy = sch.cache_read(block, index, "shared")
+            copy = sch.cache_read(block, index, SHARED)
             sch.compute_at(copy, at)
             bits = tvm.DataType(str(sch.tvm.get(sch.resolve(copy)).writes[0].source.dtype)).bits
             widths = [n for n in self.vector_load_lens if n * bits <= _MAX_VECTOR_BITS] or [1]
@@ -139,7 +151,7 @@ def _thread_tag(loop: tirx.For) -> str:
     return "" if binding is None else str(binding.thread_tag)
 
 
-def _elementwise_consumer(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV) -> str | None:
+def elementwise_consumer(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV) -> str | None:
     """The name of the block's only consumer if it reads the block's output element for element and nothing else does.
 
     Its loops then follow the block's spatial tiles, so it can finish each

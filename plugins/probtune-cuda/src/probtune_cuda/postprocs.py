@@ -2,7 +2,8 @@
 
 Each finishes the program as MetaSchedule does for CUDA (spreading the
 shared-memory copies over the threads, binding blocks no module bound,
-splitting reduction initialisation out) or checks it before it costs a
+splitting reduction initialisation out, replacing marked tiles by tensor
+intrinsics) or checks it before it costs a
 build: ``verify-register-tile`` rejects threads with more accumulators than
 registers hold, ``verify-gpu-code`` lowers the program and rejects one whose
 threads, shared memory or vector accesses exceed the target's per-block limits.
@@ -20,10 +21,17 @@ from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 
 from probtune import SpaceContext
-from probtune.tir import sblock_names
 from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY, MAX_ACCUMULATORS, oversized_register_tiles
+from probtune_cuda.tensor_core import TENSORIZE_KEY, WARP_EXECUTION_KEY, load_tensor_intrinsics
 
-__all__ = ["RewriteCooperativeFetch", "RewriteGPUReductionBlock", "RewriteUnboundBlock", "VerifyGPUCode", "VerifyRegisterTile"]
+__all__ = [
+    "RewriteCooperativeFetch",
+    "RewriteGPUReductionBlock",
+    "RewriteTensorize",
+    "RewriteUnboundBlock",
+    "VerifyGPUCode",
+    "VerifyRegisterTile",
+]
 
 _TVM_FETCH_KEY = "meta_schedule.cooperative_fetch"  # what TVM's RewriteCooperativeFetch reads
 
@@ -47,12 +55,14 @@ class RewriteCooperativeFetch:
     name: str = "rewrite-cooperative-fetch"
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
-        for name in sblock_names(sch):
-            block = sch.get_sblock(name)
-            width = sch.get(block).annotations.get(COOPERATIVE_FETCH_KEY)
+        for block in _all_blocks(sch):
+            annotations = sch.get(block).annotations
+            width = annotations.get(COOPERATIVE_FETCH_KEY)
             if width is not None:
                 sch.unannotate(block, COOPERATIVE_FETCH_KEY)
                 sch.annotate(block, _TVM_FETCH_KEY, tvm.tirx.IntImm("int32", int(width)))
+            if WARP_EXECUTION_KEY in annotations:  # TVM reads it as an integer expression: lanes are threadIdx.x
+                sch.annotate(block, WARP_EXECUTION_KEY, tvm.tirx.IntImm("int32", int(annotations[WARP_EXECUTION_KEY])))
         if not _apply("RewriteCooperativeFetch", sch, ctx):
             return "a shared-memory copy cannot be spread over the threads"
         return None
@@ -76,6 +86,19 @@ class RewriteGPUReductionBlock:
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
         return None if _apply("RewriteReductionBlock", sch, ctx) else "a reduction's initialisation cannot be split out"
+
+
+@dataclass(frozen=True)
+class RewriteTensorize:
+    """Replace each block a module marked for a tensor intrinsic (WMMA tiles, fills, loads, stores) by that intrinsic."""
+
+    name: str = "rewrite-tensorize"
+
+    def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
+        if not any(TENSORIZE_KEY in sch.get(block).annotations for block in _all_blocks(sch)):
+            return None
+        load_tensor_intrinsics()
+        return None if _apply("RewriteTensorize", sch, ctx) else "a block does not match its tensor intrinsic"
 
 
 @dataclass(frozen=True)
@@ -112,3 +135,13 @@ class VerifyRegisterTile:
             return None
         name, count = oversized[0]
         return f"block {name} accumulates {count} values per thread (at most {self.max_accumulators} fit in registers)"
+
+
+def _all_blocks(sch: s_tir.Schedule) -> list[s_tir.schedule.SBlockRV]:
+    """Every block of the program, nested ones included (a blockized tile holds its original block)."""
+    found, pending = [], list(sch.get_child_blocks(sch.get_sblock("root")))
+    while pending:
+        block = pending.pop()
+        found.append(block)
+        pending.extend(sch.get_child_blocks(block))
+    return found

@@ -2,7 +2,10 @@
 
 A bare ``{"kind": "cuda"}`` target carries no ``max_threads_per_block``, and
 MetaSchedule's own tuning context refuses it; each target here names the
-architecture and the per-block limits its programs are checked against.
+architecture and the per-block limits its programs are checked against. The
+shared memory limit is the block's opt-in maximum: the spaces allocate shared
+memory at launch (``shared.dyn``), which a block may take beyond the 48 KB of
+a static allocation.
 """
 
 from __future__ import annotations
@@ -15,18 +18,21 @@ from probtune_cuda.device import CUDARequirement
 
 __all__ = ["DEFAULT_MODULES", "DEFAULT_MUTATORS", "DEFAULT_VALIDATORS", "cuda_target", "make_targets"]
 
-DEFAULT_MODULES = ("auto-inline", "gpu-multi-level-tiling", "gpu-auto-unroll")
-"""Inline elementwise blocks first (so tiling sees a single consumer), then tile and bind, then sample unrolling."""
+DEFAULT_MODULES = ("auto-inline", "tensor-core-tiling", "gpu-multi-level-tiling", "gpu-auto-unroll")
+"""Inline elementwise blocks first (so tiling sees a single consumer); tensor cores take the blocks they can compute,
+the thread tiling the others; then sample unrolling."""
 
 DEFAULT_VALIDATORS = (
     "rewrite-cooperative-fetch",
     "rewrite-unbound-block",
     "rewrite-gpu-unroll",
     "rewrite-gpu-reduction-block",
+    "rewrite-tensorize",
     "verify-register-tile",
     "verify-gpu-code",
 )
-"""Finish the program (shared-memory copies spread over the threads, every block bound, unrolling), then check it fits."""
+"""Finish the program (shared-memory copies spread over the threads, every block bound, unrolling, tensor intrinsics in
+place of the tiles marked for them), then check it fits."""
 
 DEFAULT_MUTATORS = {"tile_size": 0.9, "categorical": 0.1}
 """Mutators by probability, after TVM MetaSchedule's CUDA defaults (tile sizes 0.9; unroll and fetch widths share 0.1)."""
@@ -58,6 +64,6 @@ def cuda_target(name: str, description: str, arch: str, max_shared_memory_per_bl
 
 def make_targets() -> list[TargetSpec]:
     return [
-        cuda_target("cuda-sm90", "NVIDIA Hopper (H100/H200 class), sm_90, 48 KB shared memory per block", "sm_90", 49152),
-        cuda_target("cuda-sm80", "NVIDIA Ampere (A100 class), sm_80, 48 KB shared memory per block", "sm_80", 49152),
+        cuda_target("cuda-sm90", "NVIDIA Hopper (H100/H200 class), sm_90, 227 KB shared memory per block", "sm_90", 232448),
+        cuda_target("cuda-sm80", "NVIDIA Ampere (A100 class), sm_80, 163 KB shared memory per block", "sm_80", 166912),
     ]

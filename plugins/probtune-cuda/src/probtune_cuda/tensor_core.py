@@ -1,0 +1,359 @@
+"""Tensor-core tiling: a float16 or int8 matmul-like block computed by warps with TVM's WMMA intrinsics.
+
+Each 16x16x16 tile of the block becomes a block of its own (``blockize``),
+which ``rewrite-tensorize`` replaces by the WMMA multiply-accumulate after
+the search (the initialisation by the fragment fill). The tiles are then
+spread as MetaSchedule spreads them: structure ``SSRRSRS``, the first
+spatial level fused and bound to ``blockIdx.x``, the second to
+``threadIdx.y`` (one warp per value; its 32 lanes run every intrinsic
+together, so ``threadIdx.x`` is the lane). Each input is copied into shared
+memory under the outermost reduction tile by all the block's threads, then
+loaded into fragments per warp under the middle one; the accumulators are
+stored into shared memory per warp and copied from there to the output by
+all threads, finishing the block's elementwise epilogue (a cast to float16,
+a bias and an activation) on the way.
+
+Tile sizes and copy widths are sampled; whether a block is tensorized and
+the shape of its nest depend only on the program and the target.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import tvm
+from tvm import s_tir, tirx
+
+from probtune import SpaceContext
+from probtune.schedule import BlockRV, LoopRV, Schedule
+from probtune.tir import REDUCTION, SPATIAL, as_list, at_root, identity, loop_kinds, realize_of
+from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY, SHARED, elementwise_consumer
+
+__all__ = [
+    "TENSORIZE_INIT_KEY",
+    "TENSORIZE_KEY",
+    "WARP_EXECUTION_KEY",
+    "WMMA_MIN_ARCH",
+    "IntrinGroup",
+    "TensorCoreTiling",
+    "load_tensor_intrinsics",
+    "shared_memory_bytes",
+    "warp_accumulator_fragments",
+    "warp_size_threads",
+    "wmma_plan",
+]
+
+TENSORIZE_KEY = "meta_schedule.auto_tensorize"
+"""Block annotation naming the tensor intrinsic that replaces the block (TVM's RewriteTensorize reads it)."""
+
+TENSORIZE_INIT_KEY = "meta_schedule.auto_tensorize_init"
+"""Annotation naming the intrinsic that replaces the block's initialisation once it is split out."""
+
+WARP_EXECUTION_KEY = "warp_execution"
+"""A block run by a whole warp: ``threadIdx.x`` is then the lane, of the warp's size."""
+
+WMMA_MIN_ARCH = 70
+"""WMMA needs Volta (sm_70) or later."""
+
+TILE = 16
+"""The WMMA tile: 16x16x16 for float16 and int8."""
+
+"""The WMMA tile: 16x16x16 for float16 and int8."""
+
+_ACCUMULATORS = {"float16": ("float32", "float16"), "int8": ("int32",)}  # input dtype -> accumulator dtypes WMMA has
+_OUTER_REDUCTION_DEPTH = 2  # the outer block's loops: block, warp, then the outer reduction tile (one reduction loop)
+_SHARED_ROW_PAD = {"float16": 8, "int8": 16}  # elements added to each shared row: 16 bytes, which spreads the banks
+
+
+@dataclass(frozen=True)
+class IntrinGroup:
+    """The WMMA intrinsics of one input and accumulator type: names registered in TVM's tensor-intrinsic table."""
+
+    compute: str
+    init: str
+    load_a: str
+    load_b: str
+    store: str
+
+
+@dataclass(frozen=True)
+class WMMAPlan:
+    """How a block maps onto WMMA: its intrinsics, its loops for the tile's i, j and k, and its two operands."""
+
+    group: IntrinGroup
+    tile_loops: tuple[int, int, int]  # indices among the block's loops, in the intrinsic's order (i, j, k)
+    operand_a: int  # index of the read holding A[i, k]
+    operand_b: int  # index of the read holding B[k, j] (or B[j, k])
+    in_dtype: str
+
+
+@functools.cache
+def load_tensor_intrinsics() -> Any:
+    """TVM's CUDA tensor intrinsics, registered on first use (the import parses them all: seconds)."""
+    import tvm.s_tir.tensor_intrin.cuda as cuda_intrinsics
+
+    return cuda_intrinsics
+
+
+def _arch(ctx: SpaceContext) -> int:
+    found = re.fullmatch(r"sm_(\d+)a?", str(ctx.target.tvm_target.get("arch", "")))
+    return int(found.group(1)) if found else 0
+
+
+def wmma_plan(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, ctx: SpaceContext) -> WMMAPlan | None:
+    """The block's WMMA mapping, or None where WMMA cannot compute it (types, shape, target, access pattern)."""
+    sblock = raw.get(block_rv)
+    if _arch(ctx) < WMMA_MIN_ARCH or not at_root(raw, block_rv) or len(sblock.reads) != 2 or len(sblock.writes) != 1:
+        return None
+    in_dtypes = {str(read.source.dtype) for read in sblock.reads}
+    out_dtype = str(sblock.writes[0].source.dtype)
+    if len(in_dtypes) != 1 or out_dtype not in _ACCUMULATORS.get(next(iter(in_dtypes)), ()):
+        return None
+    in_dtype = next(iter(in_dtypes))
+    loops = list(raw.get_loops(block_rv))
+    kinds = loop_kinds(raw, block_rv, loops)
+    if kinds.count(REDUCTION) != 1 or not all(kind in (SPATIAL, REDUCTION) for kind in kinds):
+        return None
+    intrinsics = load_tensor_intrinsics()
+    for trans_b in (False, True):
+        names = intrinsics.get_wmma_intrin_group(SHARED, SHARED, in_dtype, out_dtype, trans_b)
+        group = IntrinGroup(names["compute"], names["init"], names["load_a"], names["load_b"], names["store"])
+        tile_loops = _tile_loops(raw, block_rv, loops, group.compute)
+        if tile_loops is None or any(int(raw.get(loops[index]).extent) % TILE for index in tile_loops):
+            continue
+        if kinds[tile_loops[2]] != REDUCTION:
+            continue
+        operands = _operands(raw, block_rv, [raw.get(loops[index]).loop_var for index in tile_loops], trans_b)
+        if operands is not None:
+            return WMMAPlan(group, tile_loops, *operands, in_dtype)
+    return None
+
+
+def _tile_loops(
+    raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, loops: list[s_tir.schedule.LoopRV], intrinsic: str
+) -> tuple[int, int, int] | None:
+    """The block's loops that TVM maps onto the intrinsic's i, j and k, by index, or None."""
+    from tvm.s_tir import TensorIntrin
+    from tvm.s_tir.schedule.analysis import get_tensorize_loop_mapping
+
+    info = get_tensorize_loop_mapping(raw, block_rv, TensorIntrin.get(intrinsic).desc)
+    if info is None or len(info.loop_map) != 3:
+        return None
+    stmts = [raw.get(loop) for loop in loops]
+    order: dict[int, int] = {}
+    for block_loop, desc_loop in info.loop_map.items():
+        index = next((i for i, stmt in enumerate(stmts) if stmt.same_as(block_loop.stmt)), None)
+        if index is None:
+            return None
+        order[int(info.desc_loop_indexer[desc_loop])] = index
+    return (order[0], order[1], order[2]) if sorted(order) == [0, 1, 2] else None
+
+
+def _operands(
+    raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, tile_vars: Sequence[tirx.Var], trans_b: bool
+) -> tuple[int, int] | None:
+    """Indices of the reads laid out as the intrinsic's A[i, k] and B[k, j] (B[j, k] if ``trans_b``), or None.
+
+    The output must be C[i, j]: the intrinsics load, multiply and store row-major 16x16 tiles of the last two
+    dimensions.
+    """
+    realize = realize_of(raw, block_rv)
+    iters_of: dict[int, set[int]] = {}  # loop variable -> the block iterators its binding feeds
+    for iv, value in zip(as_list(realize.block.iter_vars), as_list(realize.iter_values)):
+        for var in as_list(tirx.analysis.undefined_vars(value)):
+            iters_of.setdefault(identity(var), set()).add(identity(iv.var))
+    i, j, k = (frozenset(iters_of.get(identity(var), set())) for var in tile_vars)
+
+    def laid_out(region: Any, rows: frozenset[int], cols: frozenset[int]) -> bool:
+        dims = [{identity(v) for v in as_list(tirx.analysis.undefined_vars(r.min))} for r in region.region]
+        return len(dims) >= 2 and dims[-2] == rows and dims[-1] == cols
+
+    reads = list(realize.block.reads)
+    b_layout = (j, k) if trans_b else (k, j)
+    a = [n for n, read in enumerate(reads) if laid_out(read, i, k)]
+    b = [n for n, read in enumerate(reads) if laid_out(read, *b_layout)]
+    if len(a) != 1 or len(b) != 1 or a == b or not laid_out(realize.block.writes[0], i, j):
+        return None
+    return a[0], b[0]
+
+
+@dataclass(frozen=True)
+class TensorCoreTiling:
+    """Compute a float16 or int8 matmul-like block (matmul, dense, batch matmul) with WMMA, tiled over blocks and warps."""
+
+    name: str = "tensor-core-tiling"
+    spatial_levels: int = 4
+    reduction_levels: int = 3
+    max_innermost_factor: int = 4
+    max_block_tiles: int = 8
+    """A thread block's tile along each spatial loop, in 16-wide tiles: a 128x128 block at most."""
+    max_reduction_tiles: int = 4
+    """The reduction tile staged in shared memory at once, in 16-wide tiles."""
+    vector_load_lens: tuple[int, ...] = (1, 2, 4, 8)
+    max_accumulator_fragments: int = 16
+    off_tile_weight: float = 0.01
+
+    def prior(self, sch: s_tir.Schedule, ctx: SpaceContext) -> float:
+        """Favour fresh draws that fit the target: warps, shared memory, and accumulators in registers.
+
+        Uniform tile sizes mostly give a thread block more shared memory
+        than it has (the operands' tiles and the staged output), or a warp
+        more than ``max_accumulator_fragments`` accumulator tiles (a float32
+        16x16 tile takes 8 registers of every lane; beyond about 16 a warp
+        spills). Each miss multiplies the draw's weight by ``off_tile_weight``.
+        """
+        limits = ctx.target.tvm_target
+        misses = sum(n > self.max_accumulator_fragments for n in warp_accumulator_fragments(sch).values())
+        misses += shared_memory_bytes(sch) > int(limits.get("max_shared_memory_per_block", 49152))
+        misses += warp_size_threads(sch) > int(limits.get("max_threads_per_block", 1024))
+        return float(self.off_tile_weight**misses)
+
+    def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
+        plan = wmma_plan(sch.tvm, sch.resolve(block), ctx)
+        if plan is None:
+            return
+        outer = self._tensor_tiles(sch, block, plan)
+        grid, warps, r_outer, r_middle = self._tile(sch, outer)
+        self._write_through_shared(sch, outer, plan, grid, warps)
+        for operand, scope, intrinsic in ((plan.operand_a, "wmma.matrix_a", plan.group.load_a),
+                                          (plan.operand_b, "wmma.matrix_b", plan.group.load_b)):
+            self._read_through_fragments(sch, outer, operand, plan.in_dtype, (scope, intrinsic), (r_outer, r_middle))
+
+    def _tensor_tiles(self, sch: Schedule, block: BlockRV, plan: WMMAPlan) -> BlockRV:
+        """Split the intrinsic's loops by 16, put the 16x16x16 tile innermost and make it a block; the outer block."""
+        loops = sch.get_loops(block)
+        inner = {}
+        for index in plan.tile_loops:
+            loops[index], inner[index] = sch.split(loops[index], [None, TILE])
+        sch.reorder(*loops, *[inner[index] for index in plan.tile_loops])
+        outer = sch.blockize(inner[plan.tile_loops[0]])
+        sch.annotate(outer, TENSORIZE_KEY, plan.group.compute)
+        sch.annotate(outer, TENSORIZE_INIT_KEY, plan.group.init)
+        sch.annotate(outer, WARP_EXECUTION_KEY, 1)
+        return outer
+
+    def _tile(self, sch: Schedule, outer: BlockRV) -> tuple[LoopRV, LoopRV, LoopRV, LoopRV]:
+        """Tile the outer block ``SSRRSRS``; the loops bound to blocks and to warps, and the outer two reduction tiles."""
+        loops = sch.get_loops(outer)
+        kinds = loop_kinds(sch.tvm, sch.resolve(outer), [sch.resolve(loop) for loop in loops])
+        spatial: list[list[LoopRV]] = [[] for _ in range(self.spatial_levels)]
+        reduction: list[list[LoopRV]] = [[] for _ in range(self.reduction_levels)]
+        for loop, kind in zip(loops, kinds):
+            levels, bound = (spatial, self.max_block_tiles) if kind == SPATIAL else (reduction, self.max_reduction_tiles)
+            factors = sch.sample_perfect_tile(loop, len(levels), self.max_innermost_factor, max_inner_product=bound)
+            for level, piece in zip(levels, sch.split(loop, factors)):
+                level.append(piece)
+        order = [spatial[0], spatial[1], reduction[0], reduction[1], spatial[2], reduction[2], *spatial[3:]]
+        sch.reorder(*[loop for level in order for loop in level])
+        grid, warps = sch.fuse(*spatial[0]), sch.fuse(*spatial[1])
+        sch.bind(grid, "blockIdx.x")
+        sch.bind(warps, "threadIdx.y")
+        return grid, warps, reduction[0][-1], reduction[1][-1]
+
+    def _write_through_shared(self, sch: Schedule, outer: BlockRV, plan: WMMAPlan, grid: LoopRV, warps: LoopRV) -> None:
+        """Accumulate in fragments, store them to shared memory per warp, and copy the block's tile out with all threads.
+
+        The copy finishes the block's elementwise consumer (cast, bias,
+        activation) if it has one, so the output is written once.
+        """
+        epilogue = elementwise_consumer(sch.tvm, sch.resolve(outer))
+        staged = sch.cache_write(outer, 0, SHARED)
+        sch.reverse_compute_at(staged, grid)
+        fragments = sch.cache_write(outer, 0, "wmma.accumulator")
+        sch.reverse_compute_at(fragments, warps)
+        if epilogue is not None:
+            sch.reverse_compute_inline(sch.get_sblock(epilogue))
+        self._blockize_tiles(sch, fragments, plan.group.store)
+        sch.fuse(*sch.get_loops(staged)[1:])  # under the block's loop
+        widths = (1, 2, 4)  # a lane reads at most 16 bytes of float32 at once
+        sch.annotate(staged, COOPERATIVE_FETCH_KEY, sch.sample_categorical(widths, [1.0 / len(widths)] * len(widths)))
+
+    def _read_through_fragments(
+        self, sch: Schedule, outer: BlockRV, operand: int, in_dtype: str, fragment: tuple[str, str], at: tuple[LoopRV, LoopRV]
+    ) -> None:
+        """Copy an operand's tile to shared memory under the outer reduction tile, then into fragments under the middle one."""
+        shared = sch.cache_read(outer, operand, SHARED)
+        sch.compute_at(shared, at[0])
+        sch.fuse(*sch.get_loops(shared)[_OUTER_REDUCTION_DEPTH + 1 :])
+        bits = 16 if in_dtype == "float16" else 8
+        widths = [n for n in self.vector_load_lens if n * bits <= 128]
+        sch.annotate(shared, COOPERATIVE_FETCH_KEY, sch.sample_categorical(widths, [1.0 / len(widths)] * len(widths)))
+        sch.storage_align(shared, 0, axis=-2, factor=32, offset=_SHARED_ROW_PAD[in_dtype])
+        scope, intrinsic = fragment
+        loaded = sch.cache_read(outer, operand, scope)
+        sch.compute_at(loaded, at[1])
+        self._blockize_tiles(sch, loaded, intrinsic)
+
+    @staticmethod
+    def _blockize_tiles(sch: Schedule, block: BlockRV, intrinsic: str) -> None:
+        """Split a copy's last two loops by 16 and make each 16x16 tile a block for ``intrinsic``."""
+        loops = sch.get_loops(block)
+        rows, row_tile = sch.split(loops[-2], [None, TILE])
+        cols, col_tile = sch.split(loops[-1], [None, TILE])
+        sch.reorder(rows, cols, row_tile, col_tile)
+        sch.annotate(sch.blockize(row_tile), TENSORIZE_KEY, intrinsic)
+
+
+def warp_accumulator_fragments(raw: s_tir.Schedule) -> dict[str, int]:
+    """For each block stored from WMMA accumulators, the accumulator tiles one warp holds."""
+    found = {}
+    for block_rv in raw.get_child_blocks(raw.get_sblock("root")):
+        found.update(_fragments_under(raw, block_rv))
+    return found
+
+
+def _fragments_under(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV) -> dict[str, int]:
+    found = {}
+    for child in raw.get_child_blocks(block_rv):
+        found.update(_fragments_under(raw, child))
+    sblock = raw.get(block_rv)
+    if any(str(read.source.scope()) == "wmma.accumulator" for read in sblock.reads) and sblock.annotations.get(TENSORIZE_KEY):
+        loops = list(raw.get_loops(block_rv))
+        tags = [_thread_tag(raw.get(loop)) for loop in loops]
+        if "threadIdx.y" in tags:
+            count = 1
+            for loop in loops[tags.index("threadIdx.y") + 1 :]:
+                count *= int(raw.get(loop).extent)
+            found[str(sblock.name_hint)] = count
+    return found
+
+
+def _thread_tag(loop: tirx.For) -> str:
+    binding = loop.thread_binding
+    return "" if binding is None else str(binding.thread_tag)
+
+
+def shared_memory_bytes(raw: s_tir.Schedule) -> int:
+    """Shared memory the program's cooperative copies need at once, before row padding.
+
+    A copy fills its fused loop's extent of elements. The copies into shared
+    memory (the operands' tiles) live together; the copies out of it (the
+    staged output) come after them and reuse their memory.
+    """
+    into, out_of = 0, 0
+    for block_rv in raw.get_child_blocks(raw.get_sblock("root")):
+        sblock = raw.get(block_rv)
+        loops = raw.get_loops(block_rv)
+        if COOPERATIVE_FETCH_KEY not in sblock.annotations or not loops:
+            continue
+        elements = int(raw.get(loops[-1]).extent)
+        for region, is_write in [(r, True) for r in sblock.writes] + [(r, False) for r in sblock.reads]:
+            if str(region.source.scope()).startswith("shared"):
+                size = elements * tvm.DataType(str(region.source.dtype)).bits // 8
+                into, out_of = (into + size, out_of) if is_write else (into, out_of + size)
+    return max(into, out_of)
+
+
+def warp_size_threads(raw: s_tir.Schedule) -> int:
+    """Threads per block of a warp-tiled program: the largest ``threadIdx.y`` extent times a warp of 32 (0 if none)."""
+    extents = [
+        int(raw.get(loop).extent)
+        for block_rv in raw.get_child_blocks(raw.get_sblock("root"))
+        for loop in raw.get_loops(block_rv)
+        if _thread_tag(raw.get(loop)) == "threadIdx.y"
+    ]
+    return 32 * max(extents, default=0)

@@ -1,0 +1,132 @@
+"""Tensor-core tiling: float16 matmul-like blocks computed by warps with WMMA, built and compiled to cubins here."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from probtune import Rng, Schedule
+from probtune.catalog import resolve_workload
+from probtune.codegen import compile_for
+from probtune.space import generate_space
+from probtune.targets import resolve_target
+from probtune_cuda.tensor_core import TENSORIZE_KEY, TensorCoreTiling, shared_memory_bytes, wmma_plan
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def samples(space, count: int, seed: int = 1, tries: int = 60) -> list:
+    rng, found = Rng(seed), []
+    for _ in range(tries):
+        candidate = space.sample(rng)
+        if candidate is not None:
+            found.append(candidate)
+            if len(found) == count:
+                break
+    return found
+
+
+def source_of(candidate, target) -> str:
+    """The candidate built by the target's compiler: TVM, then NVRTC to a cubin and the lint (spills, registers)."""
+    return compile_for(candidate.mod, target).mod.imports[0].inspect_source()
+
+
+def tensorized(space) -> bool:
+    return any(inst.kind == "blockize" for inst in space.trace.instructions)
+
+
+@pytest.fixture(scope="module")
+def sm90():
+    return resolve_target("cuda-sm90")
+
+
+def test_a_half_precision_matmul_runs_on_the_tensor_cores(sm90):
+    """Sampled programs multiply 16x16x16 tiles with WMMA, stage through launch-time shared memory, and compile."""
+    space = generate_space(resolve_workload("matmul", "512,256,128", "float16"), sm90, seed=0)
+    assert tensorized(space) and "tensorize" not in {inst.kind for inst in space.trace.instructions}
+    found = samples(space, 2)
+    assert len(found) == 2
+    for candidate in found:
+        script = candidate.mod.script()
+        assert 'thread="threadIdx.y"' in script and 'scope="wmma.accumulator"' in script
+        assert TENSORIZE_KEY not in script  # every marked tile was replaced by its intrinsic
+        source = source_of(candidate, sm90)
+        for call in ("wmma::fill_fragment", "wmma::load_matrix_sync", "wmma::mma_sync", "wmma::store_matrix_sync"):
+            assert call in source
+        assert "extern __shared__" in source
+        again = Schedule.replay(space.workload.mod, candidate.trace)
+        assert again.trace.decision_hash() == candidate.decision_hash
+
+
+def test_the_epilogue_is_finished_on_the_way_out_in_one_kernel(sm90):
+    """dense + bias + GELU in float16: the float32 products never reach global memory; one kernel writes the result."""
+    space = generate_space(resolve_workload("dense_bias_gelu", "128,256,64", "float16"), sm90, seed=0)
+    assert tensorized(space)
+    candidate = samples(space, 1)[0]
+    assert not re.search(r"T_dense = T.sblock_alloc_buffer\(\([^)]*\)\)", candidate.mod.script())
+    source = source_of(candidate, sm90)
+    assert len(set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", source))) == 1
+    assert "erff(" in source and "wmma::mma_sync" in source
+
+
+def test_batched_and_transposed_operands_map_onto_wmma(sm90):
+    for name, shape in [("batch_matmul", "4,64,64,32"), ("dense_bias_relu", "64,128,64")]:
+        space = generate_space(resolve_workload(name, shape, "float16"), sm90, seed=0)
+        assert tensorized(space), name
+        assert "wmma::mma_sync" in source_of(samples(space, 1)[0], sm90)
+
+
+@pytest.mark.parametrize(
+    "name,shape,dtype,arch",
+    [
+        ("matmul", "64,64,64", "float32", "sm_90"),  # no float32 WMMA: the thread tiling takes it
+        ("matmul", "24,40,56", "float16", "sm_90"),  # not a whole number of 16-wide tiles
+        ("matmul", "64,64,64", "float16", "sm_61"),  # no tensor cores before Volta
+    ],
+)
+def test_blocks_wmma_cannot_compute_keep_the_thread_tiling(sm90, name, shape, dtype, arch):
+    target = dataclasses.replace(sm90, tvm_target={**sm90.tvm_target, "arch": arch})
+    space = generate_space(resolve_workload(name, shape, dtype), target, seed=0)
+    assert not tensorized(space)
+    assert 'thread="threadIdx.x"' in samples(space, 1)[0].mod.script()
+
+
+def test_wmma_plan_names_the_operands_and_the_intrinsics(sm90):
+    work = resolve_workload("dense_bias_relu", "64,128,64", "float16")
+    space = generate_space(work, sm90, modules=["auto-inline"], validators=[])
+    sch = Schedule.replay(work.mod, space.trace)
+    plan = wmma_plan(sch.tvm, sch.tvm.get_sblock("T_dense"), space.context)
+    assert plan is not None and (plan.operand_a, plan.operand_b) == (0, 1)
+    assert plan.group.compute == "wmma_sync_16x16x16_f16f16f32_trans"  # W is [N, K]: B transposed
+    assert plan.group.load_b.endswith("_trans_shared_dyn") and plan.group.store.endswith("_shared_dyn")
+
+
+def test_fresh_draws_mostly_fit_the_block_and_the_warps(sm90):
+    """Tiles are bounded per thread block (inner products of the tile sizes) and weighed by what fits."""
+    space = generate_space(resolve_workload("matmul", "4096,4096,4096", "float16"), sm90, seed=0)
+    module = next(m for m in space.modules if isinstance(m, TensorCoreTiling))
+    undecided, rng = space.trace.with_decisions({}), Rng(4)
+    fits = 0
+    for _ in range(50):
+        sch = Schedule.replay(space.workload.mod, undecided, rng=rng, until=space.prior_end)
+        assert 0 < shared_memory_bytes(sch.tvm) <= 2 * (128 * 64 + 64 * 128) + 4 * 128 * 128
+        fits += module.prior(sch.tvm, space.context) == 1.0
+    assert fits >= 25
+    assert len(samples(space, 6, tries=10)) >= 6
+
+
+def test_the_staged_output_reuses_the_operands_shared_memory(sm90):
+    """Operand tiles and the staged output are live at different times: the block needs the larger, not the sum."""
+    space = generate_space(resolve_workload("matmul", "256,256,256", "float16"), sm90, seed=0)
+    sch = Schedule.replay(space.workload.mod, space.trace.with_decisions({}), rng=Rng(2), until=space.prior_end)
+    raw = sch.tvm
+    extents = {
+        raw.get(block).name_hint: int(raw.get(raw.get_loops(block)[-1]).extent)
+        for block in raw.get_child_blocks(raw.get_sblock("root"))
+        if raw.get(block).name_hint.endswith("_shared.dyn")
+    }
+    operands = 2 * (extents["A_shared.dyn"] + extents["B_shared.dyn"])  # float16 tiles
+    output = 4 * extents["C_shared.dyn"]  # float32 accumulators
+    assert shared_memory_bytes(raw) == max(operands, output) < operands + output
