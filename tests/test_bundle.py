@@ -188,13 +188,22 @@ class cuda:
 '''
 
 
-@pytest.mark.parametrize("correct", [False, True])
-def test_a_cuda_bundle_carries_cubins_that_its_script_launches_without_tvm(tmp_path: Path, correct: bool) -> None:
-    """The GPU half is a fake CuPy (no GPU here): the launches, in order and shape, and the results file are checked."""
+@pytest.mark.parametrize(
+    "correct,target,dtype",
+    [(False, "cuda-sm80", "float32"), (True, "cuda-sm80", "float32"), (True, "cuda-sm90", "float16")],
+)
+def test_a_cuda_bundle_carries_cubins_that_its_script_launches_without_tvm(
+    tmp_path: Path, correct: bool, target: str, dtype: str
+) -> None:
+    """The GPU half is a fake CuPy (no GPU here): the launches, in order and shape, and the results file are checked.
+
+    The float16 matmul's candidates run on the tensor cores, with shared memory allocated at launch.
+    """
     db = tmp_path / "tuning.db"
-    written = write_bundle("matmul", tmp_path / "b", device="h100", target="cuda-sm80", shape=SHAPE, database=db,
-                           candidates=3)
-    assert written.measured_on == "cuda-sm80@h100" and written.candidates >= 1
+    shape = SHAPE if dtype == "float32" else (64, 64, 64)
+    written = write_bundle("matmul", tmp_path / "b", device="h100", target=target, shape=shape, dtype=dtype,
+                           database=db, candidates=3)
+    assert written.measured_on == f"{target}@h100" and written.candidates >= 1
     manifest = json.loads((written.path / MANIFEST).read_text())
     (tmp_path / "fake" / "cupy").mkdir(parents=True)
     (tmp_path / "fake" / "cupy" / "__init__.py").write_text(FAKE_CUPY)
@@ -212,6 +221,7 @@ def test_a_cuda_bundle_carries_cubins_that_its_script_launches_without_tvm(tmp_p
         {"kernel": k["kernel"], "grid": k["grid"], "block": k["block"], "args": len(k["args"]), "shared": k["shared"]}
         for k in first
     ]
+    assert all(k["shared"] > 0 for k in first)  # the operands' tiles, in launch-time shared memory
     done = import_results(written.path, db)
     assert done.device == "Fake GPU"
     if correct:  # each repeat: 0.5 ms over the calls it made

@@ -6,12 +6,14 @@ import dataclasses
 import re
 
 import pytest
+from tvm import te
 
 from probtune import Rng, Schedule
 from probtune.catalog import resolve_workload
 from probtune.codegen import compile_for
 from probtune.space import generate_space
 from probtune.targets import resolve_target
+from probtune.workload import Workload
 from probtune_cuda.tensor_core import TENSORIZE_KEY, TensorCoreTiling, shared_memory_bytes, wmma_plan
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -76,6 +78,17 @@ def test_batched_and_transposed_operands_map_onto_wmma(sm90):
         space = generate_space(resolve_workload(name, shape, "float16"), sm90, seed=0)
         assert tensorized(space), name
         assert "wmma::mma_sync" in source_of(samples(space, 1)[0], sm90)
+
+
+def test_int8_products_summed_in_int32_run_on_the_tensor_cores(sm90):
+    a = te.placeholder((64, 64), "int8", name="A")
+    b = te.placeholder((64, 64), "int8", name="B")
+    k = te.reduce_axis((0, 64), name="k")
+    c = te.compute((64, 64), lambda i, j: te.sum(a[i, k].astype("int32") * b[k, j].astype("int32"), axis=k), name="C")
+    space = generate_space(Workload.from_module(te.create_prim_func([a, b, c]), "int8_matmul"), sm90, seed=0)
+    assert tensorized(space)
+    source = source_of(samples(space, 1)[0], sm90)
+    assert "wmma::mma_sync" in source and "signed char" in source
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,14 @@ from probtune.interfaces import CostModel
 from probtune.plugins import get_registry
 from probtune.space import generate_space
 from probtune_xgb import RandomCostModel, XGBCostModel
-from probtune_xgb.features import AUTO_UNROLL_KEY, PROGRAM_FEATURE_NAMES, STORE_FEATURE_NAMES, program_features, store_features
+from probtune_xgb.features import (
+    AUTO_UNROLL_KEY,
+    GPU_FEATURE_NAMES,
+    PROGRAM_FEATURE_NAMES,
+    STORE_FEATURE_NAMES,
+    program_features,
+    store_features,
+)
 
 COLUMN = {name: i for i, name in enumerate(STORE_FEATURE_NAMES)}
 
@@ -51,6 +58,29 @@ def matmul_programs(host) -> list[tvm.IRModule]:
 @pytest.fixture(scope="module")
 def conv_programs(host) -> list[tvm.IRModule]:
     return [c.mod for c in _candidates(host, "conv2d_nchw", None, 8)]
+
+
+def _gpu_columns(vector: np.ndarray) -> dict[str, float]:
+    """The ``gpu.*`` columns of a program vector, as raw quantities."""
+    start = len(PROGRAM_FEATURE_NAMES) - len(GPU_FEATURE_NAMES)
+    return {name: float(2.0 ** vector[start + i] - 1.0) for i, name in enumerate(GPU_FEATURE_NAMES)}
+
+
+def test_gpu_columns_describe_threads_shared_memory_and_tensor_core_calls(matmul_programs):
+    """CPU programs leave them zero; a tensor-core program's multiply-accumulates are counted, though not stores."""
+    assert all(not any(_gpu_columns(program_features(mod)).values()) for mod in matmul_programs)
+    sm90 = get_registry().targets["cuda-sm90"]
+    found = {}
+    for name, dtype in (("matmul", "float16"), ("matmul", "float32")):
+        space = generate_space(resolve_workload(name, (256, 256, 256), dtype), sm90, seed=0)
+        candidate = next(c for c in (space.sample(Rng(seed)) for seed in range(1, 40)) if c is not None)
+        found[dtype] = _gpu_columns(program_features(candidate.mod))
+    half, single = found["float16"], found["float32"]
+    assert half["blocks"] >= 1 and half["threads"] >= 32 and half["shared_bytes"] > 0 and half["fragment_bytes"] > 0
+    tiles = (256 // 16) ** 3  # 16x16x16 multiply-accumulates of a 256^3 matmul, each one call of one warp
+    assert half["mma_calls"] * half["threads"] / 32 * half["blocks"] == pytest.approx(tiles)
+    assert half["fragment_loads"] > 0 and half["fragment_stores"] > 0
+    assert single["threads"] > 1 and single["local_bytes"] > 0 and single["mma_calls"] == single["fragment_bytes"] == 0
 
 
 def _elementwise(read=lambda a, i, j: a[i, j], n: int = 64) -> tvm.IRModule:

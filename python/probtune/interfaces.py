@@ -25,6 +25,7 @@ __all__ = [
     "CostModel",
     "CostModelFactory",
     "GraphRewrite",
+    "InstructionKind",
     "Mutator",
     "Runner",
     "RunnerFactory",
@@ -115,6 +116,10 @@ class SpaceModule(Protocol):
     that draw; a draw not kept is drawn again (:meth:`DesignSpace.draw
     <probtune.space.DesignSpace.draw>`). It shapes where a search starts, not
     what it can reach: mutated and recorded traces are never weighed.
+
+    Optional: ``after_blocks = True`` applies the module in a second pass,
+    once every block went through the other modules (a module that binds
+    what no other took must see the program's final structure).
     """
 
     name: str
@@ -122,6 +127,24 @@ class SpaceModule(Protocol):
     def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
         """Transform ``block`` through ``sch`` (recorded in its trace); do nothing if it does not apply."""
         ...
+
+
+@runtime_checkable
+class InstructionKind(Protocol):
+    """A schedule instruction a plugin adds to the language, recorded and replayed like the built-in primitives.
+
+    ``apply(sch, inputs, attrs)`` applies it to the raw ``tvm.s_tir.Schedule``:
+    ``inputs`` are the random variables and values it was given, resolved (TVM
+    block and loop handles, integers), ``attrs`` its JSON attributes. It must
+    depend on nothing else, so that a replay gives the same program.
+    ``outputs`` names what it returns: "" (nothing), "block", "loop" or "expr"
+    (one value), "blocks" or "loops" (a list).
+    """
+
+    name: str
+    outputs: str
+
+    def apply(self, sch: tvm.s_tir.Schedule, inputs: list[Any], attrs: dict[str, Any]) -> Any: ...
 
 
 @runtime_checkable

@@ -184,16 +184,22 @@ def generate_space(
     validators: Sequence[str | Validator] | None = None,
     seed: int = 0,
 ) -> DesignSpace:
-    """Apply each module to each block, consumers before producers, and keep the recorded trace."""
+    """Apply each module to each block, consumers before producers, and keep the recorded trace.
+
+    Modules marked ``after_blocks`` (see :class:`~probtune.interfaces.SpaceModule`)
+    run in a second pass, once every block went through the others.
+    """
     context = SpaceContext(workload=workload, target=target)
     chosen = resolve_modules(target, modules)
     sch = Schedule(workload.mod, rng=Rng(seed))
     prior_end = 0
-    for name in reversed(block_names(workload.prim_func)):
-        for module in chosen:
-            if name not in block_names(sch.mod["main"]):
-                break  # an earlier module inlined it
-            module.apply(sch, sch.get_sblock(name), context)
-            if callable(getattr(module, "prior", None)):
-                prior_end = len(sch.trace)
+    passes = [[m for m in chosen if not getattr(m, "after_blocks", False)], [m for m in chosen if getattr(m, "after_blocks", False)]]
+    for group in passes:
+        for name in reversed(block_names(workload.prim_func)):
+            for module in group:
+                if name not in block_names(sch.mod["main"]):
+                    break  # an earlier module inlined it
+                module.apply(sch, sch.get_sblock(name), context)
+                if callable(getattr(module, "prior", None)):
+                    prior_end = len(sch.trace)
     return DesignSpace(context, sch.trace, chosen, resolve_validators(target, validators), prior_end=prior_end)

@@ -24,6 +24,7 @@ __all__ = [
     "realize_of",
     "reuses_data",
     "sblock_names",
+    "thread_tag",
     "variable_ids",
 ]
 
@@ -137,6 +138,12 @@ def loop_kinds(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list[
         else:
             kinds.append(OTHER)
     return kinds
+
+
+def thread_tag(loop: tirx.For) -> str:
+    """The GPU axis a loop is bound to ("blockIdx.x", "threadIdx.y", ...), or "" for an unbound loop."""
+    binding = loop.thread_binding
+    return "" if binding is None else str(binding.thread_tag)
 
 
 def at_root(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:

@@ -25,9 +25,12 @@ from probtune_cuda.postprocs import (
 )
 from probtune_cuda.targets import make_targets
 from probtune_cuda.tensor_core import TensorCoreTiling
+from probtune_cuda.thread_binding import GPUAutoBind, GPUCrossThreadReduction
 from probtune_cuda.unroll import GPU_AUTO_UNROLL, RewriteGPUUnroll
 
 __all__ = [
+    "GPUAutoBind",
+    "GPUCrossThreadReduction",
     "GPUMultiLevelTiling",
     "RewriteCooperativeFetch",
     "RewriteGPUReductionBlock",
@@ -50,6 +53,8 @@ def probtune_register_targets(register: Callable[[Any], None]) -> None:
 def probtune_register_space_modules(register: Callable[[Any], None]) -> None:
     register(TensorCoreTiling())
     register(GPUMultiLevelTiling())
+    register(GPUCrossThreadReduction())
+    register(GPUAutoBind())
     register(GPU_AUTO_UNROLL)
 
 

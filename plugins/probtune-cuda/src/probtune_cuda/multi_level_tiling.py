@@ -23,7 +23,7 @@ from tvm import s_tir, tirx
 
 from probtune import SpaceContext
 from probtune.schedule import BlockRV, LoopRV, Schedule
-from probtune.tir import REDUCTION, SPATIAL, at_root, loop_kinds, reuses_data, sblock_names
+from probtune.tir import REDUCTION, SPATIAL, at_root, loop_kinds, reuses_data, sblock_names, thread_tag
 
 __all__ = [
     "COOPERATIVE_FETCH_KEY",
@@ -132,7 +132,7 @@ def accumulators_per_thread(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlock
     if not any(int(iv.iter_type) == tirx.IterVar.CommReduce for iv in raw.get(block_rv).iter_vars):
         return None
     loops = list(raw.get_loops(block_rv))
-    bound = [_thread_tag(raw.get(loop)) for loop in loops]
+    bound = [thread_tag(raw.get(loop)) for loop in loops]
     if "threadIdx.x" not in bound:
         return None
     inner = bound.index("threadIdx.x") + 1
@@ -144,11 +144,6 @@ def accumulators_per_thread(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlock
         if tag.startswith("vthread"):
             count *= int(raw.get(loop).extent)
     return count
-
-
-def _thread_tag(loop: tirx.For) -> str:
-    binding = loop.thread_binding
-    return "" if binding is None else str(binding.thread_tag)
 
 
 def elementwise_consumer(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV) -> str | None:

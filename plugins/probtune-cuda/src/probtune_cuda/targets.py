@@ -18,9 +18,17 @@ from probtune_cuda.device import CUDARequirement
 
 __all__ = ["DEFAULT_MODULES", "DEFAULT_MUTATORS", "DEFAULT_VALIDATORS", "cuda_target", "make_targets"]
 
-DEFAULT_MODULES = ("auto-inline", "tensor-core-tiling", "gpu-multi-level-tiling", "gpu-auto-unroll")
+DEFAULT_MODULES = (
+    "auto-inline",
+    "tensor-core-tiling",
+    "gpu-multi-level-tiling",
+    "gpu-cross-thread-reduction",
+    "gpu-auto-bind",
+    "gpu-auto-unroll",
+)
 """Inline elementwise blocks first (so tiling sees a single consumer); tensor cores take the blocks they can compute,
-the thread tiling the others; then sample unrolling."""
+the thread tiling the other matmul-like ones, row reductions go across threads and the remaining blocks are spread
+over threads; then sample unrolling."""
 
 DEFAULT_VALIDATORS = (
     "rewrite-cooperative-fetch",

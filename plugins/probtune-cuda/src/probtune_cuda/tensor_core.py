@@ -30,7 +30,7 @@ from tvm import s_tir, tirx
 
 from probtune import SpaceContext
 from probtune.schedule import BlockRV, LoopRV, Schedule
-from probtune.tir import REDUCTION, SPATIAL, as_list, at_root, identity, loop_kinds, realize_of
+from probtune.tir import REDUCTION, SPATIAL, as_list, at_root, identity, loop_kinds, realize_of, thread_tag
 from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY, SHARED, elementwise_consumer
 
 __all__ = [
@@ -42,8 +42,8 @@ __all__ = [
     "TensorCoreTiling",
     "load_tensor_intrinsics",
     "shared_memory_bytes",
+    "threads_per_block",
     "warp_accumulator_fragments",
-    "warp_size_threads",
     "wmma_plan",
 ]
 
@@ -209,7 +209,7 @@ class TensorCoreTiling:
         limits = ctx.target.tvm_target
         misses = sum(n > self.max_accumulator_fragments for n in warp_accumulator_fragments(sch).values())
         misses += shared_memory_bytes(sch) > int(limits.get("max_shared_memory_per_block", 49152))
-        misses += warp_size_threads(sch) > int(limits.get("max_threads_per_block", 1024))
+        misses += threads_per_block(sch) > int(limits.get("max_threads_per_block", 1024))
         return float(self.off_tile_weight**misses)
 
     def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
@@ -313,18 +313,13 @@ def _fragments_under(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV) -> 
     sblock = raw.get(block_rv)
     if any(str(read.source.scope()) == "wmma.accumulator" for read in sblock.reads) and sblock.annotations.get(TENSORIZE_KEY):
         loops = list(raw.get_loops(block_rv))
-        tags = [_thread_tag(raw.get(loop)) for loop in loops]
+        tags = [thread_tag(raw.get(loop)) for loop in loops]
         if "threadIdx.y" in tags:
             count = 1
             for loop in loops[tags.index("threadIdx.y") + 1 :]:
                 count *= int(raw.get(loop).extent)
             found[str(sblock.name_hint)] = count
     return found
-
-
-def _thread_tag(loop: tirx.For) -> str:
-    binding = loop.thread_binding
-    return "" if binding is None else str(binding.thread_tag)
 
 
 def shared_memory_bytes(raw: s_tir.Schedule) -> int:
@@ -348,12 +343,12 @@ def shared_memory_bytes(raw: s_tir.Schedule) -> int:
     return max(into, out_of)
 
 
-def warp_size_threads(raw: s_tir.Schedule) -> int:
-    """Threads per block of a warp-tiled program: the largest ``threadIdx.y`` extent times a warp of 32 (0 if none)."""
+def threads_per_block(raw: s_tir.Schedule) -> int:
+    """Threads per block of a warp-tiled program: the largest ``threadIdx.y`` extent (warps) times 32 (0 if none)."""
     extents = [
         int(raw.get(loop).extent)
         for block_rv in raw.get_child_blocks(raw.get_sblock("root"))
         for loop in raw.get_loops(block_rv)
-        if _thread_tag(raw.get(loop)) == "threadIdx.y"
+        if thread_tag(raw.get(loop)) == "threadIdx.y"
     ]
     return 32 * max(extents, default=0)

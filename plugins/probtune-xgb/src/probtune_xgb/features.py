@@ -15,10 +15,19 @@ Layout. Every column is log2(1 + x) of a non-negative raw quantity x (so flags
 stay 0/1 and counts, sizes and strides are compressed); ``STORE_FEATURE_NAMES``
 and ``PROGRAM_FEATURE_NAMES`` name the columns.
 
-``program_features(mod)``: float32, ``2 + 2 * 145 = 292`` columns:
+``program_features(mod)``: float32, ``2 + 2 * 145 + 9 = 301`` columns:
     ``num_stores``, ``total_float_ops`` (whole program), then ``sum.*``: the
     sum of all store rows, then ``main.*``: the row of the store with the most
-    float operations (the first such; zeros if the program has no store).
+    float operations (the first such; zeros if the program has no store),
+    then ``gpu.*`` (``GPU_FEATURE_NAMES``), all zero for a CPU program:
+    ``blocks``, ``threads`` and ``vthreads`` (the largest extent bound to
+    ``blockIdx``, ``threadIdx`` and ``vthread`` axes, multiplied over each
+    kind's axes, over the kernels), ``shared_bytes``, ``local_bytes`` and
+    ``fragment_bytes`` (buffers the blocks allocate in shared memory,
+    registers and tensor-core fragments), and the tensor-core intrinsic
+    calls the program makes, each times the loop iterations around it:
+    ``mma_calls``, ``fragment_loads``, ``fragment_stores``. A tensor-core
+    program's multiply-accumulate is such a call, not a store.
 
 ``store_features(mod)``: float32, one row per buffer store in program order
 (a reduction's init and update are two stores), 145 columns:
@@ -71,13 +80,15 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.ir import expr as ir_expr
 
-from probtune.tir import as_list, child_stmts, identity
+from probtune.tir import as_list, child_stmts, identity, thread_tag
 
 __all__ = [
     "AUTO_UNROLL_KEY",
+    "GPU_FEATURE_NAMES",
     "LEVELS",
     "PROGRAM_FEATURE_NAMES",
     "STORE_FEATURE_NAMES",
+    "gpu_features",
     "program_features",
     "store_features",
 ]
@@ -111,11 +122,16 @@ STORE_FEATURE_NAMES: tuple[str, ...] = (
     + tuple(f"working_set.{level}.{what}" for level in LEVELS for what in ("bytes", "lines"))
     + tuple(f"{slot}.{name}" for slot in _SLOTS for name in _SLOT_NAMES)
 )
+GPU_FEATURE_NAMES: tuple[str, ...] = (
+    "blocks", "threads", "vthreads", "shared_bytes", "local_bytes", "fragment_bytes",
+    "mma_calls", "fragment_loads", "fragment_stores",
+)
 PROGRAM_FEATURE_NAMES: tuple[str, ...] = (
     "num_stores",
     "total_float_ops",
     *(f"sum.{n}" for n in STORE_FEATURE_NAMES),
     *(f"main.{n}" for n in STORE_FEATURE_NAMES),
+    *(f"gpu.{n}" for n in GPU_FEATURE_NAMES),
 )
 
 _SERIAL, _PARALLEL, _VECTORIZED, _UNROLLED = (int(k) for k in (
@@ -471,7 +487,9 @@ def store_features(program: tvm.IRModule | tirx.PrimFunc) -> np.ndarray:
 def program_features(program: tvm.IRModule | tirx.PrimFunc) -> np.ndarray:
     """The fixed-length vector of a program (columns: ``PROGRAM_FEATURE_NAMES``)."""
     out = np.zeros(len(PROGRAM_FEATURE_NAMES), dtype=np.float32)
-    stores = _Walker(_main_func(program)).run()
+    func = _main_func(program)
+    out[-len(GPU_FEATURE_NAMES) :] = np.log2(1.0 + gpu_features(func))
+    stores = _Walker(func).run()
     if not stores:
         return out
     rows, float_ops = _rows(stores)
@@ -480,5 +498,53 @@ def program_features(program: tvm.IRModule | tirx.PrimFunc) -> np.ndarray:
     out[0] = np.log2(1.0 + len(stores))
     out[1] = np.log2(1.0 + float_ops.sum())
     out[2 : 2 + width] = rows.sum(axis=0)
-    out[2 + width :] = rows[int(np.argmax(float_ops))]
+    out[2 + width : 2 + 2 * width] = rows[int(np.argmax(float_ops))]
     return out
+
+
+_TENSOR_CORE_CALLS = {  # intrinsic (without its namespace) -> index into GPU_FEATURE_NAMES
+    "tvm_mma_sync": 6, "tvm_bmma_sync": 6, "ptx_mma": 6,
+    "tvm_load_matrix_sync": 7, "ptx_ldmatrix": 7,
+    "tvm_store_matrix_sync": 8, "mma_store": 8,
+}
+_THREAD_KINDS = ("blockIdx", "threadIdx", "vthread")  # the first three GPU_FEATURE_NAMES, in order
+_SCOPE_KINDS = {"shared": 3, "shared.dyn": 3, "local": 4}
+
+
+def gpu_features(func: tirx.PrimFunc) -> np.ndarray:
+    """The raw ``GPU_FEATURE_NAMES`` quantities of a scheduled program (all zero without GPU bindings).
+
+    Tensor-core calls are counted per thread: times the loops around them that
+    no block or thread axis runs in parallel (virtual threads run in turn).
+    """
+    raw = np.zeros(len(GPU_FEATURE_NAMES), dtype=np.float64)
+    kernels: list[dict[str, int]] = []  # per kernel (a root-level nest with bound loops): thread tag -> extent
+    stack: list[tuple[tirx.Stmt, float, dict[str, int] | None]] = [(func.body, 1.0, None)]
+    while stack:
+        node, iterations, kernel = stack.pop()
+        if isinstance(node, tirx.For):
+            tag = thread_tag(node)
+            if tag and kernel is None:
+                kernel = {}
+                kernels.append(kernel)
+            if tag and kernel is not None:
+                kernel[tag] = max(kernel.get(tag, 1), _int(node.extent))
+            parallel = tag.startswith(("blockIdx", "threadIdx"))
+            stack.append((node.body, iterations * (1 if parallel else _int(node.extent)), kernel))
+            continue
+        if isinstance(node, s_tir.SBlockRealize):
+            for buffer in as_list(node.block.alloc_buffers):
+                scope = str(buffer.scope())
+                index = 5 if scope.startswith("wmma.") else _SCOPE_KINDS.get(scope)
+                if index is not None:
+                    raw[index] += float(np.prod([max(_int(d), 1) for d in as_list(buffer.shape)])) * buffer.dtype.itemsize
+        elif isinstance(node, tirx.Evaluate) and isinstance(node.value, tvm.ir.Call):
+            index = _TENSOR_CORE_CALLS.get(str(getattr(node.value.op, "name", "")).rpartition(".")[2])
+            if index is not None:
+                raw[index] += iterations
+        stack.extend((child, iterations, kernel) for child in reversed(child_stmts(node)))
+    for kernel in kernels:
+        for index, kind in enumerate(_THREAD_KINDS):
+            extent = math.prod(extent for tag, extent in kernel.items() if tag.startswith(kind))
+            raw[index] = max(raw[index], extent)
+    return raw

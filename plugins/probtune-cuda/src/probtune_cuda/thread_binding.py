@@ -1,0 +1,105 @@
+"""Thread binding for the blocks no tiling module takes: row reductions across a block's threads, the rest spread out.
+
+``gpu-cross-thread-reduction`` gives each output of a reduction whose
+reduced loops are innermost (a softmax's row maximum and sum, a layer norm's
+moments) one thread block, and its reduced values to that block's threads:
+TVM lowers the sum across the threads to warp shuffles. ``gpu-auto-bind``
+spreads any other block's leading spatial loops over thread blocks and
+threads. Both sample the number of threads, which the categorical mutator
+then changes (MetaSchedule's thread-binding mutation); ``rewrite-unbound-block``
+still binds whatever neither took. Both run after the other modules went
+through every block (``after_blocks``): a tiling may still fold a block
+into its own loops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from probtune import SpaceContext
+from probtune.schedule import BlockRV, ExprRV, LoopRV, Schedule
+from probtune.tir import REDUCTION, SPATIAL, at_root, loop_kinds, thread_tag
+
+__all__ = ["GPUAutoBind", "GPUCrossThreadReduction"]
+
+
+def _unbound_loops(sch: Schedule, block: BlockRV) -> tuple[list[LoopRV], list[str]] | None:
+    """The loops of a block at the root that no module bound to GPU axes, with their kinds; None otherwise."""
+    raw, block_rv = sch.tvm, sch.resolve(block)
+    if not at_root(raw, block_rv):
+        return None
+    raw_loops = list(raw.get_loops(block_rv))
+    if any(thread_tag(raw.get(loop)) for loop in raw_loops):
+        return None
+    return sch.get_loops(block), loop_kinds(raw, block_rv, raw_loops)
+
+
+def _threads(sch: Schedule, extent: int, choices: Sequence[int], ctx: SpaceContext, divide: bool) -> ExprRV | None:
+    """A sampled thread count among ``choices`` within the target's limit and ``extent`` (dividing it if ``divide``)."""
+    limit = int(ctx.target.tvm_target.get("max_threads_per_block", 1024))
+    fits = [n for n in choices if n <= min(limit, extent) and (not divide or extent % n == 0)]
+    if not fits:
+        return None
+    return sch.sample_categorical(fits, [1.0 / len(fits)] * len(fits))
+
+
+def _extent(sch: Schedule, loops: Sequence[LoopRV]) -> int | None:
+    extent = 1
+    for loop in loops:
+        value = sch.loop_extent(loop)
+        if value is None:
+            return None
+        extent *= value
+    return extent
+
+
+@dataclass(frozen=True)
+class GPUCrossThreadReduction:
+    """Reduce each output's innermost reduced loops across one thread block's threads."""
+
+    name: str = "gpu-cross-thread-reduction"
+    thread_extents: tuple[int, ...] = (32, 64, 128, 256, 512)
+    after_blocks: bool = True
+
+    def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
+        found = _unbound_loops(sch, block)
+        if found is None:
+            return
+        loops, kinds = found
+        first = kinds.index(REDUCTION) if REDUCTION in kinds else len(kinds)
+        if first == len(kinds) or any(kind != REDUCTION for kind in kinds[first:]):
+            return
+        if any(kind != SPATIAL for kind in kinds[:first]):
+            return
+        extent = _extent(sch, loops[first:])
+        threads = None if extent is None else _threads(sch, extent, self.thread_extents, ctx, divide=True)
+        if threads is None:
+            return
+        _, lanes = sch.split(sch.fuse(*loops[first:]), [None, threads])
+        sch.bind(lanes, "threadIdx.x")
+        if first:
+            sch.bind(sch.fuse(*loops[:first]), "blockIdx.x")
+
+
+@dataclass(frozen=True)
+class GPUAutoBind:
+    """Spread a block's leading spatial loops over thread blocks and a sampled number of threads each."""
+
+    name: str = "gpu-auto-bind"
+    thread_extents: tuple[int, ...] = (32, 64, 128, 256, 512, 1024)
+    after_blocks: bool = True
+
+    def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
+        found = _unbound_loops(sch, block)
+        if found is None:
+            return
+        loops, kinds = found
+        leading = next((n for n, kind in enumerate(kinds) if kind != SPATIAL), len(kinds))
+        extent = _extent(sch, loops[:leading]) if leading else None
+        threads = None if extent is None else _threads(sch, extent, self.thread_extents, ctx, divide=False)
+        if threads is None:
+            return
+        grid, lanes = sch.split(sch.fuse(*loops[:leading]), [None, threads])
+        sch.bind(grid, "blockIdx.x")
+        sch.bind(lanes, "threadIdx.x")

@@ -1,0 +1,58 @@
+"""Thread binding of the blocks no tiling takes: row reductions across threads, the rest spread with sampled threads."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from probtune import Rng, Schedule
+from probtune.catalog import resolve_workload
+from probtune.codegen import compile_for
+from probtune.space import generate_space
+from probtune.targets import resolve_target
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+@pytest.fixture(scope="module")
+def softmax_space():
+    return generate_space(resolve_workload("softmax", "64,1024"), resolve_target("cuda-sm90"), seed=0)
+
+
+def thread_count_sites(trace) -> list[int]:
+    """Indices of the categorical choices of a thread count (a warp or more; unroll limits start at 0)."""
+    return [i for i, inst in enumerate(trace.instructions)
+            if inst.kind == "sample_categorical" and min(inst.attrs["candidates"]) >= 32]
+
+
+def test_row_reductions_are_summed_across_a_blocks_threads(softmax_space):
+    """softmax: each row's maximum and sum are reduced by one thread block's threads, with warp shuffles."""
+    binds = [inst.attrs["thread_axis"] for inst in softmax_space.trace.instructions if inst.kind == "bind"]
+    assert binds.count("threadIdx.x") >= 3  # the two reductions and the normalisation
+    candidate = next(c for c in (softmax_space.sample(Rng(seed)) for seed in range(1, 20)) if c is not None)
+    source = compile_for(candidate.mod, softmax_space.context.target).mod.imports[0].inspect_source()
+    assert "__shfl" in source
+    assert len(thread_count_sites(softmax_space.trace)) >= 3
+
+
+def test_the_thread_counts_are_sampled_and_a_mutation_changes_them(softmax_space):
+    """Each binding's thread count is a categorical decision: changing it (what the categorical mutator does) rebinds."""
+    sch = Schedule.replay(softmax_space.workload.mod, softmax_space.trace.with_decisions({}), rng=Rng(3))
+    trace = sch.trace
+    index = thread_count_sites(trace)[0]
+    choices = list(trace.instructions[index].attrs["candidates"])
+    taken = trace.decisions[index]
+    other = (taken + 1) % len(choices)
+    mutated = Schedule.replay(softmax_space.workload.mod, trace.with_decisions({**trace.decisions, index: other}))
+
+    def extents(mod) -> set[int]:
+        return {int(n) for n in re.findall(r'T.thread_binding\((\d+), thread="threadIdx.x"\)', mod.script())}
+
+    assert choices[taken] in extents(sch.mod) and choices[other] in extents(mutated.mod)
+
+
+def test_blocks_the_tilings_take_are_left_to_them():
+    space = generate_space(resolve_workload("matmul", "256,256,256"), resolve_target("cuda-sm90"), seed=0)
+    binds = [inst.attrs["thread_axis"] for inst in space.trace.instructions if inst.kind == "bind"]
+    assert binds == ["blockIdx.x", "vthread.x", "threadIdx.x"]  # the tiling's own, nothing added
