@@ -11,7 +11,6 @@ import tvm_ffi
 from tvm import s_tir
 
 from probtune import InvalidDecisionError, ReplayError, Rng, Schedule, Trace, TraceFormatError
-from probtune.schedule import LoopRV
 
 
 def tile_matmul(sch: Schedule) -> None:
@@ -241,50 +240,6 @@ def test_a_tile_limited_per_outer_iteration_is_recorded_and_checked_on_replay(ma
     too_big = Trace.from_json(text).with_decisions({2: [1, 16, 4]})
     with pytest.raises(InvalidDecisionError, match="max_inner_product 8"):
         Schedule.replay(matmul_mod, too_big)
-
-
-def _instruction_plugin(kind: str):
-    """An in-process plugin registering the instruction ``kind``: split a loop by ``attrs["factor"]``."""
-    from probtune import hookimpl
-
-    class SplitBy:
-        name, outputs = kind, "loops"
-
-        def apply(self, sch, inputs, attrs):
-            return sch.split(inputs[0], [None, attrs["factor"]])
-
-    class Plugin:
-        __name__ = "split-by"
-
-        @hookimpl
-        def probtune_register_instructions(self, register):
-            register(SplitBy())
-
-    return Plugin()
-
-
-def test_a_plugin_adds_an_instruction_kind_recorded_and_replayed(matmul_mod, monkeypatch):
-    from probtune import plugins
-
-    monkeypatch.setenv("PROBTUNE_LOAD_PLUGINS", "")
-    monkeypatch.setattr(plugins, "_registry", plugins.load_registry(extra_plugins=[_instruction_plugin("split_by")]))
-    sch = Schedule(matmul_mod)
-    outer, inner = sch.apply("split_by", [sch.get_loops(sch.get_sblock("C"))[0]], {"factor": 4})
-    assert isinstance(outer, LoopRV) and sch.loop_extent(inner) == 4
-    text = sch.trace.to_json()
-    assert tvm_ffi.structural_equal(Schedule.replay(matmul_mod, Trace.from_json(text)).mod, sch.mod)
-    monkeypatch.setattr(plugins, "_registry", plugins.load_registry())  # the plugin is gone
-    with pytest.raises(TraceFormatError, match="unknown instruction kind 'split_by'"):
-        Schedule.replay(matmul_mod, Trace.from_json(text))
-
-
-def test_an_instruction_kind_may_not_shadow_a_builtin(monkeypatch):
-    from probtune.plugins import load_registry
-
-    monkeypatch.setenv("PROBTUNE_LOAD_PLUGINS", "")
-    with pytest.warns(UserWarning, match="'split-by' failed to run probtune_register_instructions.*'split' is built in"):
-        registry = load_registry(extra_plugins=[_instruction_plugin("split")])
-    assert "split" not in registry.instructions
 
 
 def test_a_bind_to_an_unknown_thread_axis_is_a_replay_error(matmul_mod):

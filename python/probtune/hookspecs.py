@@ -19,7 +19,6 @@ if TYPE_CHECKING:
         BuilderFactory,
         CostModelFactory,
         GraphRewrite,
-        InstructionKind,
         Mutator,
         RunnerFactory,
         SpaceModule,
@@ -33,7 +32,6 @@ __all__ = [
     "probtune_register_builders",
     "probtune_register_cost_models",
     "probtune_register_graph_rewrites",
-    "probtune_register_instructions",
     "probtune_register_mutators",
     "probtune_register_runners",
     "probtune_register_space_modules",
@@ -59,11 +57,6 @@ def probtune_register_targets(register: Callable[[TargetSpec], None]) -> None:
 @hookspec
 def probtune_register_space_modules(register: Callable[[SpaceModule], None]) -> None:
     """Register design-space modules: stochastic transformations applied to each block."""
-
-
-@hookspec
-def probtune_register_instructions(register: Callable[[InstructionKind], None]) -> None:
-    """Register schedule instruction kinds beyond the kernel's primitives; modules apply them with ``Schedule.apply``."""
 
 
 @hookspec

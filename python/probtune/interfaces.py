@@ -25,7 +25,6 @@ __all__ = [
     "CostModel",
     "CostModelFactory",
     "GraphRewrite",
-    "InstructionKind",
     "Mutator",
     "Runner",
     "RunnerFactory",
@@ -127,24 +126,6 @@ class SpaceModule(Protocol):
     def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
         """Transform ``block`` through ``sch`` (recorded in its trace); do nothing if it does not apply."""
         ...
-
-
-@runtime_checkable
-class InstructionKind(Protocol):
-    """A schedule instruction a plugin adds to the language, recorded and replayed like the built-in primitives.
-
-    ``apply(sch, inputs, attrs)`` applies it to the raw ``tvm.s_tir.Schedule``:
-    ``inputs`` are the random variables and values it was given, resolved (TVM
-    block and loop handles, integers), ``attrs`` its JSON attributes. It must
-    depend on nothing else, so that a replay gives the same program.
-    ``outputs`` names what it returns: "" (nothing), "block", "loop" or "expr"
-    (one value), "blocks" or "loops" (a list).
-    """
-
-    name: str
-    outputs: str
-
-    def apply(self, sch: tvm.s_tir.Schedule, inputs: list[Any], attrs: dict[str, Any]) -> Any: ...
 
 
 @runtime_checkable

@@ -59,7 +59,6 @@ _HOOKS: dict[str, tuple[str, bool]] = {
     "probtune_register_workloads": ("workloads", False),
     "probtune_register_targets": ("targets", False),
     "probtune_register_space_modules": ("space_modules", False),
-    "probtune_register_instructions": ("instructions", False),
     "probtune_register_mutators": ("mutators", False),
     "probtune_register_validators": ("validators", False),
     "probtune_register_graph_rewrites": ("graph_rewrites", False),
@@ -76,7 +75,6 @@ class Registry:
     workloads: dict[str, Any] = field(default_factory=dict)
     targets: dict[str, Any] = field(default_factory=dict)
     space_modules: dict[str, Any] = field(default_factory=dict)
-    instructions: dict[str, Any] = field(default_factory=dict)
     mutators: dict[str, Any] = field(default_factory=dict)
     validators: dict[str, Any] = field(default_factory=dict)
     graph_rewrites: dict[str, Any] = field(default_factory=dict)
@@ -121,8 +119,6 @@ def _make_register(registry: Registry, info: PluginInfo, attr: str, named: bool)
             name = getattr(item, "name", None)
             if not isinstance(name, str) or not name:
                 raise PluginError(f"{attr[:-1]} {item!r} has no string 'name' attribute")
-        if attr == "instructions":
-            _check_instruction(item, name)
         if name in table:
             owner = next(p.name for p in registry.plugins.values() if name in p.registered.get(attr, []))
             raise PluginError(f"{attr[:-1]} {name!r} is already registered by plugin {owner!r}")
@@ -130,16 +126,6 @@ def _make_register(registry: Registry, info: PluginInfo, attr: str, named: bool)
         info.registered.setdefault(attr, []).append(name)
 
     return register
-
-
-def _check_instruction(item: Any, name: str) -> None:
-    """A plugin's instruction kind may not shadow a built-in one, and must say what it returns."""
-    from probtune.schedule import BUILTIN_KINDS, OUTPUT_KINDS
-
-    if name in BUILTIN_KINDS:
-        raise PluginError(f"instruction kind {name!r} is built in")
-    if getattr(item, "outputs", None) not in OUTPUT_KINDS or not callable(getattr(item, "apply", None)):
-        raise PluginError(f"instruction kind {name!r} needs apply(sch, inputs, attrs) and outputs in {sorted(OUTPUT_KINDS)}")
 
 
 def _entry_point_plugins(pm: pluggy.PluginManager) -> dict[str, PluginInfo]:

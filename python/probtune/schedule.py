@@ -33,18 +33,7 @@ from probtune._core import (
 from probtune.errors import ReplayError, last_line
 from probtune.tir import identity
 
-__all__ = [
-    "BUILTIN_KINDS",
-    "OUTPUT_KINDS",
-    "PRIMITIVE_KINDS",
-    "RV",
-    "SAMPLING_KINDS",
-    "BlockRV",
-    "ExprRV",
-    "LoopRV",
-    "Schedule",
-    "tvm_compute_location",
-]
+__all__ = ["PRIMITIVE_KINDS", "RV", "SAMPLING_KINDS", "BlockRV", "ExprRV", "LoopRV", "Schedule", "tvm_compute_location"]
 
 
 class RV:
@@ -194,28 +183,6 @@ _PRIMITIVES: dict[str, _Primitive] = {
 
 SAMPLING_KINDS = ("sample_perfect_tile", "sample_categorical", "sample_compute_location")
 PRIMITIVE_KINDS = tuple(_PRIMITIVES)
-BUILTIN_KINDS = frozenset(PRIMITIVE_KINDS + SAMPLING_KINDS)
-OUTPUT_KINDS: dict[str, tuple[type[RV] | None, bool]] = {
-    "": (None, False), "block": (BlockRV, False), "loop": (LoopRV, False), "expr": (ExprRV, False),
-    "blocks": (BlockRV, True), "loops": (LoopRV, True),
-}
-"""What a plugin's instruction kind returns (``InstructionKind.outputs``): the handle type, and whether a list."""
-
-
-def _primitive(kind: str) -> _Primitive:
-    """A built-in primitive, or a plugin's instruction kind (``probtune_register_instructions``)."""
-    if kind in _PRIMITIVES:
-        return _PRIMITIVES[kind]
-    from probtune.plugins import get_registry
-
-    instruction = get_registry().instructions.get(kind)
-    if instruction is None:
-        known = ", ".join([*PRIMITIVE_KINDS, *SAMPLING_KINDS, *get_registry().instructions])
-        raise TraceFormatError(f"unknown instruction kind {kind!r}; known: {known}")
-    output, many = OUTPUT_KINDS[instruction.outputs]
-    return _Primitive(instruction.apply, output, many)
-
-
 _TVM_SEED_RANGE = (1, 2**31 - 1)
 
 
@@ -357,13 +324,15 @@ class Schedule:
         resolved = [self._resolve(v) for v in inputs]
         if kind in SAMPLING_KINDS:
             values, decision, out_type = self._sample(kind, resolved, attrs, decision)
-        else:
-            prim = _primitive(kind)
+        elif kind in _PRIMITIVES:
             if decision is not None:
                 raise InvalidDecisionError(f"{kind} is not a sampling instruction and takes no decision")
+            prim = _PRIMITIVES[kind]
             result = prim.call(self._sch, resolved, attrs)
             values = [] if prim.output is None else (list(result) if prim.many else [result])
             out_type = prim.output or RV
+        else:
+            raise TraceFormatError(f"unknown instruction kind {kind!r}; known: {', '.join(PRIMITIVE_KINDS + SAMPLING_KINDS)}")
         ids = self._bind(values, output_ids)
         self._trace.append(kind, inputs, attrs, ids, decision)
         return [out_type(i) for i in ids]
