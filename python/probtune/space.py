@@ -193,8 +193,8 @@ def generate_space(
     chosen = resolve_modules(target, modules)
     sch = Schedule(workload.mod, rng=Rng(seed))
     prior_end = 0
-    passes = [[m for m in chosen if not getattr(m, "after_blocks", False)], [m for m in chosen if getattr(m, "after_blocks", False)]]
-    for group in passes:
+    late = [module for module in chosen if getattr(module, "after_blocks", False)]
+    for group in ([module for module in chosen if module not in late], late):
         for name in reversed(block_names(workload.prim_func)):
             for module in group:
                 if name not in block_names(sch.mod["main"]):
