@@ -48,6 +48,19 @@ def run_module(lib, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [t.numpy() for t in tensors]
 
 
+def valid_samples(space, count: int, seed: int = 1, tries: int = 400) -> list:
+    """Up to ``count`` fresh samples of ``space`` that pass its validators, from at most ``tries`` draws."""
+    rng = Rng(seed)
+    found = []
+    for _ in range(tries):
+        candidate = space.sample(rng)
+        if candidate is not None:
+            found.append(candidate)
+            if len(found) == count:
+                break
+    return found
+
+
 def assert_samples_correct(workload, space, host, samples: int = 3, seed: int = 11) -> list:
     """Draw ``samples`` candidates with fresh decisions; each must replay to itself, compile and match numpy."""
     batch = RandomSearch(space, Rng(seed)).next_batch(samples)

@@ -7,6 +7,7 @@ import re
 
 import pytest
 import tvm
+from conftest import valid_samples
 
 from probtune import Rng, Schedule, UnsupportedTargetError
 from probtune.catalog import resolve_workload
@@ -15,18 +16,6 @@ from probtune.targets import resolve_target
 from probtune_cuda.postprocs import VerifyGPUCode
 
 pytestmark = pytest.mark.filterwarnings("ignore")
-
-
-def valid_samples(space, count: int, seed: int = 1, tries: int = 400):
-    rng = Rng(seed)
-    found = []
-    for _ in range(tries):
-        candidate = space.sample(rng)
-        if candidate is not None:
-            found.append(candidate)
-            if len(found) == count:
-                break
-    return found
 
 
 def cuda_source(mod: tvm.IRModule, target) -> str:

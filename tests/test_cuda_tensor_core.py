@@ -6,6 +6,7 @@ import dataclasses
 import re
 
 import pytest
+from conftest import valid_samples
 from tvm import te
 
 from probtune import Rng, Schedule
@@ -17,17 +18,6 @@ from probtune.workload import Workload
 from probtune_cuda.tensor_core import TENSORIZE_KEY, TensorCoreTiling, shared_memory_bytes, wmma_plan
 
 pytestmark = pytest.mark.filterwarnings("ignore")
-
-
-def samples(space, count: int, seed: int = 1, tries: int = 60) -> list:
-    rng, found = Rng(seed), []
-    for _ in range(tries):
-        candidate = space.sample(rng)
-        if candidate is not None:
-            found.append(candidate)
-            if len(found) == count:
-                break
-    return found
 
 
 def source_of(candidate, target) -> str:
@@ -48,7 +38,7 @@ def test_a_half_precision_matmul_runs_on_the_tensor_cores(sm90):
     """Sampled programs multiply 16x16x16 tiles with WMMA, stage through launch-time shared memory, and compile."""
     space = generate_space(resolve_workload("matmul", "512,256,128", "float16"), sm90, seed=0)
     assert tensorized(space) and "tensorize" not in {inst.kind for inst in space.trace.instructions}
-    found = samples(space, 2)
+    found = valid_samples(space, 2, tries=60)
     assert len(found) == 2
     for candidate in found:
         script = candidate.mod.script()
@@ -66,7 +56,7 @@ def test_the_epilogue_is_finished_on_the_way_out_in_one_kernel(sm90):
     """dense + bias + GELU in float16: the float32 products never reach global memory; one kernel writes the result."""
     space = generate_space(resolve_workload("dense_bias_gelu", "128,256,64", "float16"), sm90, seed=0)
     assert tensorized(space)
-    candidate = samples(space, 1)[0]
+    candidate = valid_samples(space, 1, tries=60)[0]
     assert not re.search(r"T_dense = T.sblock_alloc_buffer\(\([^)]*\)\)", candidate.mod.script())
     source = source_of(candidate, sm90)
     assert len(set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", source))) == 1
@@ -77,7 +67,7 @@ def test_batched_and_transposed_operands_map_onto_wmma(sm90):
     for name, shape in [("batch_matmul", "4,64,64,32"), ("dense_bias_relu", "64,128,64")]:
         space = generate_space(resolve_workload(name, shape, "float16"), sm90, seed=0)
         assert tensorized(space), name
-        assert "wmma::mma_sync" in source_of(samples(space, 1)[0], sm90)
+        assert "wmma::mma_sync" in source_of(valid_samples(space, 1, tries=60)[0], sm90)
 
 
 def test_int8_products_summed_in_int32_run_on_the_tensor_cores(sm90):
@@ -87,7 +77,7 @@ def test_int8_products_summed_in_int32_run_on_the_tensor_cores(sm90):
     c = te.compute((64, 64), lambda i, j: te.sum(a[i, k].astype("int32") * b[k, j].astype("int32"), axis=k), name="C")
     space = generate_space(Workload.from_module(te.create_prim_func([a, b, c]), "int8_matmul"), sm90, seed=0)
     assert tensorized(space)
-    source = source_of(samples(space, 1)[0], sm90)
+    source = source_of(valid_samples(space, 1, tries=60)[0], sm90)
     assert "wmma::mma_sync" in source and "signed char" in source
 
 
@@ -103,7 +93,7 @@ def test_blocks_wmma_cannot_compute_keep_the_thread_tiling(sm90, name, shape, dt
     target = dataclasses.replace(sm90, tvm_target={**sm90.tvm_target, "arch": arch})
     space = generate_space(resolve_workload(name, shape, dtype), target, seed=0)
     assert not tensorized(space)
-    assert 'thread="threadIdx.x"' in samples(space, 1)[0].mod.script()
+    assert 'thread="threadIdx.x"' in valid_samples(space, 1, tries=60)[0].mod.script()
 
 
 def test_wmma_plan_names_the_operands_and_the_intrinsics(sm90):
@@ -127,7 +117,7 @@ def test_fresh_draws_mostly_fit_the_block_and_the_warps(sm90):
         assert 0 < shared_memory_bytes(sch.tvm) <= 2 * (128 * 64 + 64 * 128) + 4 * 128 * 128
         fits += module.prior(sch.tvm, space.context) == 1.0
     assert fits >= 25
-    assert len(samples(space, 6, tries=10)) >= 6
+    assert len(valid_samples(space, 6, tries=10)) >= 6
 
 
 def test_the_staged_output_reuses_the_operands_shared_memory(sm90):

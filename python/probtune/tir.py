@@ -21,6 +21,7 @@ __all__ = [
     "indexing_dims",
     "iter_stmts",
     "loop_kinds",
+    "nested_sblocks",
     "realize_of",
     "reuses_data",
     "sblock_names",
@@ -107,6 +108,16 @@ def block_names(func: tirx.PrimFunc) -> list[str]:
 def sblock_names(sch: s_tir.Schedule) -> list[str]:
     """``block_names`` of the schedule's program, asked of TVM rather than by walking it (validators run it often)."""
     return [sch.get(block).name_hint for block in sch.get_child_blocks(sch.get_sblock("root"))]
+
+
+def nested_sblocks(sch: s_tir.Schedule) -> list[s_tir.schedule.SBlockRV]:
+    """Every block of the program, those inside other blocks too (a blockized tile holds its original block)."""
+    found, pending = [], list(sch.get_child_blocks(sch.get_sblock("root")))
+    while pending:
+        block = pending.pop()
+        found.append(block)
+        pending.extend(sch.get_child_blocks(block))
+    return found
 
 
 def realize_of(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> s_tir.SBlockRealize:

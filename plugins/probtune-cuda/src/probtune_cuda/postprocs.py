@@ -21,6 +21,7 @@ from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 
 from probtune import SpaceContext
+from probtune.tir import nested_sblocks
 from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY, MAX_ACCUMULATORS, oversized_register_tiles
 from probtune_cuda.tensor_core import TENSORIZE_KEY, WARP_EXECUTION_KEY, load_tensor_intrinsics
 
@@ -55,7 +56,7 @@ class RewriteCooperativeFetch:
     name: str = "rewrite-cooperative-fetch"
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
-        for block in _all_blocks(sch):
+        for block in nested_sblocks(sch):
             annotations = sch.get(block).annotations
             width = annotations.get(COOPERATIVE_FETCH_KEY)
             if width is not None:
@@ -95,7 +96,7 @@ class RewriteTensorize:
     name: str = "rewrite-tensorize"
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
-        if not any(TENSORIZE_KEY in sch.get(block).annotations for block in _all_blocks(sch)):
+        if not any(TENSORIZE_KEY in sch.get(block).annotations for block in nested_sblocks(sch)):
             return None
         load_tensor_intrinsics()
         return None if _apply("RewriteTensorize", sch, ctx) else "a block does not match its tensor intrinsic"
@@ -135,13 +136,3 @@ class VerifyRegisterTile:
             return None
         name, count = oversized[0]
         return f"block {name} accumulates {count} values per thread (at most {self.max_accumulators} fit in registers)"
-
-
-def _all_blocks(sch: s_tir.Schedule) -> list[s_tir.schedule.SBlockRV]:
-    """Every block of the program, nested ones included (a blockized tile holds its original block)."""
-    found, pending = [], list(sch.get_child_blocks(sch.get_sblock("root")))
-    while pending:
-        block = pending.pop()
-        found.append(block)
-        pending.extend(sch.get_child_blocks(block))
-    return found

@@ -20,6 +20,7 @@ the shape of its nest depend only on the program and the target.
 from __future__ import annotations
 
 import functools
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,10 +28,12 @@ from typing import Any
 
 import tvm
 from tvm import s_tir, tirx
+from tvm.s_tir import TensorIntrin
+from tvm.s_tir.schedule.analysis import get_tensorize_loop_mapping
 
 from probtune import SpaceContext
 from probtune.schedule import BlockRV, LoopRV, Schedule
-from probtune.tir import REDUCTION, SPATIAL, as_list, at_root, identity, loop_kinds, realize_of, thread_tag
+from probtune.tir import REDUCTION, SPATIAL, as_list, at_root, identity, loop_kinds, nested_sblocks, realize_of, thread_tag
 from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY, SHARED, elementwise_consumer
 
 __all__ = [
@@ -40,6 +43,7 @@ __all__ = [
     "WMMA_MIN_ARCH",
     "IntrinGroup",
     "TensorCoreTiling",
+    "WMMAPlan",
     "load_tensor_intrinsics",
     "shared_memory_bytes",
     "threads_per_block",
@@ -137,9 +141,6 @@ def _tile_loops(
     raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, loops: list[s_tir.schedule.LoopRV], intrinsic: str
 ) -> tuple[int, int, int] | None:
     """The block's loops that TVM maps onto the intrinsic's i, j and k, by index, or None."""
-    from tvm.s_tir import TensorIntrin
-    from tvm.s_tir.schedule.analysis import get_tensorize_loop_mapping
-
     info = get_tensorize_loop_mapping(raw, block_rv, TensorIntrin.get(intrinsic).desc)
     if info is None or len(info.loop_map) != 3:
         return None
@@ -301,24 +302,16 @@ class TensorCoreTiling:
 def warp_accumulator_fragments(raw: s_tir.Schedule) -> dict[str, int]:
     """For each block stored from WMMA accumulators, the accumulator tiles one warp holds."""
     found = {}
-    for block_rv in raw.get_child_blocks(raw.get_sblock("root")):
-        found.update(_fragments_under(raw, block_rv))
-    return found
-
-
-def _fragments_under(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV) -> dict[str, int]:
-    found = {}
-    for child in raw.get_child_blocks(block_rv):
-        found.update(_fragments_under(raw, child))
-    sblock = raw.get(block_rv)
-    if any(str(read.source.scope()) == "wmma.accumulator" for read in sblock.reads) and sblock.annotations.get(TENSORIZE_KEY):
+    for block_rv in nested_sblocks(raw):
+        sblock = raw.get(block_rv)
+        if not sblock.annotations.get(TENSORIZE_KEY):
+            continue
+        if not any(str(read.source.scope()) == "wmma.accumulator" for read in sblock.reads):
+            continue
         loops = list(raw.get_loops(block_rv))
         tags = [thread_tag(raw.get(loop)) for loop in loops]
         if "threadIdx.y" in tags:
-            count = 1
-            for loop in loops[tags.index("threadIdx.y") + 1 :]:
-                count *= int(raw.get(loop).extent)
-            found[str(sblock.name_hint)] = count
+            found[str(sblock.name_hint)] = math.prod(int(raw.get(loop).extent) for loop in loops[tags.index("threadIdx.y") + 1 :])
     return found
 
 

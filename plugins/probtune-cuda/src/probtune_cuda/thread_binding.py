@@ -14,6 +14,7 @@ into its own loops.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,23 +36,20 @@ def _unbound_loops(sch: Schedule, block: BlockRV) -> tuple[list[LoopRV], list[st
     return sch.get_loops(block), loop_kinds(raw, block_rv, raw_loops)
 
 
-def _threads(sch: Schedule, extent: int, choices: Sequence[int], ctx: SpaceContext, divide: bool) -> ExprRV | None:
-    """A sampled thread count among ``choices`` within the target's limit and ``extent`` (dividing it if ``divide``)."""
+def _threads(
+    sch: Schedule, loops: Sequence[LoopRV], choices: Sequence[int], ctx: SpaceContext, divide: bool
+) -> ExprRV | None:
+    """A sampled thread count for ``loops`` fused: among ``choices``, within the target's limit and their extent
+    (dividing it if ``divide``); None if none fits or an extent is not constant."""
+    extents = [sch.loop_extent(loop) for loop in loops]
+    if not extents or None in extents:
+        return None
+    extent = math.prod(e for e in extents if e is not None)
     limit = int(ctx.target.tvm_target.get("max_threads_per_block", 1024))
     fits = [n for n in choices if n <= min(limit, extent) and (not divide or extent % n == 0)]
     if not fits:
         return None
     return sch.sample_categorical(fits, [1.0 / len(fits)] * len(fits))
-
-
-def _extent(sch: Schedule, loops: Sequence[LoopRV]) -> int | None:
-    extent = 1
-    for loop in loops:
-        value = sch.loop_extent(loop)
-        if value is None:
-            return None
-        extent *= value
-    return extent
 
 
 @dataclass(frozen=True)
@@ -72,8 +70,7 @@ class GPUCrossThreadReduction:
             return
         if any(kind != SPATIAL for kind in kinds[:first]):
             return
-        extent = _extent(sch, loops[first:])
-        threads = None if extent is None else _threads(sch, extent, self.thread_extents, ctx, divide=True)
+        threads = _threads(sch, loops[first:], self.thread_extents, ctx, divide=True)
         if threads is None:
             return
         _, lanes = sch.split(sch.fuse(*loops[first:]), [None, threads])
@@ -96,8 +93,7 @@ class GPUAutoBind:
             return
         loops, kinds = found
         leading = next((n for n, kind in enumerate(kinds) if kind != SPATIAL), len(kinds))
-        extent = _extent(sch, loops[:leading]) if leading else None
-        threads = None if extent is None else _threads(sch, extent, self.thread_extents, ctx, divide=False)
+        threads = _threads(sch, loops[:leading], self.thread_extents, ctx, divide=False)
         if threads is None:
             return
         grid, lanes = sch.split(sch.fuse(*loops[:leading]), [None, threads])

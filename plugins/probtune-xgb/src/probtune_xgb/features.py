@@ -488,7 +488,8 @@ def program_features(program: tvm.IRModule | tirx.PrimFunc) -> np.ndarray:
     """The fixed-length vector of a program (columns: ``PROGRAM_FEATURE_NAMES``)."""
     out = np.zeros(len(PROGRAM_FEATURE_NAMES), dtype=np.float32)
     func = _main_func(program)
-    out[-len(GPU_FEATURE_NAMES) :] = np.log2(1.0 + gpu_features(func))
+    if _launches_kernels(func):  # a CPU program skips the second walk: its gpu.* columns stay zero
+        out[-len(GPU_FEATURE_NAMES) :] = np.log2(1.0 + gpu_features(func))
     stores = _Walker(func).run()
     if not stores:
         return out
@@ -509,6 +510,13 @@ _TENSOR_CORE_CALLS = {  # intrinsic (without its namespace) -> index into GPU_FE
 }
 _THREAD_KINDS = ("blockIdx", "threadIdx", "vthread")  # the first three GPU_FEATURE_NAMES, in order
 _SCOPE_KINDS = {"shared": 3, "shared.dyn": 3, "local": 4}
+
+
+def _launches_kernels(func: tirx.PrimFunc) -> bool:
+    """Whether a loop nest at the root is bound to a GPU axis (a GPU program binds every nest's outermost loop)."""
+    body = func.body.block.body if isinstance(func.body, s_tir.SBlockRealize) else func.body
+    nests = child_stmts(body) if isinstance(body, tirx.SeqStmt) else [body]
+    return any(isinstance(nest, tirx.For) and nest.thread_binding is not None for nest in nests)
 
 
 def gpu_features(func: tirx.PrimFunc) -> np.ndarray:
