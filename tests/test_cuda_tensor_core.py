@@ -6,6 +6,7 @@ import dataclasses
 import re
 
 import pytest
+import tvm_ffi
 from conftest import valid_samples
 from tvm import te
 
@@ -15,6 +16,7 @@ from probtune.codegen import compile_for
 from probtune.space import generate_space
 from probtune.targets import resolve_target
 from probtune.workload import Workload
+from probtune_cuda.codegen import CUDALintError
 from probtune_cuda.tensor_core import TENSORIZE_KEY, TensorCoreTiling, shared_memory_bytes, wmma_plan
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -23,6 +25,14 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 def source_of(candidate, target) -> str:
     """The candidate built by the target's compiler: TVM, then NVRTC to a cubin and the lint (spills, registers)."""
     return compile_for(candidate.mod, target).mod.imports[0].inspect_source()
+
+
+def linted_source(candidate, target) -> str | None:
+    """``source_of``, or None where the cubin lint refuses the candidate (a spill)."""
+    try:
+        return source_of(candidate, target)
+    except CUDALintError:
+        return None
 
 
 def tensorized(space) -> bool:
@@ -85,7 +95,7 @@ def test_int8_products_summed_in_int32_run_on_the_tensor_cores(sm90):
     "name,shape,dtype,arch",
     [
         ("matmul", "64,64,64", "float32", "sm_90"),  # no float32 WMMA: the thread tiling takes it
-        ("matmul", "24,40,56", "float16", "sm_90"),  # not a whole number of 16-wide tiles
+        ("matmul", "8,8,8", "float16", "sm_90"),  # padded to whole 16-wide tiles it would do 8 times the work
         ("matmul", "64,64,64", "float16", "sm_61"),  # no tensor cores before Volta
     ],
 )
@@ -94,6 +104,33 @@ def test_blocks_wmma_cannot_compute_keep_the_thread_tiling(sm90, name, shape, dt
     space = generate_space(resolve_workload(name, shape, dtype), target, seed=0)
     assert not tensorized(space)
     assert 'thread="threadIdx.x"' in valid_samples(space, 1, tries=60)[0].mod.script()
+
+
+@pytest.mark.parametrize("name,shape", [("matmul", "200,120,300"), ("dense_bias_gelu", "100,200,72")])
+def test_a_matmul_of_any_shape_is_padded_to_whole_tiles(sm90, name, shape):
+    """pad_einsum (the plugin's own instruction) pads to whole tiles; the copies make the zeros and trim: one kernel."""
+    space = generate_space(resolve_workload(name, shape, "float16"), sm90, seed=0)
+    kinds = [inst.kind for inst in space.trace.instructions]
+    assert kinds.count("pad_einsum") == 1 and tensorized(space)
+    assert "pad_einsum" in space.context.instructions
+    found = valid_samples(space, 4, tries=80)
+    sources = [source for candidate in found if (source := linted_source(candidate, sm90))]
+    assert len(found) == 4 and len(sources) >= 2  # the others spill a few registers: the lint refuses them
+    for candidate in found:
+        script = candidate.mod.script()
+        assert "_pad = T.sblock_alloc_buffer" not in script  # no padded copy in global memory
+        assert "T.if_then_else" in script and "T.where" in script  # zeros read in, the padding's rows not written out
+        assert tvm_ffi.structural_equal(space.program(candidate.trace), candidate.mod)
+    for source in sources:
+        assert "wmma::mma_sync" in source
+        assert len(set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", source))) == 1
+
+
+def test_tensor_core_programs_avoid_tvm_s_storage_rewrite(sm90):
+    """TVM's StorageRewrite would give a float16 fragment load a float32 buffer here, which its CUDA codegen refuses."""
+    space = generate_space(resolve_workload("dense_bias_gelu", "112,208,80", "float16"), sm90, seed=0)
+    found = valid_samples(space, 2, tries=20)
+    assert len(found) == 2 and all("wmma::mma_sync" in source_of(candidate, sm90) for candidate in found)
 
 
 def test_wmma_plan_names_the_operands_and_the_intrinsics(sm90):

@@ -153,3 +153,43 @@ def test_conflicting_registration_is_reported(monkeypatch):
     monkeypatch.setenv("PROBTUNE_LOAD_PLUGINS", "x86,cpu")
     with pytest.warns(UserWarning, match="'clash'.*already registered by plugin 'x86'"):
         load_registry(extra_plugins=[Clash()])
+
+
+def test_a_plugin_adds_instruction_kinds_but_not_over_the_language_s(monkeypatch):
+    from probtune import hookimpl
+    from probtune.schedule import PRIMITIVES, InstructionKind
+
+    def noop(sch, inputs, attrs):
+        return None
+
+    class Kinds:
+        __name__ = "kinds"
+
+        @hookimpl
+        def probtune_register_instructions(self, register):
+            register(InstructionKind("noop", noop))
+
+    class Shadow:
+        __name__ = "shadow"
+
+        @hookimpl
+        def probtune_register_instructions(self, register):
+            register(InstructionKind("split", noop))
+
+    class Sampler:
+        __name__ = "sampler"
+
+        @hookimpl
+        def probtune_register_instructions(self, register):
+            register(InstructionKind("sample_categorical", noop))
+
+    monkeypatch.setenv("PROBTUNE_LOAD_PLUGINS", "")
+    with pytest.warns(UserWarning) as caught:
+        registry = load_registry(extra_plugins=[Kinds(), Shadow(), Sampler()])
+    messages = [str(w.message) for w in caught]
+    assert any("'shadow'" in m and "instruction 'split' is already registered by plugin 'probtune.builtin'" in m
+               for m in messages)
+    assert any("'sampler'" in m and "'sample_categorical' is a name the kernel keeps" in m for m in messages)
+    assert registry.instructions["noop"].name == "noop" and registry.instructions["split"] is PRIMITIVES["split"]
+    assert registry.plugins["kinds"].registered == {"instructions": ["noop"]}
+    assert set(registry.plugins["probtune.builtin"].registered["instructions"]) == set(PRIMITIVES)

@@ -10,11 +10,13 @@ import pytest
 import tvm
 import tvm_ffi
 
+import probtune.plugins
 import probtune.realize as realize_module
-from probtune import Rng
+from probtune import Rng, hookimpl
 from probtune.catalog import resolve_workload
-from probtune.plugins import get_registry
+from probtune.plugins import get_registry, load_registry
 from probtune.realize import REPLAY_FAILED, Realized, Realizer, Rejected, _Chunks, realize_in_process
+from probtune.schedule import InstructionKind
 from probtune.search import EvolutionarySearch
 from probtune.space import generate_space
 from probtune_xgb.model import XGBCostModel
@@ -56,6 +58,31 @@ class SlowInHelper:
         return None
 
 
+def _stream(sch, inputs, attrs):
+    sch.annotate(inputs[0], "accel.stream", attrs["depth"])
+
+
+class StreamPlugin:
+    """Adds an instruction kind to the language, which a module below records."""
+
+    __name__ = "stream"
+
+    @hookimpl
+    def probtune_register_instructions(self, register):
+        register(InstructionKind("accel_stream", _stream))
+
+
+@dataclass(frozen=True)
+class StreamOuterLoop:
+    name: str = "stream-outer-loop"
+
+    def apply(self, sch, block, ctx):
+        if sch.get(block).name_hint == "C":
+            loop = sch.get_loops(block)[0]
+            outer, _ = sch.split(loop, sch.sample_perfect_tile(loop, 2))
+            sch.apply("accel_stream", [outer], {"depth": 2})
+
+
 def _space(host, validators=None):
     workload = resolve_workload("matmul", (64, 64, 64), "float32", get_registry().workloads)
     return generate_space(workload, host, validators=validators)
@@ -90,6 +117,21 @@ def test_helpers_realize_what_this_process_would(host):
     assert helped_space.rejections["reject-by-hash"] == sum(o == Rejected("reject-by-hash") for o in serial)
     # Programs realized here are kept for building; the helper's are not sent back.
     assert all(o.mod is not None for o in serial if isinstance(o, Realized))
+
+
+def test_helpers_replay_the_instruction_kinds_a_plugin_adds(host, monkeypatch):
+    monkeypatch.setattr(probtune.plugins, "_registry", load_registry(extra_plugins=[StreamPlugin()]))
+    workload = resolve_workload("matmul", (64, 64, 64), "float32", get_registry().workloads)
+    space = generate_space(workload, host, modules=[StreamOuterLoop()], validators=[])
+    assert "accel_stream" in space.context.instructions and "split" not in space.context.instructions  # plugins' only
+    serial = Realizer(space, XGBCostModel(), workers=0).realize(_jobs(space))
+    with_helpers = Realizer(space, XGBCostModel(), workers=1)
+    try:
+        assert with_helpers.workers == 1
+        helped = with_helpers.realize(_jobs(space))
+    finally:
+        with_helpers.close()
+    assert {type(o) for o in serial} == {Realized} and _summary(helped) == _summary(serial)
 
 
 def test_helpers_keep_their_programs_for_those_chosen_and_forget_the_rest(host):

@@ -11,6 +11,7 @@ import tvm_ffi
 from tvm import s_tir
 
 from probtune import InvalidDecisionError, ReplayError, Rng, Schedule, Trace, TraceFormatError
+from probtune.schedule import InstructionKind
 
 
 def tile_matmul(sch: Schedule) -> None:
@@ -249,3 +250,29 @@ def test_a_bind_to_an_unknown_thread_axis_is_a_replay_error(matmul_mod):
     text = sch.trace.to_json().replace('"threadIdx.x"', '"warpIdx.q"')
     with pytest.raises(ReplayError, match="instruction 2 \\(bind\\)"):
         Schedule.replay(matmul_mod, Trace.from_json(text))
+
+
+def _stream(sch: s_tir.Schedule, inputs: list, attrs: dict) -> None:
+    sch.annotate(inputs[0], "accel.stream", attrs["depth"])
+
+
+STREAM = InstructionKind("stream", _stream)
+
+
+def test_an_instruction_kind_a_plugin_adds_is_recorded_and_replayed(matmul_mod):
+    sch = Schedule(matmul_mod, instructions={"stream": STREAM})
+    loop = sch.get_loops(sch.get_sblock("C"))[0]
+    assert sch.apply("stream", [loop], {"depth": 2}) == []
+    assert '"accel.stream": 2' in sch.mod.script()
+    text = sch.trace.to_json()
+    again = Schedule.replay(matmul_mod, Trace.from_json(text), instructions={"stream": STREAM})
+    assert tvm_ffi.structural_equal(again.mod, sch.mod)
+    with pytest.raises(TraceFormatError, match=r"instruction 2 \(stream\): unknown instruction kind 'stream'.*plugins"):
+        Schedule.replay(matmul_mod, Trace.from_json(text))  # a schedule not given the plugin's kinds
+
+
+def test_the_language_keeps_its_own_kinds_over_a_plugin_s(matmul_mod):
+    shadow = InstructionKind("split", lambda sch, inputs, attrs: [])
+    sch = Schedule(matmul_mod, instructions={"split": shadow})
+    i = sch.get_loops(sch.get_sblock("C"))[0]
+    assert len(sch.split(i, [None, 4])) == 2

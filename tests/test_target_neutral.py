@@ -14,7 +14,7 @@ import tvm
 
 import probtune
 import probtune.plugins
-from probtune import TargetSpec, hookimpl
+from probtune import InstructionKind, TargetSpec, hookimpl
 from probtune.database import Database
 from probtune.measure import BuildResult, MeasureReference, RunResult
 from probtune.plugins import load_registry
@@ -23,15 +23,28 @@ KERNEL = Path(probtune.__file__).parent
 CPU_WORDS = re.compile(r"avx|x86|cpuinfo|neon|stack_buffer|vector_registers", re.IGNORECASE)
 
 
+def _stream(sch, inputs, attrs) -> None:
+    sch.annotate(inputs[0], "accel.stream", attrs["depth"])
+
+
+STREAM = InstructionKind("accel_stream", _stream)
+"""An instruction of the accelerator's own: its DMA streams a loop's data ``depth`` iterations ahead."""
+
+
 class TileEveryLoop:
-    """The accelerator's whole design space: each loop of a block split in two by a sampled perfect tile."""
+    """The accelerator's whole design space: each loop of a block split in two by a sampled perfect tile.
+
+    The outer loop of the first is streamed, through the plugin's own instruction.
+    """
 
     name = "accel-tile"
 
     def apply(self, sch, block, ctx) -> None:
-        for loop in sch.get_loops(block):
+        for index, loop in enumerate(sch.get_loops(block)):
             if (sch.loop_extent(loop) or 1) > 1:
-                sch.split(loop, sch.sample_perfect_tile(loop, 2))
+                outer, _ = sch.split(loop, sch.sample_perfect_tile(loop, 2))
+                if index == 0:
+                    sch.apply(STREAM.name, [outer], {"depth": 2})
 
 
 class SourceBuilder:
@@ -100,6 +113,10 @@ class AcceleratorPlugin:
         ))
 
     @hookimpl
+    def probtune_register_instructions(self, register):
+        register(STREAM)
+
+    @hookimpl
     def probtune_register_space_modules(self, register):
         register(TileEveryLoop())
 
@@ -129,7 +146,9 @@ def test_a_target_registered_by_a_plugin_tunes_through_its_own_builder_and_runne
     assert len(records) == 24 and {(r.status, r.target) for r in records} == {("ok", result.measured_on)}
     assert len({r.decision_hash for r in records}) == 24  # every trial a new program of the accelerator's space
     assert result.best_latency == min(r.mean_latency for r in records)
-    assert "T.ceildiv" not in result.schedule().script()  # perfect tiles: the best program replays
+    best = result.schedule().script()
+    assert "T.ceildiv" not in best  # perfect tiles: the best program replays
+    assert '"accel.stream": 2' in best  # with the plugin's own instruction
 
 
 def test_the_kernel_holds_no_cpu_facts():

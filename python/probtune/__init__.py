@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from probtune.interfaces import SpaceContext, TargetSpec
     from probtune.measure import LocalBuilder, LocalRunner, MeasureStatus, RPCRunner
     from probtune.model import CompiledModel, Model, ModelTuneResult, load_model, tune_model
-    from probtune.schedule import BlockRV, ExprRV, LoopRV, Schedule
+    from probtune.schedule import BlockRV, ExprRV, InstructionKind, LoopRV, Schedule
     from probtune.space import DesignSpace, generate_space
     from probtune.tuning import TrialOutcome, TuneResult, compile_best, tune
     from probtune.workload import Workload
@@ -53,6 +53,7 @@ __all__ = [
     "DesignSpace",
     "DeviceError",
     "ExprRV",
+    "InstructionKind",
     "InvalidDecisionError",
     "LocalBuilder",
     "LocalRunner",
@@ -109,6 +110,7 @@ _SOURCE_OF = {
     "BlockRV": "probtune.schedule",
     "LoopRV": "probtune.schedule",
     "ExprRV": "probtune.schedule",
+    "InstructionKind": "probtune.schedule",
     "Trace": "probtune._core",
     "Rng": "probtune._core",
     "DesignSpace": "probtune.space",

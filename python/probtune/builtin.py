@@ -1,4 +1,4 @@
-"""The kernel's own plugin: the workload catalog, mutators of its sampling instructions, local measurement.
+"""The kernel's own plugin: the workload catalog, the schedule language's instructions and their mutators, local measurement.
 
 Registered through the same hooks a third-party plugin uses.
 """
@@ -12,6 +12,7 @@ from probtune.hookspecs import hookimpl
 
 __all__ = [
     "probtune_register_builders",
+    "probtune_register_instructions",
     "probtune_register_mutators",
     "probtune_register_runners",
     "probtune_register_workloads",
@@ -24,6 +25,14 @@ def probtune_register_workloads(register: Callable[[Any], None]) -> None:
 
     for spec in BUILTIN_WORKLOADS:
         register(spec)
+
+
+@hookimpl
+def probtune_register_instructions(register: Callable[[Any], None]) -> None:
+    from probtune.schedule import PRIMITIVES
+
+    for kind in PRIMITIVES.values():
+        register(kind)
 
 
 @hookimpl

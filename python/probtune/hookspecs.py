@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         TargetSpec,
         Validator,
     )
+    from probtune.schedule import InstructionKind
 
 __all__ = [
     "hookimpl",
@@ -32,6 +33,7 @@ __all__ = [
     "probtune_register_builders",
     "probtune_register_cost_models",
     "probtune_register_graph_rewrites",
+    "probtune_register_instructions",
     "probtune_register_mutators",
     "probtune_register_runners",
     "probtune_register_space_modules",
@@ -52,6 +54,17 @@ def probtune_register_workloads(register: Callable[[WorkloadSpec], None]) -> Non
 @hookspec
 def probtune_register_targets(register: Callable[[TargetSpec], None]) -> None:
     """Register hardware targets: a TVM target dict plus the module set and validators to use."""
+
+
+@hookspec
+def probtune_register_instructions(register: Callable[[InstructionKind], None]) -> None:
+    """Register schedule instruction kinds that modules record in traces and every replay applies.
+
+    A design space carries the registered kinds to each replay of its traces
+    (mutation, realize helpers, the database's records), so a module can use
+    a TVM primitive the kernel's schedule language lacks. A name of the
+    language's own kinds, sampling ones included, is refused.
+    """
 
 
 @hookspec

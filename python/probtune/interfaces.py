@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
     from probtune._core import Rng, Trace
     from probtune.measure.results import BuildResult, MeasureReference, RunResult
-    from probtune.schedule import BlockRV, Schedule
+    from probtune.schedule import BlockRV, InstructionKind, Schedule
     from probtune.workload import Workload
 
 __all__ = [
@@ -98,11 +98,16 @@ class TargetSpec:
 
 @dataclass
 class SpaceContext:
-    """What a module or validator may consult: the workload and the target."""
+    """What a module or validator may consult: the workload and the target.
+
+    ``instructions`` are the plugins' instruction kinds (beyond the schedule
+    language's own) that the space's traces may hold: every replay gets them.
+    """
 
     workload: Workload
     target: TargetSpec
     options: dict[str, Any] = field(default_factory=dict)
+    instructions: Mapping[str, InstructionKind] = field(default_factory=dict)
 
 
 @runtime_checkable

@@ -58,7 +58,7 @@ class ComputeLocationMutator:
         index = sites[rng.randint(0, len(sites))]
         decisions = trace.decisions
         try:
-            sch = Schedule.replay(ctx.workload.mod, trace, until=index)
+            sch = Schedule.replay(ctx.workload.mod, trace, until=index, instructions=ctx.instructions)
         except NOT_REPLAYABLE:
             return None
         block = sch.resolve(BlockRV(trace.instruction(index).inputs[0]["rv"]))

@@ -58,6 +58,7 @@ class PluginInfo:
 _HOOKS: dict[str, tuple[str, bool]] = {
     "probtune_register_workloads": ("workloads", False),
     "probtune_register_targets": ("targets", False),
+    "probtune_register_instructions": ("instructions", False),
     "probtune_register_space_modules": ("space_modules", False),
     "probtune_register_mutators": ("mutators", False),
     "probtune_register_validators": ("validators", False),
@@ -74,6 +75,7 @@ class Registry:
 
     workloads: dict[str, Any] = field(default_factory=dict)
     targets: dict[str, Any] = field(default_factory=dict)
+    instructions: dict[str, Any] = field(default_factory=dict)
     space_modules: dict[str, Any] = field(default_factory=dict)
     mutators: dict[str, Any] = field(default_factory=dict)
     validators: dict[str, Any] = field(default_factory=dict)
@@ -104,7 +106,9 @@ def _warn(plugin: str, what: str, exc: BaseException) -> None:
     )
 
 
-def _make_register(registry: Registry, info: PluginInfo, attr: str, named: bool) -> Callable[..., None]:
+def _make_register(
+    registry: Registry, info: PluginInfo, attr: str, named: bool, reserved: frozenset[str] = frozenset()
+) -> Callable[..., None]:
     table: dict[str, Any] = getattr(registry, attr)
 
     def register(*args: Any) -> None:
@@ -119,6 +123,8 @@ def _make_register(registry: Registry, info: PluginInfo, attr: str, named: bool)
             name = getattr(item, "name", None)
             if not isinstance(name, str) or not name:
                 raise PluginError(f"{attr[:-1]} {item!r} has no string 'name' attribute")
+        if name in reserved:
+            raise PluginError(f"{attr[:-1]} {name!r} is a name the kernel keeps for itself")
         if name in table:
             owner = next(p.name for p in registry.plugins.values() if name in p.registered.get(attr, []))
             raise PluginError(f"{attr[:-1]} {name!r} is already registered by plugin {owner!r}")
@@ -148,6 +154,9 @@ def _entry_point_plugins(pm: pluggy.PluginManager) -> dict[str, PluginInfo]:
 def load_registry(extra_plugins: list[ModuleType | object] | None = None) -> Registry:
     """Load the kernel's own plugin, every wanted entry point and ``extra_plugins``; collect registrations."""
     from probtune import builtin
+    from probtune.schedule import SAMPLING_KINDS
+
+    reserved = {"instructions": frozenset(SAMPLING_KINDS)}  # the sampling instructions are the kernel's, not registered
 
     pm = pluggy.PluginManager(PROJECT)
     pm.add_hookspecs(hookspecs)
@@ -167,7 +176,7 @@ def load_registry(extra_plugins: list[ModuleType | object] | None = None) -> Reg
             if info.error:
                 continue
             try:
-                impl.function(register=_make_register(registry, info, attr, named))
+                impl.function(register=_make_register(registry, info, attr, named, reserved.get(attr, frozenset())))
             except Exception as exc:  # noqa: BLE001 - a hook that fails names its plugin, the others still register
                 info.error = f"{hook_name}: {type(exc).__name__}: {exc}"
                 _warn(impl.plugin_name, f"run {hook_name}", exc)

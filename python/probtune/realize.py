@@ -24,7 +24,7 @@ from probtune.errors import NOT_REPLAYABLE, warn_caller
 from probtune.interfaces import CostModel, SpaceContext, SpaceModule, TargetSpec, Validator
 from probtune.measure._process import WorkerProcess, WorkerStartError
 from probtune.measure.builder import LocalBuilder
-from probtune.schedule import Schedule
+from probtune.schedule import InstructionKind, Schedule
 from probtune.space import REPLAY_FAILED, DesignSpace, program_hash
 from probtune.workload import Workload
 
@@ -279,6 +279,7 @@ class _HelperSetup:
     workload: dict[str, Any]
     mod_json: str
     context_options: dict[str, Any]
+    instructions: dict[str, InstructionKind]  # the plugins' kinds the trace may hold
     target: TargetSpec
     trace: Trace
     modules: list[SpaceModule]  # their priors weigh fresh draws
@@ -294,6 +295,7 @@ class _HelperSetup:
             {"name": work.name, "shape": work.shape, "dtype": work.dtype, "num_inputs": work.num_inputs, "flops": work.flops},
             tvm.ir.save_json(work.mod),
             dict(context.options),
+            dict(context.instructions),
             context.target,
             space.trace,
             list(space.modules),
@@ -361,6 +363,6 @@ def _helper_space(setup_bytes: bytes) -> tuple[DesignSpace, ProgramFeatures]:
     """The space a helper realizes candidates in, made once per setup."""
     setup: _HelperSetup = pickle.loads(setup_bytes)
     work = Workload(mod=tvm.ir.load_json(setup.mod_json), reference=None, **setup.workload)
-    context = SpaceContext(workload=work, target=setup.target, options=setup.context_options)
+    context = SpaceContext(work, setup.target, setup.context_options, setup.instructions)
     space = DesignSpace(context, setup.trace, setup.modules, setup.validators, prior_end=setup.prior_end)
     return space, setup.program_features

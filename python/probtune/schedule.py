@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,18 @@ from probtune._core import (
 from probtune.errors import ReplayError, last_line
 from probtune.tir import identity
 
-__all__ = ["PRIMITIVE_KINDS", "RV", "SAMPLING_KINDS", "BlockRV", "ExprRV", "LoopRV", "Schedule", "tvm_compute_location"]
+__all__ = [
+    "PRIMITIVES",
+    "PRIMITIVE_KINDS",
+    "RV",
+    "SAMPLING_KINDS",
+    "BlockRV",
+    "ExprRV",
+    "InstructionKind",
+    "LoopRV",
+    "Schedule",
+    "tvm_compute_location",
+]
 
 
 class RV:
@@ -69,12 +80,21 @@ class ExprRV(RV):
 
 
 @dataclass(frozen=True)
-class _Primitive:
-    """How to apply one instruction kind to a TVM schedule and what its outputs are."""
+class InstructionKind:
+    """A schedule instruction: how it applies to a TVM schedule and what it outputs.
 
-    call: Callable[[s_tir.Schedule, list[Any], dict[str, Any]], Any]
+    ``apply(tvm_schedule, inputs, attrs)`` gets the inputs with random
+    variables resolved to TVM's and the attributes as recorded; it returns the
+    outputs (a list if ``many``), which become ``output`` handles. The schedule
+    language's own kinds are :data:`PRIMITIVES`; a plugin adds more through
+    ``probtune_register_instructions``. A kind a realize helper must replay is
+    pickled, so ``apply`` should be a module-level function.
+    """
+
+    name: str
+    apply: Callable[[s_tir.Schedule, list[Any], dict[str, Any]], Any]
     output: type[RV] | None = None  # None: no outputs
-    many: bool = False  # the call returns a list of outputs
+    many: bool = False  # ``apply`` returns a list of outputs
 
 
 def _annotate(s: s_tir.Schedule, ins: list[Any], at: dict[str, Any]) -> None:
@@ -141,48 +161,49 @@ def _known_compute_location(s: s_tir.Schedule, block: Any, decision: int) -> Any
     return loops[decision]
 
 
-_PRIMITIVES: dict[str, _Primitive] = {
-    "get_sblock": _Primitive(lambda s, ins, at: s.get_sblock(at["name"], at.get("func_name", "main")), BlockRV),
-    "get_loops": _Primitive(lambda s, ins, at: s.get_loops(ins[0]), LoopRV, many=True),
-    "get_child_blocks": _Primitive(lambda s, ins, at: s.get_child_blocks(ins[0]), BlockRV, many=True),
-    "get_producers": _Primitive(lambda s, ins, at: s.get_producers(ins[0]), BlockRV, many=True),
-    "get_consumers": _Primitive(lambda s, ins, at: s.get_consumers(ins[0]), BlockRV, many=True),
-    "split": _Primitive(
+_BUILTIN_KINDS = (
+    InstructionKind("get_sblock", lambda s, ins, at: s.get_sblock(at["name"], at.get("func_name", "main")), BlockRV),
+    InstructionKind("get_loops", lambda s, ins, at: s.get_loops(ins[0]), LoopRV, many=True),
+    InstructionKind("get_child_blocks", lambda s, ins, at: s.get_child_blocks(ins[0]), BlockRV, many=True),
+    InstructionKind("get_producers", lambda s, ins, at: s.get_producers(ins[0]), BlockRV, many=True),
+    InstructionKind("get_consumers", lambda s, ins, at: s.get_consumers(ins[0]), BlockRV, many=True),
+    InstructionKind(
+        "split",
         lambda s, ins, at: s.split(ins[0], ins[1:], preserve_unit_iters=at.get("preserve_unit_iters", True)),
         LoopRV,
         many=True,
     ),
-    "fuse": _Primitive(lambda s, ins, at: s.fuse(*ins, preserve_unit_iters=at.get("preserve_unit_iters", True)), LoopRV),
-    "reorder": _Primitive(lambda s, ins, at: s.reorder(*ins)),
-    "parallel": _Primitive(lambda s, ins, at: s.parallel(ins[0])),
-    "vectorize": _Primitive(lambda s, ins, at: s.vectorize(ins[0])),
-    "unroll": _Primitive(lambda s, ins, at: s.unroll(ins[0])),
-    "compute_at": _Primitive(_compute_at),
-    "reverse_compute_at": _Primitive(
-        lambda s, ins, at: s.reverse_compute_at(ins[0], ins[1], preserve_unit_loops=at.get("preserve_unit_loops", True))
+    InstructionKind("fuse", lambda s, ins, at: s.fuse(*ins, preserve_unit_iters=at.get("preserve_unit_iters", True)), LoopRV),
+    InstructionKind("reorder", lambda s, ins, at: s.reorder(*ins)),
+    InstructionKind("parallel", lambda s, ins, at: s.parallel(ins[0])),
+    InstructionKind("vectorize", lambda s, ins, at: s.vectorize(ins[0])),
+    InstructionKind("unroll", lambda s, ins, at: s.unroll(ins[0])),
+    InstructionKind("compute_at", _compute_at),
+    InstructionKind(
+        "reverse_compute_at",
+        lambda s, ins, at: s.reverse_compute_at(ins[0], ins[1], preserve_unit_loops=at.get("preserve_unit_loops", True)),
     ),
-    "compute_inline": _Primitive(lambda s, ins, at: s.compute_inline(ins[0])),
-    "reverse_compute_inline": _Primitive(lambda s, ins, at: s.reverse_compute_inline(ins[0])),
-    "cache_read": _Primitive(lambda s, ins, at: s.cache_read(ins[0], at["read_buffer_index"], at["storage_scope"]), BlockRV),
-    "cache_write": _Primitive(
-        lambda s, ins, at: s.cache_write(ins[0], at["write_buffer_index"], at["storage_scope"]), BlockRV
+    InstructionKind("compute_inline", lambda s, ins, at: s.compute_inline(ins[0])),
+    InstructionKind("reverse_compute_inline", lambda s, ins, at: s.reverse_compute_inline(ins[0])),
+    InstructionKind("cache_read", lambda s, ins, at: s.cache_read(ins[0], at["read_buffer_index"], at["storage_scope"]), BlockRV),
+    InstructionKind("cache_write", lambda s, ins, at: s.cache_write(ins[0], at["write_buffer_index"], at["storage_scope"]), BlockRV),
+    InstructionKind("rfactor", lambda s, ins, at: s.rfactor(ins[0], at["factor_axis"]), BlockRV),
+    InstructionKind("decompose_reduction", lambda s, ins, at: s.decompose_reduction(ins[0], ins[1]), BlockRV),
+    InstructionKind("annotate", _annotate),
+    InstructionKind("bind", lambda s, ins, at: s.bind(ins[0], at["thread_axis"])),
+    InstructionKind("set_scope", lambda s, ins, at: s.set_scope(ins[0], at["buffer_index"], at["storage_scope"])),
+    InstructionKind(
+        "storage_align", lambda s, ins, at: s.storage_align(ins[0], at["buffer_index"], at["axis"], at["factor"], at["offset"])
     ),
-    "rfactor": _Primitive(lambda s, ins, at: s.rfactor(ins[0], at["factor_axis"]), BlockRV),
-    "decompose_reduction": _Primitive(lambda s, ins, at: s.decompose_reduction(ins[0], ins[1]), BlockRV),
-    "annotate": _Primitive(_annotate),
-    "bind": _Primitive(lambda s, ins, at: s.bind(ins[0], at["thread_axis"])),
-    "set_scope": _Primitive(lambda s, ins, at: s.set_scope(ins[0], at["buffer_index"], at["storage_scope"])),
-    "storage_align": _Primitive(
-        lambda s, ins, at: s.storage_align(ins[0], at["buffer_index"], at["axis"], at["factor"], at["offset"])
-    ),
-    "unannotate": _Primitive(lambda s, ins, at: s.unannotate(ins[0], at["ann_key"])),
-    "blockize": _Primitive(
-        lambda s, ins, at: s.blockize(ins[0], preserve_unit_iters=at.get("preserve_unit_iters", True)), BlockRV
-    ),
-}
+    InstructionKind("unannotate", lambda s, ins, at: s.unannotate(ins[0], at["ann_key"])),
+    InstructionKind("blockize", lambda s, ins, at: s.blockize(ins[0], preserve_unit_iters=at.get("preserve_unit_iters", True)), BlockRV),
+)
+
+PRIMITIVES: dict[str, InstructionKind] = {kind.name: kind for kind in _BUILTIN_KINDS}
+"""The schedule language's own instruction kinds, by name."""
 
 SAMPLING_KINDS = ("sample_perfect_tile", "sample_categorical", "sample_compute_location")
-PRIMITIVE_KINDS = tuple(_PRIMITIVES)
+PRIMITIVE_KINDS = tuple(PRIMITIVES)
 _TVM_SEED_RANGE = (1, 2**31 - 1)
 
 
@@ -246,8 +267,16 @@ def tvm_compute_location(sch: s_tir.Schedule, block: Any, rng: Rng) -> tuple[Any
 class Schedule:
     """A TVM schedule of one workload whose every step is recorded in a trace."""
 
-    def __init__(self, mod: tvm.IRModule | tvm.tirx.PrimFunc, *, rng: Rng | int = 0) -> None:
+    def __init__(
+        self,
+        mod: tvm.IRModule | tvm.tirx.PrimFunc,
+        *,
+        rng: Rng | int = 0,
+        instructions: Mapping[str, InstructionKind] | None = None,
+    ) -> None:
+        """``instructions``: kinds beyond the language's own (plugins'), which this schedule can then apply and replay."""
         self._sch = _new_tvm_schedule(mod)
+        self._kinds = {**instructions, **PRIMITIVES} if instructions else PRIMITIVES
         self._rng = rng if isinstance(rng, Rng) else Rng(rng)
         self._trace = Trace()
         self._values: dict[int, Any] = {}
@@ -324,22 +353,23 @@ class Schedule:
         resolved = [self._resolve(v) for v in inputs]
         if kind in SAMPLING_KINDS:
             values, decision, out_type = self._sample(kind, resolved, attrs, decision)
-        elif kind in _PRIMITIVES:
+        elif kind in self._kinds:
             if decision is not None:
                 raise InvalidDecisionError(f"{kind} is not a sampling instruction and takes no decision")
-            prim = _PRIMITIVES[kind]
-            result = prim.call(self._sch, resolved, attrs)
+            prim = self._kinds[kind]
+            result = prim.apply(self._sch, resolved, attrs)
             values = [] if prim.output is None else (list(result) if prim.many else [result])
             out_type = prim.output or RV
         else:
-            raise TraceFormatError(f"unknown instruction kind {kind!r}; known: {', '.join(PRIMITIVE_KINDS + SAMPLING_KINDS)}")
+            raise TraceFormatError(
+                f"unknown instruction kind {kind!r}; known: {', '.join([*self._kinds, *SAMPLING_KINDS])} "
+                "(a kind a plugin adds is known where the plugin is installed: `probtune plugins` lists them)"
+            )
         ids = self._bind(values, output_ids)
         self._trace.append(kind, inputs, attrs, ids, decision)
         return [out_type(i) for i in ids]
 
-    def _sample(
-        self, kind: str, inputs: list[Any], attrs: dict[str, Any], decision: Any
-    ) -> tuple[list[Any], Any, type[RV]]:
+    def _sample(self, kind: str, inputs: list[Any], attrs: dict[str, Any], decision: Any) -> tuple[list[Any], Any, type[RV]]:
         if kind == "sample_perfect_tile":
             extent = self._sch.get(inputs[0]).extent
             if not isinstance(extent, tvm.tirx.IntImm):
@@ -367,13 +397,20 @@ class Schedule:
     # ---- replay ----------------------------------------------------------------
     @classmethod
     def replay(
-        cls, mod: IRModule | PrimFunc, trace: Trace, *, rng: Rng | int = 0, until: int | None = None
+        cls,
+        mod: IRModule | PrimFunc,
+        trace: Trace,
+        *,
+        rng: Rng | int = 0,
+        until: int | None = None,
+        instructions: Mapping[str, InstructionKind] | None = None,
     ) -> Schedule:
         """Apply ``trace`` to ``mod``; sampling instructions without a decision sample fresh ones from ``rng``.
 
-        ``until`` stops before that instruction index (a mutator replays up to the decision it changes).
+        ``until`` stops before that instruction index (a mutator replays up to the decision it changes);
+        ``instructions`` are the plugins' kinds the trace may hold (a space's ``context.instructions``).
         """
-        sch = cls(mod, rng=rng)
+        sch = cls(mod, rng=rng, instructions=instructions)
         sch.replay_more(trace, 0, until)
         return sch
 
@@ -481,9 +518,7 @@ class Schedule:
         self.apply("unannotate", [block_or_loop], {"ann_key": key})
 
     # ---- sampling instructions -------------------------------------------------
-    def sample_perfect_tile(
-        self, loop: LoopRV, n: int, max_innermost_factor: int = 16, max_inner_product: int = 0
-    ) -> list[ExprRV]:
+    def sample_perfect_tile(self, loop: LoopRV, n: int, max_innermost_factor: int = 16, max_inner_product: int = 0) -> list[ExprRV]:
         """Sample ``n`` tile sizes whose product is the loop's extent.
 
         ``max_inner_product`` (if positive) bounds the product of every size

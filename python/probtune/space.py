@@ -16,7 +16,7 @@ from probtune._core import Rng, Trace
 from probtune.errors import PluginError, ReplayError
 from probtune.interfaces import GraphRewrite, SpaceContext, SpaceModule, TargetSpec, Validator
 from probtune.plugins import get_registry
-from probtune.schedule import Schedule
+from probtune.schedule import PRIMITIVES, InstructionKind, Schedule
 from probtune.tir import block_names
 from probtune.workload import Workload
 
@@ -27,6 +27,7 @@ __all__ = [
     "DesignSpace",
     "Rejection",
     "generate_space",
+    "plugin_instructions",
     "program_hash",
     "resolve_graph_rewrites",
     "resolve_modules",
@@ -76,6 +77,11 @@ def _pick(kind: str, table: dict[str, object], wanted: Sequence[str | object]) -
             known = ", ".join(sorted(table)) or "none"
             raise PluginError(f"unknown {kind} {item!r}; registered: {known}")
     return chosen
+
+
+def plugin_instructions() -> dict[str, InstructionKind]:
+    """The instruction kinds plugins added to the schedule language, by name."""
+    return {name: kind for name, kind in get_registry().instructions.items() if name not in PRIMITIVES}
 
 
 def resolve_modules(target: TargetSpec, modules: Sequence[str | SpaceModule] | None = None) -> list[SpaceModule]:
@@ -130,7 +136,7 @@ class DesignSpace:
 
     def realize(self, trace: Trace, rng: Rng | int = 0) -> tuple[Schedule, Rejection | None]:
         """Replay ``trace`` (missing decisions are sampled from ``rng``) and finish it with the validators."""
-        sch = Schedule.replay(self.workload.mod, trace, rng=rng)
+        sch = Schedule.replay(self.workload.mod, trace, rng=rng, instructions=self.context.instructions)
         return sch, self.finish(sch.tvm)
 
     def draw(self, rng: Rng, trace: Trace | None = None) -> tuple[Schedule, Rejection | None]:
@@ -149,7 +155,7 @@ class DesignSpace:
         priors = [prior for module in self.modules if callable(prior := getattr(module, "prior", None))]
         until = self.prior_end if priors else None
         for attempt in range(1, MAX_DRAWS + 1):
-            sch = Schedule.replay(self.workload.mod, undecided, rng=rng, until=until)
+            sch = Schedule.replay(self.workload.mod, undecided, rng=rng, until=until, instructions=self.context.instructions)
             if not priors or attempt == MAX_DRAWS or rng.random() < math.prod(p(sch.tvm, self.context) for p in priors):
                 break
         if until is not None:
@@ -189,9 +195,9 @@ def generate_space(
     Modules marked ``after_blocks`` (see :class:`~probtune.interfaces.SpaceModule`)
     run in a second pass, once every block went through the others.
     """
-    context = SpaceContext(workload=workload, target=target)
+    context = SpaceContext(workload=workload, target=target, instructions=plugin_instructions())
     chosen = resolve_modules(target, modules)
-    sch = Schedule(workload.mod, rng=Rng(seed))
+    sch = Schedule(workload.mod, rng=Rng(seed), instructions=context.instructions)
     prior_end = 0
     late = [module for module in chosen if getattr(module, "after_blocks", False)]
     for group in ([module for module in chosen if module not in late], late):

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from probtune import hookimpl
+from probtune_cuda.instructions import PAD_EINSUM
 from probtune_cuda.multi_level_tiling import GPUMultiLevelTiling
 from probtune_cuda.postprocs import (
     RewriteCooperativeFetch,
@@ -47,6 +48,11 @@ __all__ = [
 def probtune_register_targets(register: Callable[[Any], None]) -> None:
     for target in make_targets():
         register(target)
+
+
+@hookimpl
+def probtune_register_instructions(register: Callable[[Any], None]) -> None:
+    register(PAD_EINSUM)
 
 
 @hookimpl

@@ -1,6 +1,7 @@
 """How a CUDA target compiles a candidate: TVM's CUDA code, then NVRTC to a cubin, linted before it is kept.
 
-TVM builds the module (its kernels as CUDA source) on any machine. The
+TVM builds the module (its kernels as CUDA source) on any machine, with the
+pass options of :mod:`probtune_cuda.lowering`. The
 compiler also compiles that source to machine code for the target's
 architecture, as the GPU would run it, and refuses a candidate whose kernels
 spill registers to local memory, keep arrays in local memory (a stack frame)
@@ -19,6 +20,7 @@ from typing import Any
 import tvm
 
 from probtune_cuda.launch import UnsupportedLaunch, kernel_launches
+from probtune_cuda.lowering import build_options
 from probtune_cuda.nvrtc import KernelResources, compile_cubin, kernel_resources
 
 __all__ = ["CUDALintError", "NVRTCCompiler", "lint"]
@@ -58,7 +60,8 @@ class NVRTCCompiler:
     lint_cubin: bool = True
 
     def __call__(self, mod: tvm.IRModule, tvm_target: dict[str, Any]) -> Any:
-        executable = tvm.compile(mod, target=tvm.target.Target(tvm_target))
+        with build_options(mod):
+            executable = tvm.compile(mod, target=tvm.target.Target(tvm_target))
         if self.lint_cubin:
             for device_module in executable.mod.imports:
                 self.check(device_module.inspect_source(), tvm_target)
@@ -71,12 +74,13 @@ class NVRTCCompiler:
         launch in order, ``{"kernel", "args", "grid", "block", "shared"}``,
         and the ``scratch`` buffers the launches share.
         """
-        executable = tvm.compile(mod, target=tvm.target.Target(tvm_target))
+        with build_options(mod):
+            executable = tvm.compile(mod, target=tvm.target.Target(tvm_target))
+            launches, scratch = kernel_launches(mod, tvm_target)
         sources = [device_module.inspect_source() for device_module in executable.mod.imports]
         if len(sources) != 1:
             raise UnsupportedLaunch(f"the program has {len(sources)} device modules; a bundle carries one cubin")
         cubin = self.check(sources[0], tvm_target)
-        launches, scratch = kernel_launches(mod, tvm_target)
         table = {"launches": [launch.to_json() for launch in launches],
                  "scratch": [{"name": b.name, "dtype": b.dtype, "elements": b.elements} for b in scratch]}
         return cubin, table

@@ -21,7 +21,9 @@ from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 
 from probtune import SpaceContext
+from probtune.errors import last_line
 from probtune.tir import nested_sblocks
+from probtune_cuda.lowering import lower_for_check
 from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY, MAX_ACCUMULATORS, oversized_register_tiles
 from probtune_cuda.tensor_core import TENSORIZE_KEY, WARP_EXECUTION_KEY, load_tensor_intrinsics
 
@@ -104,17 +106,33 @@ class RewriteTensorize:
 
 @dataclass(frozen=True)
 class VerifyGPUCode:
-    """Reject a program whose threads per block, shared memory or vector accesses exceed the target's limits."""
+    """Reject a program whose threads per block, shared memory or vector accesses exceed the target's limits.
+
+    MetaSchedule's ``VerifyGPUCode``: the program lowered as it is built
+    (:func:`probtune_cuda.lowering.lower_for_check`), then TVM's check of its limits.
+    """
 
     name: str = "verify-gpu-code"
+    max_vthread: int = 8
+    max_vector_bytes: int = 16
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
-        if _apply("VerifyGPUCode", sch, ctx):
-            return None
         limits = ctx.target.tvm_target
+        try:
+            lowered = lower_for_check(sch.mod, dict(limits))
+        except Exception as exc:  # noqa: BLE001 - TVM reports a program it cannot lower with whatever error it has
+            return f"TVM cannot lower it: {last_line(exc)}"
+        constraints = {
+            "max_shared_memory_per_block": int(limits.get("max_shared_memory_per_block", 49152)),
+            "max_threads_per_block": int(limits.get("max_threads_per_block", 1024)),
+            "max_vthread": self.max_vthread,
+            "max_vector_bytes": self.max_vector_bytes,
+        }
+        if s_tir.analysis.verify_gpu_code(lowered["main"], constraints):
+            return None
         return (
-            f"exceeds the GPU's per-block limits ({limits.get('max_threads_per_block')} threads, "
-            f"{limits.get('max_shared_memory_per_block')} bytes of shared memory) or its vector width"
+            f"exceeds the GPU's per-block limits ({constraints['max_threads_per_block']} threads, "
+            f"{constraints['max_shared_memory_per_block']} bytes of shared memory) or its vector width"
         )
 
 

@@ -1,5 +1,8 @@
 """Tensor-core tiling: a float16 or int8 matmul-like block computed by warps with TVM's WMMA intrinsics.
 
+A block whose loops are not whole 16-wide tiles is first padded
+(``pad_einsum``, an instruction this plugin adds): the copies into shared
+memory read zeros past the inputs' ends, the copy out skips the padding.
 Each 16x16x16 tile of the block becomes a block of its own (``blockize``),
 which ``rewrite-tensorize`` replaces by the WMMA multiply-accumulate after
 the search (the initialisation by the fragment fill). The tiles are then
@@ -33,7 +36,19 @@ from tvm.s_tir.schedule.analysis import get_tensorize_loop_mapping
 
 from probtune import SpaceContext
 from probtune.schedule import BlockRV, LoopRV, Schedule
-from probtune.tir import REDUCTION, SPATIAL, as_list, at_root, identity, loop_kinds, nested_sblocks, realize_of, thread_tag
+from probtune.tir import (
+    REDUCTION,
+    SPATIAL,
+    as_list,
+    at_root,
+    block_names,
+    identity,
+    loop_kinds,
+    nested_sblocks,
+    realize_of,
+    thread_tag,
+)
+from probtune_cuda.instructions import PAD_EINSUM
 from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY, SHARED, elementwise_consumer
 
 __all__ = [
@@ -137,6 +152,24 @@ def wmma_plan(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, ctx: Space
     return None
 
 
+def _tile_padding(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV) -> list[int] | None:
+    """Padding factors per block iterator that make the tiles WMMA maps whole, or None if none is needed or possible.
+
+    WMMA maps the output's last two dimensions and the reduction: those
+    iterators are padded to multiples of 16, the others (a batch) are kept.
+    """
+    sblock = raw.get(block_rv)
+    values = as_list(realize_of(raw, block_rv).iter_values)
+    if len(sblock.writes) != 1 or not all(isinstance(value, tirx.Var) for value in values):
+        return None  # pad_einsum needs each iterator bound to one loop
+    output = [identity(region.min) for region in sblock.writes[0].region[-2:]]
+    factors = [
+        TILE if int(iv.dom.extent) % TILE and (identity(iv.var) in output or int(iv.iter_type) == tirx.IterVar.CommReduce) else 1
+        for iv in sblock.iter_vars
+    ]
+    return factors if any(factor > 1 for factor in factors) else None
+
+
 def _tile_loops(
     raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, loops: list[s_tir.schedule.LoopRV], intrinsic: str
 ) -> tuple[int, int, int] | None:
@@ -196,6 +229,8 @@ class TensorCoreTiling:
     """The reduction tile staged in shared memory at once, in 16-wide tiles."""
     vector_load_lens: tuple[int, ...] = (1, 2, 4, 8)
     max_accumulator_fragments: int = 16
+    max_padding: float = 2.0
+    """Padding to whole tiles may at most multiply the block's work by this; beyond, WMMA is not used."""
     off_tile_weight: float = 0.01
 
     def prior(self, sch: s_tir.Schedule, ctx: SpaceContext) -> float:
@@ -215,14 +250,43 @@ class TensorCoreTiling:
 
     def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
         plan = wmma_plan(sch.tvm, sch.resolve(block), ctx)
+        pads = self._pad(sch, block, ctx) if plan is None else set()
+        if pads is None:
+            return
+        plan = plan or wmma_plan(sch.tvm, sch.resolve(block), ctx)
         if plan is None:
             return
         outer = self._tensor_tiles(sch, block, plan)
         grid, warps, r_outer, r_middle = self._tile(sch, outer)
-        self._write_through_shared(sch, outer, plan, grid, warps)
         for operand, scope, intrinsic in ((plan.operand_a, "wmma.matrix_a", plan.group.load_a),
                                           (plan.operand_b, "wmma.matrix_b", plan.group.load_b)):
-            self._read_through_fragments(sch, outer, operand, plan.in_dtype, (scope, intrinsic), (r_outer, r_middle))
+            fragment = (scope, intrinsic)
+            self._read_through_fragments(sch, outer, operand, plan.in_dtype, fragment, (r_outer, r_middle), pads)
+        self._write_through_shared(sch, outer, plan, grid, warps)  # after: inlining a pad once the output is trimmed fails
+
+    def _pad(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> set[str] | None:
+        """Pad the block to whole 16-wide tiles (``pad_einsum``) if WMMA can then compute it; the blocks padding its inputs.
+
+        None, and nothing recorded, where padding does not let WMMA compute
+        the block or would more than ``max_padding`` times its work.
+        """
+        raw, block_rv = sch.tvm, sch.resolve(block)
+        factors = _tile_padding(raw, block_rv)
+        if factors is None:
+            return None
+        extents = [int(iv.dom.extent) for iv in raw.get(block_rv).iter_vars]
+        if math.prod(-(-n // f) * f for n, f in zip(extents, factors)) > self.max_padding * math.prod(extents):
+            return None
+        trial = raw.copy()
+        try:
+            trial.pad_einsum(block_rv, factors)
+        except (RuntimeError, ValueError):  # TVM: not an einsum it can pad
+            return None
+        if wmma_plan(trial, block_rv, ctx) is None:
+            return None
+        before = set(block_names(sch.mod["main"]))
+        sch.apply(PAD_EINSUM.name, [block], {"padding": factors})
+        return {str(sch.tvm.get(rv).name_hint) for rv in sch.tvm.get_producers(sch.resolve(block))} - before
 
     def _tensor_tiles(self, sch: Schedule, block: BlockRV, plan: WMMAPlan) -> BlockRV:
         """Split the intrinsic's loops by 16, put the 16x16x16 tile innermost and make it a block; the outer block."""
@@ -258,15 +322,15 @@ class TensorCoreTiling:
     def _write_through_shared(self, sch: Schedule, outer: BlockRV, plan: WMMAPlan, grid: LoopRV, warps: LoopRV) -> None:
         """Accumulate in fragments, store them to shared memory per warp, and copy the block's tile out with all threads.
 
-        The copy finishes the block's elementwise consumer (cast, bias,
-        activation) if it has one, so the output is written once.
+        The copy finishes the block's elementwise consumers (the trimming of
+        a padded output; a cast, bias, activation) if it has them, so the
+        output is written once.
         """
-        epilogue = elementwise_consumer(sch.tvm, sch.resolve(outer))
         staged = sch.cache_write(outer, 0, SHARED)
         sch.reverse_compute_at(staged, grid)
         fragments = sch.cache_write(outer, 0, "wmma.accumulator")
         sch.reverse_compute_at(fragments, warps)
-        if epilogue is not None:
+        while (epilogue := elementwise_consumer(sch.tvm, sch.resolve(staged))) is not None:
             sch.reverse_compute_inline(sch.get_sblock(epilogue))
         self._blockize_tiles(sch, fragments, plan.group.store)
         sch.fuse(*sch.get_loops(staged)[1:])  # under the block's loop
@@ -274,10 +338,23 @@ class TensorCoreTiling:
         sch.annotate(staged, COOPERATIVE_FETCH_KEY, sch.sample_categorical(widths, [1.0 / len(widths)] * len(widths)))
 
     def _read_through_fragments(
-        self, sch: Schedule, outer: BlockRV, operand: int, in_dtype: str, fragment: tuple[str, str], at: tuple[LoopRV, LoopRV]
+        self,
+        sch: Schedule,
+        outer: BlockRV,
+        operand: int,
+        in_dtype: str,
+        fragment: tuple[str, str],
+        at: tuple[LoopRV, LoopRV],
+        pads: set[str],
     ) -> None:
-        """Copy an operand's tile to shared memory under the outer reduction tile, then into fragments under the middle one."""
+        """Copy an operand's tile to shared memory under the outer reduction tile, then into fragments under the middle one.
+
+        The copy of a padded operand makes the padding's zeros (the block that padded it is inlined into it).
+        """
         shared = sch.cache_read(outer, operand, SHARED)
+        for producer in sch.tvm.get_producers(sch.resolve(shared)):
+            if (name := str(sch.tvm.get(producer).name_hint)) in pads:
+                sch.compute_inline(sch.get_sblock(name))
         sch.compute_at(shared, at[0])
         sch.fuse(*sch.get_loops(shared)[_OUTER_REDUCTION_DEPTH + 1 :])
         bits = 16 if in_dtype == "float16" else 8
