@@ -52,6 +52,16 @@ def matmul(plus_one: bool = False) -> tvm.tirx.PrimFunc:
     return te.create_prim_func([a, b, d])
 
 
+def clamped_matmul() -> tvm.tirx.PrimFunc:
+    """``min(max(A @ B, lo), hi)`` with the bounds as scalar inputs, as ONNX's Clip (ReLU6) reaches a model's tasks."""
+    a, b = te.placeholder((N, N), name="A"), te.placeholder((N, N), name="B")
+    lo, hi = te.placeholder((), name="lo"), te.placeholder((), name="hi")
+    k = te.reduce_axis((0, N), name="k")
+    c = te.compute((N, N), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    d = te.compute((N, N), lambda i, j: te.min(te.max(c[i, j], lo()), hi()), name="D")
+    return te.create_prim_func([a, b, lo, hi, d])
+
+
 def scheduled_matmul(plus_one: bool = False) -> tvm.IRModule:
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": matmul(plus_one)}))
     i, j, k = sch.get_loops(sch.get_sblock("C"))
@@ -186,7 +196,23 @@ def test_prepare_reference_saves_inputs_and_expected_outputs(
         a, b, c = arrays["input_0"], arrays["input_1"], arrays["output_0"]
     np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
     assert reference.num_inputs == 2
-    assert (reference.rtol, reference.atol) == workload.tolerance()
+    assert (reference.rtol, reference.atol) == workload.tolerance([c])
+
+
+def test_a_reference_s_tolerance_is_scaled_by_its_own_outputs(workdir: Path) -> None:
+    """A clamp whose bounds are inputs: seed 4 clamps every output to one value near zero, seed 1 lets them through.
+
+    Scaled by seed 4's outputs, seed 1's absolute tolerance would be 20 times too
+    tight, and correct reorderings of the reduction refused (MobileNetV2's ReLU6 was).
+    """
+    workload = Workload.from_module(clamped_matmul(), name="clamped")
+    small, large = (prepare_reference(workload, workdir, seed=seed) for seed in (4, 1))
+    with np.load(small.path) as arrays:
+        assert np.ptp(arrays["output_0"]) == 0.0  # seed 4 draws the lower bound above the upper one
+    with np.load(large.path) as arrays:
+        outputs = [arrays["output_0"]]
+    assert (large.rtol, large.atol) == workload.tolerance(outputs)
+    assert large.atol > 10 * small.atol
 
 
 def test_builder_builds_every_compilable_candidate(built: dict[str, BuildResult]) -> None:
