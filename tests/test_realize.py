@@ -101,16 +101,21 @@ def _summary(outcomes):
     ]
 
 
-def test_helpers_realize_what_this_process_would(host):
-    validators = [*host.validators, RejectByHash()]
-    serial_space, helped_space = _space(host, validators), _space(host, validators)
+def _here_and_in_a_helper(serial_space, helped_space):
+    """The same jobs realized in this process (in ``serial_space``) and by one helper (in ``helped_space``)."""
     serial = Realizer(serial_space, XGBCostModel(), workers=0).realize(_jobs(serial_space))
     with_helpers = Realizer(helped_space, XGBCostModel(), workers=1)
     try:
         assert with_helpers.workers == 1
-        helped = with_helpers.realize(_jobs(helped_space))
+        return serial, with_helpers.realize(_jobs(helped_space))
     finally:
         with_helpers.close()
+
+
+def test_helpers_realize_what_this_process_would(host):
+    validators = [*host.validators, RejectByHash()]
+    serial_space, helped_space = _space(host, validators), _space(host, validators)
+    serial, helped = _here_and_in_a_helper(serial_space, helped_space)
     assert _summary(helped) == _summary(serial)
     assert {type(o) for o in serial} == {Realized, Rejected}  # both kinds crossed the pipe
     assert helped_space.rejections == serial_space.rejections
@@ -124,13 +129,7 @@ def test_helpers_replay_the_instruction_kinds_a_plugin_adds(host, monkeypatch):
     workload = resolve_workload("matmul", (64, 64, 64), "float32", get_registry().workloads)
     space = generate_space(workload, host, modules=[StreamOuterLoop()], validators=[])
     assert "accel_stream" in space.context.instructions and "split" not in space.context.instructions  # plugins' only
-    serial = Realizer(space, XGBCostModel(), workers=0).realize(_jobs(space))
-    with_helpers = Realizer(space, XGBCostModel(), workers=1)
-    try:
-        assert with_helpers.workers == 1
-        helped = with_helpers.realize(_jobs(space))
-    finally:
-        with_helpers.close()
+    serial, helped = _here_and_in_a_helper(space, space)
     assert {type(o) for o in serial} == {Realized} and _summary(helped) == _summary(serial)
 
 
