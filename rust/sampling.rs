@@ -69,32 +69,46 @@ impl TileLimits {
         }
     }
 
+    /// Whether the innermost factor of `factors` is within its limit.
+    fn innermost_fits(&self, factors: &[i64]) -> bool {
+        factors
+            .last()
+            .is_none_or(|&innermost| innermost_allowed(innermost, self.max_innermost_factor))
+    }
+
+    /// Whether every factor but the outermost multiplies to within its limit.
+    fn inner_product_fits(&self, factors: &[i64]) -> bool {
+        if self.max_inner_product <= 0 || factors.len() < 2 {
+            return true;
+        }
+        factors[1..]
+            .iter()
+            .try_fold(1i64, |acc, &factor| acc.checked_mul(factor))
+            .is_some_and(|product| product <= self.max_inner_product)
+    }
+
+    /// Whether `factors` keep both limits (no allocation: the sampler and mutator call it per draw).
+    pub(crate) fn allow(&self, factors: &[i64]) -> bool {
+        self.innermost_fits(factors) && self.inner_product_fits(factors)
+    }
+
     /// Why `factors` break a limit, if they do.
     pub(crate) fn violation(&self, factors: &[i64]) -> Option<String> {
-        let innermost = *factors.last()?;
-        if !innermost_allowed(innermost, self.max_innermost_factor) {
+        if !self.innermost_fits(factors) {
             return Some(format!(
-                "has innermost factor {innermost} > max_innermost_factor {}",
+                "has innermost factor {} > max_innermost_factor {}",
+                factors[factors.len() - 1],
                 self.max_innermost_factor
             ));
         }
-        if self.max_inner_product > 0 && factors.len() > 1 {
-            let inner = factors[1..]
-                .iter()
-                .try_fold(1i64, |acc, &factor| acc.checked_mul(factor));
-            if inner.is_none_or(|product| product > self.max_inner_product) {
-                return Some(format!(
-                    "has inner factors {:?} whose product exceeds max_inner_product {}",
-                    &factors[1..],
-                    self.max_inner_product
-                ));
-            }
+        if !self.inner_product_fits(factors) {
+            return Some(format!(
+                "has inner factors {:?} whose product exceeds max_inner_product {}",
+                &factors[1..],
+                self.max_inner_product
+            ));
         }
         None
-    }
-
-    pub(crate) fn allow(&self, factors: &[i64]) -> bool {
-        self.violation(factors).is_none()
     }
 }
 

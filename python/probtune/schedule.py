@@ -276,7 +276,7 @@ class Schedule:
     ) -> None:
         """``instructions``: kinds beyond the language's own (plugins'), which this schedule can then apply and replay."""
         self._sch = _new_tvm_schedule(mod)
-        self._kinds = {**instructions, **PRIMITIVES} if instructions else PRIMITIVES
+        self._plugin_kinds = instructions or {}
         self._rng = rng if isinstance(rng, Rng) else Rng(rng)
         self._trace = Trace()
         self._values: dict[int, Any] = {}
@@ -353,16 +353,15 @@ class Schedule:
         resolved = [self._resolve(v) for v in inputs]
         if kind in SAMPLING_KINDS:
             values, decision, out_type = self._sample(kind, resolved, attrs, decision)
-        elif kind in self._kinds:
+        elif (prim := PRIMITIVES.get(kind) or self._plugin_kinds.get(kind)) is not None:  # the language's own first
             if decision is not None:
                 raise InvalidDecisionError(f"{kind} is not a sampling instruction and takes no decision")
-            prim = self._kinds[kind]
             result = prim.apply(self._sch, resolved, attrs)
             values = [] if prim.output is None else (list(result) if prim.many else [result])
             out_type = prim.output or RV
         else:
             raise TraceFormatError(
-                f"unknown instruction kind {kind!r}; known: {', '.join([*self._kinds, *SAMPLING_KINDS])} "
+                f"unknown instruction kind {kind!r}; known: {', '.join([*PRIMITIVES, *self._plugin_kinds, *SAMPLING_KINDS])} "
                 "(a kind a plugin adds is known where the plugin is installed: `probtune plugins` lists them)"
             )
         ids = self._bind(values, output_ids)

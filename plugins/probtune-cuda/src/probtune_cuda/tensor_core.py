@@ -249,13 +249,12 @@ class TensorCoreTiling:
         return float(self.off_tile_weight**misses)
 
     def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
-        plan = wmma_plan(sch.tvm, sch.resolve(block), ctx)
-        pads = self._pad(sch, block, ctx) if plan is None else set()
-        if pads is None:
-            return
-        plan = plan or wmma_plan(sch.tvm, sch.resolve(block), ctx)
+        plan, pads = wmma_plan(sch.tvm, sch.resolve(block), ctx), set[str]()
         if plan is None:
-            return
+            padded = self._pad(sch, block, ctx)
+            if padded is None:
+                return
+            plan, pads = padded
         outer = self._tensor_tiles(sch, block, plan)
         grid, warps, r_outer, r_middle = self._tile(sch, outer)
         for operand, scope, intrinsic in ((plan.operand_a, "wmma.matrix_a", plan.group.load_a),
@@ -264,11 +263,13 @@ class TensorCoreTiling:
             self._read_through_fragments(sch, outer, operand, plan.in_dtype, fragment, (r_outer, r_middle), pads)
         self._write_through_shared(sch, outer, plan, grid, warps)  # after: inlining a pad once the output is trimmed fails
 
-    def _pad(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> set[str] | None:
-        """Pad the block to whole 16-wide tiles (``pad_einsum``) if WMMA can then compute it; the blocks padding its inputs.
+    def _pad(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> tuple[WMMAPlan, set[str]] | None:
+        """Pad the block to whole 16-wide tiles (``pad_einsum``) if WMMA can then compute it.
 
-        None, and nothing recorded, where padding does not let WMMA compute
-        the block or would more than ``max_padding`` times its work.
+        Returns the padded block's plan (found on a padded copy: a plan names
+        loops and reads by position) and the blocks that pad its inputs; None,
+        and nothing recorded, where padding does not let WMMA compute the
+        block or would more than ``max_padding`` times its work.
         """
         raw, block_rv = sch.tvm, sch.resolve(block)
         factors = _tile_padding(raw, block_rv)
@@ -282,11 +283,12 @@ class TensorCoreTiling:
             trial.pad_einsum(block_rv, factors)
         except (RuntimeError, ValueError):  # TVM: not an einsum it can pad
             return None
-        if wmma_plan(trial, block_rv, ctx) is None:
+        plan = wmma_plan(trial, block_rv, ctx)
+        if plan is None:
             return None
         before = set(block_names(sch.mod["main"]))
         sch.apply(PAD_EINSUM.name, [block], {"padding": factors})
-        return {str(sch.tvm.get(rv).name_hint) for rv in sch.tvm.get_producers(sch.resolve(block))} - before
+        return plan, {str(sch.tvm.get(rv).name_hint) for rv in sch.tvm.get_producers(sch.resolve(block))} - before
 
     def _tensor_tiles(self, sch: Schedule, block: BlockRV, plan: WMMAPlan) -> BlockRV:
         """Split the intrinsic's loops by 16, put the 16x16x16 tile innermost and make it a block; the outer block."""

@@ -503,13 +503,14 @@ def program_features(program: tvm.IRModule | tirx.PrimFunc) -> np.ndarray:
     return out
 
 
-_TENSOR_CORE_CALLS = {  # intrinsic (without its namespace) -> index into GPU_FEATURE_NAMES
-    "tvm_mma_sync": 6, "tvm_bmma_sync": 6, "ptx_mma": 6,
-    "tvm_load_matrix_sync": 7, "ptx_ldmatrix": 7,
-    "tvm_store_matrix_sync": 8, "mma_store": 8,
+_GPU_COLUMN = {name: index for index, name in enumerate(GPU_FEATURE_NAMES)}
+_TENSOR_CORE_CALLS = {  # intrinsic (without its namespace) -> its column
+    "tvm_mma_sync": _GPU_COLUMN["mma_calls"], "tvm_bmma_sync": _GPU_COLUMN["mma_calls"], "ptx_mma": _GPU_COLUMN["mma_calls"],
+    "tvm_load_matrix_sync": _GPU_COLUMN["fragment_loads"], "ptx_ldmatrix": _GPU_COLUMN["fragment_loads"],
+    "tvm_store_matrix_sync": _GPU_COLUMN["fragment_stores"], "mma_store": _GPU_COLUMN["fragment_stores"],
 }
-_THREAD_KINDS = ("blockIdx", "threadIdx", "vthread")  # the first three GPU_FEATURE_NAMES, in order
-_SCOPE_KINDS = {"shared": 3, "shared.dyn": 3, "local": 4}
+_THREAD_KINDS = {"blockIdx": _GPU_COLUMN["blocks"], "threadIdx": _GPU_COLUMN["threads"], "vthread": _GPU_COLUMN["vthreads"]}
+_SCOPE_KINDS = {"shared": _GPU_COLUMN["shared_bytes"], "shared.dyn": _GPU_COLUMN["shared_bytes"], "local": _GPU_COLUMN["local_bytes"]}
 
 
 def _launches_kernels(func: tirx.PrimFunc) -> bool:
@@ -543,7 +544,7 @@ def gpu_features(func: tirx.PrimFunc) -> np.ndarray:
         if isinstance(node, s_tir.SBlockRealize):
             for buffer in as_list(node.block.alloc_buffers):
                 scope = str(buffer.scope())
-                index = 5 if scope.startswith("wmma.") else _SCOPE_KINDS.get(scope)
+                index = _GPU_COLUMN["fragment_bytes"] if scope.startswith("wmma.") else _SCOPE_KINDS.get(scope)
                 if index is not None:
                     raw[index] += float(np.prod([max(_int(d), 1) for d in as_list(buffer.shape)])) * buffer.dtype.itemsize
         elif isinstance(node, tirx.Evaluate) and isinstance(node.value, tvm.ir.Call):
@@ -552,7 +553,7 @@ def gpu_features(func: tirx.PrimFunc) -> np.ndarray:
                 raw[index] += iterations
         stack.extend((child, iterations, kernel) for child in reversed(child_stmts(node)))
     for kernel in kernels:
-        for index, kind in enumerate(_THREAD_KINDS):
+        for kind, index in _THREAD_KINDS.items():
             extent = math.prod(extent for tag, extent in kernel.items() if tag.startswith(kind))
             raw[index] = max(raw[index], extent)
     return raw
