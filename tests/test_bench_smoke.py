@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -50,3 +52,35 @@ def test_models_bench_runs_on_the_small_cnn(tmp_path: Path) -> None:
     assert set(entry["latency_ms"]) >= {"probtune", "tvm", "onnxruntime", "tvm_untuned"}
     assert all("outputs match" in text for text in entry["checks"].values())
     assert entry["probtune"]["trials"] == 8
+
+
+@pytest.mark.slow
+def test_the_gpu_bench_tunes_both_systems_through_bundles_on_a_fake_gpu(tmp_path: Path) -> None:
+    """One round of bench/cuda_gpu.py, its bundles measured by bench/gpu_measure.py with a stand-in CuPy."""
+    pytest.importorskip("cloudpickle", reason="TVM MetaSchedule needs requirements-bench.txt")
+    root, out = tmp_path / "gpu", tmp_path / "out"
+    bench = [sys.executable, str(ROOT / "bench" / "cuda_gpu.py"), "--root", str(root), "--candidates", "4",
+             "--workload", "matmul:256,256,256:float16"]
+
+    def run(command: list[str], **env: str) -> str:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=900, env={**os.environ, **env})
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    run([*bench, "start", "--rounds", "1"])
+    run([*bench, "prepare", "1"])
+    run([sys.executable, str(ROOT / "bench" / "gpu_measure.py"), str(root / "round1"), "--out", str(out)],
+        PYTHONPATH=str(ROOT / "tests" / "fake_cupy"), FAKE_CUPY_LOG=str(tmp_path / "launches"), FAKE_CUPY_ANSWERS="bundle")
+    run([*bench, "collect", "1", str(out / "round1.tar.gz")])
+    run([*bench, "report", "--output", str(tmp_path / "report.json")])
+    [row] = json.loads((tmp_path / "report.json").read_text())["workloads"]
+    [entry] = row["rounds"]
+    for system in ("probtune", "metaschedule"):
+        assert entry[system]["built"] >= 1 and entry[system]["statuses"] == {"ok": entry[system]["built"]}
+        assert entry[system]["best_ms"] > 0
+    log = root / "state" / "metaschedule-matmul-256x256x256-float16.log"
+    for _ in range(120):  # MetaSchedule's tuner ends once it has the round's results
+        if "tuning is done" in log.read_text():
+            break
+        time.sleep(1)
+    assert "tuning is done" in log.read_text()

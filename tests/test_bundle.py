@@ -15,8 +15,9 @@ import pytest
 from probtune import Database, TuningConfigError
 from probtune.bundle import BundleWritten, import_results, write_bundle
 from probtune.cli import main
-from probtune.measure.run_bundle import DIED, MANIFEST, RESULTS
+from probtune.measure.run_bundle import BROKEN, DIED, MANIFEST, RESULTS, read_results
 
+FAKE_CUPY = Path(__file__).resolve().parent / "fake_cupy"  # stands for CuPy: PYTHONPATH=FAKE_CUPY
 SHAPE = (32, 32, 32)
 DEVICE = "lab-box"
 KEY = f"host@{DEVICE}"
@@ -100,6 +101,32 @@ def test_malformed_results_are_refused_before_anything_is_recorded(tmp_path: Pat
         assert all(r.status == "build_error" for r in database.records(database.workloads()[0].id))
 
 
+def test_a_reference_too_large_to_carry_travels_as_a_seed_and_sampled_outputs(tmp_path: Path) -> None:
+    """The script makes the inputs again from their seed and checks the outputs at the sampled positions."""
+    db = tmp_path / "tuning.db"
+    written = write_bundle("matmul", tmp_path / "b", device=DEVICE, shape=SHAPE, database=db, candidates=3,
+                           reference_mb=0.001)
+    manifest = json.loads((written.path / MANIFEST).read_text())
+    seeded = manifest["reference"]["seeded"]
+    assert seeded["inputs"] == [[[32, 32], "float32"]] * 2 and seeded["outputs"] == [[[32, 32], "float32"]]
+    with np.load(written.path / "reference.npz") as arrays:
+        assert set(arrays.files) == {"positions_0", "output_0"}  # no inputs
+        sampled = dict(arrays)
+    assert _run_script(written.path).returncode == 0
+    assert import_results(written.path, db).statuses == {"ok": written.candidates}
+    # Outputs that disagree at a sampled position are wrong; inputs made differently stop the run, named.
+    (written.path / RESULTS).unlink()
+    np.savez(written.path / "reference.npz", positions_0=sampled["positions_0"], output_0=sampled["output_0"] + 1)
+    assert _run_script(written.path).returncode == 0
+    rows = [json.loads(line) for line in (written.path / RESULTS).read_text().splitlines()[1:]]
+    assert {row["status"] for row in rows if "status" in row} == {"wrong_result"}
+    (written.path / RESULTS).unlink()
+    seeded["seed"] += 1
+    (written.path / MANIFEST).write_text(json.dumps(manifest))
+    ran = _run_script(written.path)
+    assert ran.returncode == 2 and "input 0 made from seed 1 differs" in ran.stderr
+
+
 def test_bad_folders_are_named(tmp_path: Path) -> None:
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("")
@@ -119,74 +146,6 @@ def test_the_cli_writes_and_imports_a_bundle(tmp_path: Path, capsys: pytest.Capt
     assert f"recorded under {KEY}: " in capsys.readouterr().out
 
 
-FAKE_CUPY = '''
-"""Stands for CuPy on a machine without a GPU: loads a cubin's header, logs launches, runs nothing."""
-import json, os
-import numpy as np
-
-LOG = os.environ["FAKE_CUPY_LOG"]
-REFERENCE = os.environ.get("FAKE_CUPY_ANSWERS")  # the reference outputs, to stand for a correct kernel
-
-
-class _Kernel:
-    def __init__(self, name):
-        self.name = name
-
-    def __call__(self, grid, block, args, shared_mem=0):
-        with open(LOG, "a") as log:
-            log.write(json.dumps({"kernel": self.name, "grid": list(grid), "block": list(block),
-                                  "args": len(args), "shared": shared_mem}) + "\\n")
-
-
-class RawModule:
-    def __init__(self, path):
-        with open(path, "rb") as cubin:
-            assert cubin.read(4) == b"\\x7fELF"
-
-    def get_function(self, name):
-        return _Kernel(name)
-
-
-def asarray(array):
-    return np.array(array)
-
-
-def zeros(shape, dtype=None):
-    return np.zeros(shape, dtype)
-
-
-def asnumpy(array):
-    if REFERENCE:
-        with np.load(REFERENCE) as saved:
-            return saved["output_0"]
-    return np.asarray(array)
-
-
-class _Event:
-    def record(self):
-        pass
-
-    def synchronize(self):
-        pass
-
-
-class cuda:
-    Event = _Event
-
-    @staticmethod
-    def get_elapsed_time(start, end):
-        return 0.5
-
-    class Device:
-        def synchronize(self):
-            pass
-
-    class runtime:
-        @staticmethod
-        def getDeviceProperties(index):
-            return {"name": b"Fake GPU"}
-'''
-
 
 @pytest.mark.parametrize(
     "correct,target,dtype",
@@ -205,10 +164,8 @@ def test_a_cuda_bundle_carries_cubins_that_its_script_launches_without_tvm(
                            database=db, candidates=3)
     assert written.measured_on == f"{target}@h100" and written.candidates >= 1
     manifest = json.loads((written.path / MANIFEST).read_text())
-    (tmp_path / "fake" / "cupy").mkdir(parents=True)
-    (tmp_path / "fake" / "cupy" / "__init__.py").write_text(FAKE_CUPY)
     log = tmp_path / "launches.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(tmp_path / "fake"), "FAKE_CUPY_LOG": str(log)}
+    env = {**os.environ, "PYTHONPATH": str(FAKE_CUPY), "FAKE_CUPY_LOG": str(log)}
     if correct:
         env["FAKE_CUPY_ANSWERS"] = str(written.path / "reference.npz")
     script = RUN_WITHOUT.format(hide="sys.modules['probtune'] = sys.modules['tvm'] = None; ")  # no TVM either
@@ -228,6 +185,24 @@ def test_a_cuda_bundle_carries_cubins_that_its_script_launches_without_tvm(
         assert done.statuses == {"ok": written.candidates} and done.best_latency is not None
     else:
         assert done.statuses == {"wrong_result": written.candidates}
+
+
+def test_a_candidate_that_breaks_the_cuda_context_stops_the_run_and_the_next_run_goes_on(tmp_path: Path) -> None:
+    """After a fault every later call in the process fails: those candidates must not be recorded as errors too."""
+    written = write_bundle("matmul", tmp_path / "b", device="h100", target="cuda-sm80", shape=SHAPE,
+                           database=tmp_path / "t.db", candidates=3)
+    assert written.candidates >= 2
+    (tmp_path / "fault").write_text("")
+    env = {**os.environ, "PYTHONPATH": str(FAKE_CUPY), "FAKE_CUPY_LOG": str(tmp_path / "log"),
+           "FAKE_CUPY_ANSWERS": str(written.path / "reference.npz"), "FAKE_CUPY_FAULT": str(tmp_path / "fault")}
+    command = [sys.executable, str(written.path / "run_bundle.py"), "--runtime", "cupy"]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False, env=env)
+    assert first.returncode == BROKEN and "unusable after candidate 0" in first.stderr
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False, env=env)
+    assert again.returncode == 0, again.stderr
+    _, results = read_results(written.path / RESULTS)
+    assert results[0]["status"] == "run_error" and "cudaErrorIllegalAddress" in results[0]["error"]
+    assert {results[i]["status"] for i in range(1, written.candidates)} == {"ok"}
 
 
 def test_kernels_asking_for_more_than_48_kb_of_shared_memory_opt_in(tmp_path: Path) -> None:

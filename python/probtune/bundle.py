@@ -25,17 +25,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import tvm
 
 from probtune._core import Trace
 from probtune.catalog import resolve_workload
 from probtune.codegen import device_type
 from probtune.database import Database
-from probtune.defaults import BATCH_SIZE, BUILD_TIMEOUT
+from probtune.defaults import BATCH_SIZE, BUILD_TIMEOUT, BUNDLE_REFERENCE_MB
 from probtune.errors import NOT_REPLAYABLE, TuningConfigError
 from probtune.interfaces import CostModel, TargetSpec
 from probtune.measure import run_bundle, timing
-from probtune.measure.results import MeasureStatus
+from probtune.measure.results import MeasureReference, MeasureStatus
 from probtune.measure.runner import CPU_DEVICE
 from probtune.pipeline import COLD_CACHE, build, load_cost_model_state, make_builder, resolve_cost_model
 from probtune.plugins import get_registry
@@ -44,8 +45,10 @@ from probtune.space import generate_space
 from probtune.targets import resolve_target
 from probtune.workload import Workload
 
-__all__ = ["BundleImport", "BundleWritten", "import_results", "write_bundle"]
+__all__ = ["BundleImport", "BundleWritten", "import_results", "write_bundle", "write_reference"]
 
+SAMPLED_POSITIONS = 1 << 18  # of each output of a reference too large to carry whole: a wrong 16x16 tile is
+# missed with probability (1 - 2**18 / size)**256, 2% for a 4096x4096 output
 REPEAT = 3  # timings per candidate, each lasting MIN_REPEAT_MS: the local runner's
 MIN_REPEAT_MS = 50.0
 WARMUP = 1
@@ -87,13 +90,17 @@ def write_bundle(
     cost_model: str | CostModel = "xgb",
     cache_flush: bool = False,
     build_timeout: float = BUILD_TIMEOUT,
+    reference_mb: float = BUNDLE_REFERENCE_MB,
 ) -> BundleWritten:
     """Write a bundle of up to ``candidates`` new candidates of ``workload`` into ``output`` (a new or empty folder).
 
     ``device`` names the device the bundle is for: records are kept under
     ``TARGET@DEVICE`` (with ``cache_flush``, ``TARGET+cold-llc@DEVICE``, timed
     cold). Import a bundle's results before writing the next: until then its
-    candidates are not in the database, and would be drawn again.
+    candidates are not in the database, and would be drawn again. A reference
+    larger than ``reference_mb`` travels as the seed of its inputs, which the
+    device makes again (checked against their digests), and its outputs at
+    ``SAMPLED_POSITIONS`` random positions each.
     """
     out = Path(output)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -112,7 +119,9 @@ def write_bundle(
         load_cost_model_state(model, db, keyed)
         builder = make_builder(None, spec, build_timeout, stack)
         scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="probtune-bundle-"))
-        session = TaskSession.open(work, keyed, db, model, workdir=scratch, seed=seed)
+        # A round trip to the device costs more than a search round here: the first bundle is filled too.
+        session = TaskSession.open(work, keyed, db, model, workdir=scratch, seed=seed,
+                                   search_options={"untrained_share": 1.0})
         stack.callback(session.close)
         batch = session.next_batch(candidates)
         if not batch:
@@ -127,15 +136,12 @@ def write_bundle(
                           program_hash=candidate.program_hash, build_seconds=built[index].seconds)
         runnable = [i for i in runnable if i not in failed]
         entries = _write_candidates(out, [(batch[i], built[i], kernels.get(i)) for i in runnable])
-        reference = session.form.reference
-        shutil.copyfile(reference.path, out / "reference.npz")
+        reference = write_reference(session.form.reference, out / "reference.npz", seed, reference_mb)
         manifest = {
             "format": run_bundle.FORMAT, "measured_on": key, "target": spec.name, "cache_flush": cache_flush,
             "workload": _describe_workload(work), "device_type": device_type(spec),
             "num_threads": spec.tvm_target.get("num-cores"), "repeat": REPEAT, "min_repeat_ms": MIN_REPEAT_MS,
-            "warmup": WARMUP, "candidates": entries,
-            "reference": {"path": "reference.npz", "num_inputs": reference.num_inputs, "rtol": reference.rtol,
-                          "atol": reference.atol},
+            "warmup": WARMUP, "candidates": entries, "reference": reference,
         }
         (out / run_bundle.MANIFEST).write_text(json.dumps(manifest, indent=1))
         for module in (run_bundle, timing):
@@ -180,6 +186,35 @@ def import_results(bundle: str | Path, database: str | Path, *, cost_model: str 
         best = db.best(workload_id, key)
     return BundleImport(key, str(header["device"]), statuses, len(results) - len(fresh),
                         len(entries) - len(results), best[0].mean_latency if best else None)
+
+
+def write_reference(reference: MeasureReference, path: Path, seed: int, limit_mb: float = BUNDLE_REFERENCE_MB) -> dict[str, Any]:
+    """Write a bundle's reference to ``path``, whole or seeded (inputs by seed, outputs sampled); its manifest entry.
+
+    ``reference`` is a task's reference (:func:`~probtune.measure.runner.prepare_reference`),
+    computed from the inputs of ``seed``.
+    """
+    entry: dict[str, Any] = {"path": path.name, "num_inputs": reference.num_inputs, "rtol": reference.rtol,
+                             "atol": reference.atol}
+    if Path(reference.path).stat().st_size <= limit_mb * 1e6:
+        shutil.copyfile(reference.path, path)
+        return entry
+    inputs, outputs = timing.read_reference(reference.path, reference.num_inputs)
+    specs = [(list(array.shape), array.dtype.name) for array in inputs]
+    if any(timing.sha256(a) != timing.sha256(b) for a, b in zip(inputs, timing.random_inputs(seed, specs))):
+        raise TuningConfigError(
+            f"the reference is {Path(reference.path).stat().st_size / 1e6:.0f} MB, over the bundle's limit of "
+            f"{limit_mb:g} MB, and its inputs are not made from a seed: raise the limit to carry it whole"
+        )
+    rng = np.random.default_rng(seed)
+    arrays: dict[str, Any] = {}  # numpy's stub reads a key as its allow_pickle flag
+    for index, array in enumerate(outputs):
+        positions = np.sort(rng.choice(array.size, min(array.size, SAMPLED_POSITIONS), replace=False))
+        arrays[f"positions_{index}"], arrays[f"output_{index}"] = positions, array.reshape(-1)[positions]
+    np.savez(path, **arrays)
+    entry["seeded"] = {"seed": seed, "inputs": specs, "sha256": [timing.sha256(a) for a in inputs],
+                       "outputs": [(list(array.shape), array.dtype.name) for array in outputs]}
+    return entry
 
 
 def _kernels(

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from probtune.defaults import BATCH_SIZE
+from probtune.defaults import BATCH_SIZE, BUNDLE_REFERENCE_MB
 
 __all__ = ["add_bundle_commands"]
 
@@ -25,6 +25,9 @@ def add_bundle_commands(sub: Any, positive_int: Callable[[str], int], default_da
     bundle_p.add_argument("--cost-model", default="xgb")
     bundle_p.add_argument("--seed", type=int, default=0)
     bundle_p.add_argument("--cache-flush", action="store_true", help="time each call with cold caches")
+    bundle_p.add_argument("--reference-mb", type=float, default=BUNDLE_REFERENCE_MB,
+                          help="a larger reference travels as its inputs' seed and sampled outputs "
+                               f"(default: {BUNDLE_REFERENCE_MB:g})")
     bundle_p.add_argument("--database", default=default_database)
     bundle_p.set_defaults(run=_cmd_bundle)
     import_p = sub.add_parser("import-results", help="record what a bundle's script measured, and learn from it")
@@ -40,7 +43,7 @@ def _cmd_bundle(args: argparse.Namespace) -> int:
     written = write_bundle(
         args.workload, args.output, device=args.device, target=args.target, database=args.database,
         candidates=args.candidates, shape=args.shape, dtype=args.dtype, seed=args.seed,
-        cost_model=args.cost_model, cache_flush=args.cache_flush,
+        cost_model=args.cost_model, cache_flush=args.cache_flush, reference_mb=args.reference_mb,
     )
     failed = f"; {written.build_errors} failed to build (recorded)" if written.build_errors else ""
     print(f"{written.path}: {written.candidates} candidates for {written.measured_on}{failed}")

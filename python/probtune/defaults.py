@@ -6,8 +6,8 @@ Nothing is imported here, so that the CLI can read them before TVM loads.
 from __future__ import annotations
 
 __all__ = [
-    "BATCH_SIZE", "BUILD_TIMEOUT", "CONFIRM", "LOCAL", "MODEL_CACHE_FLUSH", "MODEL_TRIALS", "OPERATOR_TRIALS", "RUN_TIMEOUT",
-    "SCHEDULER",
+    "BATCH_SIZE", "BUILD_TIMEOUT", "BUNDLE_REFERENCE_MB", "CONFIRM", "LOCAL", "MODEL_CACHE_FLUSH", "MODEL_TRIALS",
+    "OPERATOR_TRIALS", "RUN_TIMEOUT", "SCHEDULER",
 ]
 
 OPERATOR_TRIALS = 64
@@ -42,3 +42,8 @@ LOCAL = "local"
 
 SCHEDULER = "gradient"
 """The task scheduler of a model's run."""
+
+BUNDLE_REFERENCE_MB = 16.0
+"""The largest reference (inputs and outputs, MB) a measurement bundle carries whole.
+
+A larger one travels as its inputs' seed and its outputs at sampled positions."""

@@ -23,6 +23,7 @@ import tvm_ffi
 from tvm.s_tir.analysis import estimate_tir_flops
 
 from probtune.errors import WorkloadShapeError
+from probtune.measure.timing import random_inputs
 
 __all__ = [
     "Workload",
@@ -36,8 +37,6 @@ ReferenceFn = Callable[..., list[np.ndarray]]
 _UINT64_MASK = (1 << 64) - 1
 _INTEGER_TEXT = re.compile(r"-?[0-9]+")  # signed, so a negative size gets a clear message
 _SHAPE_SEPARATORS = re.compile(r"\s*[,xX×]\s*|\s+")  # noqa: RUF001 - the multiplication sign is accepted
-_INTEGER_INPUT_RANGE = 4  # ints drawn from [0, 4]: valid indices of any gathered dimension of 5 or more (an
-# embedding lookup reads out of bounds at a negative one), and no overflow in small sums
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,11 +99,7 @@ class Workload:
 
     def random_inputs(self, seed: int) -> list[np.ndarray]:
         """Input arrays that depend only on ``seed``: floats ~ U(-1, 1), ints in [0, 4]."""
-        rng = np.random.default_rng(seed)
-        return [
-            _random_array(rng, shape, dtype)
-            for shape, dtype in self.param_specs()[: self.num_inputs]
-        ]
+        return random_inputs(seed, self.param_specs()[: self.num_inputs])
 
     def reference_outputs(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Correct outputs for ``inputs``: numpy reference, else the untuned module run by TVM."""
@@ -324,15 +319,6 @@ def _static_param_spec(name: str, param: tvm.tirx.Var) -> tuple[tuple[int, ...],
             )
         dims.append(int(dim))
     return tuple(dims), str(param.dtype)
-
-
-def _random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-    np_dtype = np.dtype(dtype)
-    if np.issubdtype(np_dtype, np.floating):
-        return rng.uniform(-1.0, 1.0, size=shape).astype(np_dtype)
-    if np_dtype == np.bool_:
-        return rng.integers(0, 2, size=shape).astype(np_dtype)
-    return rng.integers(0, _INTEGER_INPUT_RANGE + 1, size=shape).astype(np_dtype)
 
 
 def _rms(arrays: Sequence[np.ndarray]) -> float:

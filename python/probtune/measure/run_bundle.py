@@ -10,7 +10,10 @@ checked against the reference and timed as probtune's local runner would;
 its result is appended to ``results.jsonl`` as soon as it is known. A run
 that dies (a crash, a hang that was stopped, a machine that went away) goes
 on where it stopped when started again, and the candidate it died on is
-recorded as a crash. ``probtune import-results`` reads the file back.
+recorded as a crash. A candidate that leaves the GPU unusable (a fault that
+breaks the process's CUDA context) is recorded as a run error, and the run
+stops with exit status 3: started again, it goes on with the next.
+``probtune import-results`` reads the file back.
 """
 
 from __future__ import annotations
@@ -28,24 +31,40 @@ from typing import Any
 import numpy as np
 
 if __package__:  # imported from probtune
-    from probtune.measure.timing import RunReply, RunTask, check_and_time, describe_error, first_mismatch, read_reference
+    from probtune.measure.timing import (
+        RunReply,
+        RunTask,
+        SampledOutput,
+        check_and_time,
+        describe_error,
+        first_mismatch,
+        random_inputs,
+        read_reference,
+        sha256,
+    )
 else:  # run as a bundle's script: timing.py lies beside it
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from timing import (  # type: ignore[import-not-found,no-redef]
         RunReply,
         RunTask,
+        SampledOutput,
         check_and_time,
         describe_error,
         first_mismatch,
+        random_inputs,
         read_reference,
+        sha256,
     )
 
-__all__ = ["DIED", "FORMAT", "MANIFEST", "RESULTS", "main", "read_results"]
+__all__ = ["BROKEN", "DIED", "FORMAT", "MANIFEST", "RESULTS", "SeededInputsError", "main", "read_reference_of", "read_results"]
 
 FORMAT = 1  # of manifest.json and results.jsonl
 MANIFEST = "manifest.json"
 RESULTS = "results.jsonl"
 _DEFAULT_SHARED_LIMIT = 48 * 1024  # launch-time shared memory a CUDA kernel gets without opting in
+GRAPH_MS = 1.0  # the GPU time of the calls one CUDA graph replays, about
+GRAPH_CALLS = 100  # calls one graph replays at most
+BROKEN = 3  # the exit status of a run stopped because a candidate left the device unusable (a CUDA fault)
 DIED = "the bundle's runner died while measuring it (a crash, a hang that was stopped, or the machine went away)"
 
 
@@ -69,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     if runtime == "cupy" and not cubins:
         print("error: CuPy measures only a CUDA bundle (cubins and launch tables); this one has none", file=sys.stderr)
         return 2
+    try:
+        arrays = read_reference_of(bundle, manifest["reference"])
+    except SeededInputsError as exc:
+        print(f"error: {bundle}: {exc}", file=sys.stderr)
+        return 2
     measure = _tvm_measure(manifest["device_type"]) if runtime == "tvm" else _cupy_measure()
     path = bundle / RESULTS
     done, started = _progress(path)
@@ -83,12 +107,47 @@ def main(argv: list[str] | None = None) -> int:
                 _append(out, {"id": index, "status": "crash", "latencies": [], "error": DIED, "seconds": None})
                 continue
             _append(out, {"id": index, "started": True})
-            reply, seconds = _timed(measure, bundle, manifest, candidate)
+            reply, seconds = _timed(measure, bundle, manifest, candidate, arrays)
             _append(out, {"id": index, "status": reply.status, "latencies": list(reply.latencies),
                           "error": reply.error, "seconds": seconds})
             best = f"{min(reply.latencies) * 1e3:.4f} ms" if reply.latencies else (reply.error or "")[:60]
             print(f"[{index + 1}/{len(manifest['candidates'])}] {reply.status} {best}", flush=True)
+            if reply.status == "run_error" and not measure.healthy():
+                print(f"error: the device is unusable after candidate {index} ({reply.error}); run this script "
+                      "again to go on in a new process", file=sys.stderr)
+                return BROKEN
     return 0
+
+
+class SeededInputsError(ValueError):
+    """The bundle's reference cannot be had here: its seeded inputs come out differently on this machine."""
+
+
+def read_reference_of(bundle: Path, reference: dict[str, Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The inputs and expected outputs of a bundle's reference (``reference``: its manifest entry).
+
+    A reference too large to carry whole (``"seeded"`` in its entry) has its
+    inputs made here from their seed, checked against their digests, and its
+    outputs known at a sample of positions (:class:`SampledOutput`).
+    """
+    path = str(bundle / reference["path"])
+    if "seeded" not in reference:
+        return read_reference(path, reference["num_inputs"])
+    seeded = reference["seeded"]
+    inputs = tuple(random_inputs(seeded["seed"], seeded["inputs"]))
+    for index, (array, digest) in enumerate(zip(inputs, seeded["sha256"])):
+        if sha256(array) != digest:
+            raise SeededInputsError(
+                f"input {index} made from seed {seeded['seed']} differs from the one the reference was computed on "
+                f"(this machine's numpy {np.__version__} draws other numbers); write the bundle with a larger "
+                "reference limit to carry the inputs"
+            )
+    with np.load(path) as arrays:
+        outputs = tuple(
+            SampledOutput(tuple(shape), np.dtype(dtype), arrays[f"positions_{i}"], arrays[f"output_{i}"])
+            for i, (shape, dtype) in enumerate(seeded["outputs"])
+        )
+    return inputs, outputs
 
 
 def read_results(path: Path) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
@@ -131,14 +190,17 @@ def _append(out: Any, row: dict[str, Any]) -> None:
 
 
 class _Measure:
-    """How candidates are checked and timed here, ``run(task, candidate, bundle) -> RunReply``, and the device's name."""
+    """How candidates are checked and timed here (``run``), the device's name, and whether it still works (``healthy``)."""
 
-    def __init__(self, device: str, run: Any) -> None:
+    def __init__(self, device: str, run: Any, healthy: Any = lambda: True) -> None:
         self.device = device
         self.run = run
+        self.healthy = healthy
 
 
-def _timed(measure: _Measure, bundle: Path, manifest: dict[str, Any], candidate: dict[str, Any]) -> tuple[RunReply, float]:
+def _timed(
+    measure: _Measure, bundle: Path, manifest: dict[str, Any], candidate: dict[str, Any], reference_arrays: Any
+) -> tuple[RunReply, float]:
     started = time.perf_counter()
     reference = manifest["reference"]
     task = RunTask(
@@ -147,7 +209,7 @@ def _timed(measure: _Measure, bundle: Path, manifest: dict[str, Any], candidate:
         manifest["min_repeat_ms"], manifest["warmup"], None, manifest["cache_flush"],
     )
     try:
-        reply = measure.run(task, candidate, bundle)
+        reply = measure.run(task, candidate, bundle, *reference_arrays)
     except Exception as error:  # noqa: BLE001 - load failures, runtime errors of TVM or the driver
         reply = RunReply("run_error", (), describe_error(error))
     return reply, time.perf_counter() - started
@@ -159,9 +221,8 @@ def _tvm_measure(device_type: int) -> _Measure:
 
     name = _host() if device_type == 1 else str(tvm.device(device_type, 0).device_name)
 
-    def run(task: RunTask, candidate: dict[str, Any], bundle: Path) -> RunReply:
+    def run(task: RunTask, candidate: dict[str, Any], bundle: Path, inputs: Any, expected: Any) -> RunReply:
         device = tvm.device(task.device, 0)
-        inputs, expected = read_reference(task.reference_path, task.num_inputs)
         return check_and_time(tvm.runtime.load_module(task.artifact_path), device, inputs, expected, task)
 
     return _Measure(name, run)
@@ -171,8 +232,7 @@ def _cupy_measure() -> _Measure:
     """Each candidate's cubin loaded by CuPy, its kernels launched as its table says, timed with CUDA events."""
     import cupy
 
-    def run(task: RunTask, candidate: dict[str, Any], bundle: Path) -> RunReply:
-        inputs, expected = read_reference(task.reference_path, task.num_inputs)
+    def run(task: RunTask, candidate: dict[str, Any], bundle: Path, inputs: Any, expected: Any) -> RunReply:
         call, outputs = _cupy_program(cupy, bundle, candidate["kernels"], inputs, expected)
         call()
         cupy.cuda.Device().synchronize()
@@ -183,7 +243,16 @@ def _cupy_measure() -> _Measure:
             call()
         return RunReply("ok", _cupy_timings(cupy, call, task), None)
 
-    return _Measure(str(cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()), run)
+    def healthy() -> bool:
+        """False once a fault (an illegal address, say) has broken this process's CUDA context for good."""
+        try:
+            cupy.cuda.runtime.deviceSynchronize()
+            cupy.zeros(1).sum()
+        except Exception:  # noqa: BLE001 - any error here means the context is gone
+            return False
+        return True
+
+    return _Measure(str(cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()), run, healthy)
 
 
 def _cupy_program(cupy: Any, bundle: Path, table: dict[str, Any], inputs: Any, expected: Any) -> tuple[Any, list[Any]]:
@@ -216,20 +285,49 @@ def _kernel(module: Any, name: str, shared: int) -> Any:
 
 
 def _cupy_timings(cupy: Any, call: Any, task: RunTask) -> tuple[float, ...]:
-    """Seconds per call, one figure per repeat; a repeat makes as many calls as last ``min_repeat_ms``."""
+    """Seconds per call, one figure per repeat; a repeat makes as many calls as last ``min_repeat_ms``.
+
+    The calls are captured in a CUDA graph and replayed, as many per graph as
+    last about ``GRAPH_MS``: launched one by one from Python, a kernel of a few
+    microseconds would be timed at the speed of the launches. Where a graph
+    cannot be made, the calls are launched one by one.
+    """
+    cupy.cuda.Device().synchronize()  # the check and warmup calls, on the default stream, are over
+    stream = cupy.cuda.Stream(non_blocking=True)
     start, end = cupy.cuda.Event(), cupy.cuda.Event()
 
-    def repeat(number: int) -> float:
-        start.record()
+    def elapsed(unit: Any, number: int) -> float:
+        start.record(stream)
         for _ in range(number):
-            call()
-        end.record()
+            unit()
+        end.record(stream)
         end.synchronize()
-        return float(cupy.cuda.get_elapsed_time(start, end)) / 1e3 / number
+        return float(cupy.cuda.get_elapsed_time(start, end)) / 1e3
 
-    first = repeat(1)
-    number = max(1, int(task.min_repeat_ms / 1e3 / first)) if first > 0 else 1
-    return tuple(repeat(number) for _ in range(task.repeat))
+    with stream:
+        first = elapsed(call, 1)
+        calls = max(1, min(GRAPH_CALLS, int(GRAPH_MS / 1e3 / first))) if first > 0 else 1
+        unit = _graph(stream, call, calls)
+        if unit is None:
+            unit, calls = call, 1
+        per_unit = elapsed(unit, 1)
+        number = max(1, int(task.min_repeat_ms / 1e3 / per_unit)) if per_unit > 0 else 1
+        return tuple(elapsed(unit, number) / number / calls for _ in range(task.repeat))
+
+
+def _graph(stream: Any, call: Any, calls: int) -> Any:
+    """A function that replays ``calls`` calls captured in a CUDA graph on ``stream``; None where capture fails."""
+    try:
+        stream.begin_capture()
+        try:
+            for _ in range(calls):
+                call()
+        finally:
+            graph = stream.end_capture()
+    except Exception as error:  # noqa: BLE001 - timed launch by launch instead
+        print(f"no CUDA graph ({describe_error(error)}): launches timed one by one", file=sys.stderr)
+        return None
+    return lambda: graph.launch(stream)
 
 
 def _host() -> str:

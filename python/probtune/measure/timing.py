@@ -8,6 +8,7 @@ bundle carries this file as it is to a machine with TVM's runtime alone.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import time
 import traceback
@@ -22,12 +23,15 @@ __all__ = [
     "COLD_CALLS",
     "RunReply",
     "RunTask",
+    "SampledOutput",
     "cache_flush_function",
     "check_and_time",
     "describe_error",
     "first_mismatch",
     "last_level_cache_bytes",
+    "random_inputs",
     "read_reference",
+    "sha256",
     "time_cold",
 ]
 
@@ -36,6 +40,8 @@ _FLUSH_ALL = "probtune.cache_flush_all"  # registered by the measuring process: 
 COLD_CALLS = 10  # at most this many cold calls averaged into one repeat: each needs its own flush
 EVICT_FACTOR = 1.5  # a cold call's eviction read covers this many times the last-level cache
 FALLBACK_LLC_BYTES = 32 << 20  # the last-level cache assumed where the machine does not describe its caches
+INTEGER_INPUT_RANGE = 4  # ints drawn from [0, 4]: valid indices of any gathered dimension of 5 or more (an
+# embedding lookup reads out of bounds at a negative one), and no overflow in small sums
 _ERROR_LINES = 12
 _ERROR_CHARS = 2000
 
@@ -66,6 +72,38 @@ class RunReply:
     error: str | None
 
 
+@dataclass(frozen=True)
+class SampledOutput:
+    """An expected output known at some of its positions: what a bundle carries where the whole one is too large."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    positions: np.ndarray  # flat indices into the output, ascending
+    values: np.ndarray
+
+
+def random_inputs(seed: int, specs: Sequence[tuple[Sequence[int], str]]) -> list[np.ndarray]:
+    """Input arrays of the given shapes and dtypes that depend only on ``seed``: floats ~ U(-1, 1), ints in [0, 4]."""
+    rng = np.random.default_rng(seed)
+    return [_random_array(rng, tuple(shape), dtype) for shape, dtype in specs]
+
+
+def _random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    np_dtype = np.dtype(dtype)
+    if np.issubdtype(np_dtype, np.floating):
+        return rng.uniform(-1.0, 1.0, size=shape).astype(np_dtype)
+    if np_dtype == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(np_dtype)
+    return rng.integers(0, INTEGER_INPUT_RANGE + 1, size=shape).astype(np_dtype)
+
+
+def sha256(array: np.ndarray) -> str:
+    """A digest of an array's dtype, shape and bytes."""
+    digest = hashlib.sha256(f"{array.dtype.str}:{array.shape};".encode())
+    digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
+
+
 @functools.lru_cache(maxsize=1)
 def read_reference(path: str, num_inputs: int) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
     """The inputs and expected outputs saved at ``path``; the last read is kept (a reference's name carries its digest)."""
@@ -76,7 +114,7 @@ def read_reference(path: str, num_inputs: int) -> tuple[tuple[np.ndarray, ...], 
 
 
 def check_and_time(
-    module: Any, device: Any, inputs: Sequence[np.ndarray], expected: Sequence[np.ndarray], task: RunTask
+    module: Any, device: Any, inputs: Sequence[np.ndarray], expected: Sequence[np.ndarray | SampledOutput], task: RunTask
 ) -> RunReply:
     """Run a loaded candidate once on ``inputs``, compare with ``expected``, then time it as ``task`` says.
 
@@ -87,7 +125,7 @@ def check_and_time(
 
     # Fresh tensors per candidate: one that scribbles on its inputs cannot spoil the next.
     args = [tvm.runtime.tensor(array, device) for array in inputs]
-    args += [tvm.runtime.tensor(np.zeros_like(array), device) for array in expected]
+    args += [tvm.runtime.tensor(np.zeros(array.shape, array.dtype), device) for array in expected]
     started = time.perf_counter()
     module["main"](*args)
     device.sync()
@@ -206,10 +244,17 @@ def describe_error(error: BaseException) -> str:
 
 
 def first_mismatch(
-    actual: Sequence[np.ndarray], expected: Sequence[np.ndarray], rtol: float, atol: float
+    actual: Sequence[np.ndarray], expected: Sequence[np.ndarray | SampledOutput], rtol: float, atol: float
 ) -> str | None:
-    """Why the first wrong output is wrong, or None when all match (a NaN never matches)."""
-    for index, (out, ref) in enumerate(zip(actual, expected)):
+    """Why the first wrong output is wrong, or None when all match (a NaN never matches).
+
+    A :class:`SampledOutput` is compared at its positions only.
+    """
+    for index, (out, known) in enumerate(zip(actual, expected)):
+        if isinstance(known, SampledOutput):
+            out, ref = out.reshape(-1)[known.positions], known.values
+        else:
+            ref = known
         if np.allclose(out, ref, rtol=rtol, atol=atol, equal_nan=False):
             continue
         with np.errstate(invalid="ignore"):

@@ -1,0 +1,331 @@
+"""probtune and TVM MetaSchedule tuning float16 GPU kernels measured through bundles on a GPU, against cuBLAS.
+
+Nothing here needs a GPU: each round's candidates are built here and
+measured elsewhere, as ``probtune bundle`` is meant to be used. probtune
+writes its bundles with :func:`probtune.write_bundle` and learns from each
+round's results (``import_results``); MetaSchedule runs its own tuner
+(``tune_tir``: evolutionary search, XGBoost cost model) in a background
+process per workload, its builder probtune's CUDA compiler (the same NVRTC
+build and lint) and its runner a bundle writer that waits for the round's
+results. Both use the same number of candidates per round. The rounds::
+
+    python bench/cuda_gpu.py start --rounds 2              # here: MetaSchedule's tuners, in the background
+    python bench/cuda_gpu.py prepare 1                     # here: probtune's bundles (waits for MetaSchedule's)
+    python3 bench/gpu_measure.py .gpu/round1 --out OUT     # on the GPU machine: bundles, then cuBLAS
+    python bench/cuda_gpu.py collect 1 OUT/round1.tar.gz   # here: results in, probtune learns, MetaSchedule goes on
+    ...                                                    # round 2, ...
+    python bench/cuda_gpu.py report                        # bench/results/cuda_gpu.json
+
+Everything lives under ``.gpu/`` (``--root``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tvm
+import tvm.s_tir.meta_schedule as ms
+from common import cpu_model
+from tvm.ir.utils import derived_object
+from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
+from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerResult
+
+from probtune.bundle import MIN_REPEAT_MS, REPEAT, WARMUP, import_results, write_bundle, write_reference
+from probtune.catalog import resolve_workload
+from probtune.measure import run_bundle, timing
+from probtune.measure.runner import prepare_reference
+from probtune.targets import resolve_target
+from probtune.workload import Workload
+
+ROOT = Path(__file__).resolve().parent.parent / ".gpu"
+RESULTS = Path(__file__).resolve().parent / "results"
+WORKLOADS = ("matmul:4096,4096,4096:float16", "dense_bias_gelu:128,3072,768:float16")
+"""``name:shape:dtype``: the issue's two, an LLM-sized GEMM and BERT-base's feed-forward dense + GELU."""
+DEVICE = "gpu"  # probtune's records are kept under TARGET@gpu
+SYSTEMS = ("probtune", "metaschedule")
+COLLECTED = "collected"  # marks a round's results as in: MetaSchedule's waiting runner reads them then
+PREPARED = "prepared.json"  # beside a bundle's manifest: who wrote it, and what failed to build
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, default=ROOT)
+    parser.add_argument("--target", default="cuda-sm90")
+    parser.add_argument("--workload", dest="workloads", action="append",
+                        help="name:shape:dtype, once per workload (default: the two of WORKLOADS)")
+    parser.add_argument("--candidates", type=int, default=64, help="per round, per system and workload")
+    parser.add_argument("--seed", type=int, default=0)
+    sub = parser.add_subparsers(dest="command", required=True)
+    start = sub.add_parser("start", help="MetaSchedule's tuners, one background process per workload")
+    start.add_argument("--rounds", type=int, default=2)
+    tune = sub.add_parser("metaschedule", help="(started by 'start') MetaSchedule's tuner for one workload")
+    tune.add_argument("workload")
+    tune.add_argument("--rounds", type=int, default=2)
+    prepare = sub.add_parser("prepare", help="probtune's bundles of a round")
+    prepare.add_argument("round", type=int)
+    collect = sub.add_parser("collect", help="a round's results, measured on the GPU")
+    collect.add_argument("round", type=int)
+    collect.add_argument("archive", type=Path, help="the ROUND.tar.gz gpu_measure.py wrote")
+    report = sub.add_parser("report", help="every collected round, in a table and bench/results/cuda_gpu.json")
+    report.add_argument("--output", type=Path, default=RESULTS / "cuda_gpu.json")
+    args = parser.parse_args()
+    args.workloads = args.workloads or list(WORKLOADS)
+    warnings.simplefilter("ignore")
+    return {"start": _start, "metaschedule": _metaschedule, "prepare": _prepare, "collect": _collect,
+            "report": _report}[args.command](args)
+
+
+def _workload(item: str) -> Workload:
+    name, shape, dtype = item.split(":")
+    return resolve_workload(name, shape, dtype)
+
+
+def _slug(work: Workload) -> str:
+    return f"{work.name}-{'x'.join(map(str, work.shape or ()))}-{work.dtype}"
+
+
+def _round(root: Path, number: int) -> Path:
+    return root / f"round{number}"
+
+
+def _start(args: argparse.Namespace) -> int:
+    (args.root / "state").mkdir(parents=True, exist_ok=True)
+    for item in args.workloads:
+        log = args.root / "state" / f"metaschedule-{_slug(_workload(item))}.log"
+        command = [sys.executable, __file__, "--root", str(args.root), "--target", args.target,
+                   *[f"--workload={item}" for item in args.workloads],
+                   "--candidates", str(args.candidates), "--seed", str(args.seed),
+                   "metaschedule", item, "--rounds", str(args.rounds)]
+        with log.open("w") as out:
+            subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        print(f"MetaSchedule tuning {item} in the background: {log}")
+    return 0
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    folder = _round(args.root, args.round)
+    for item in args.workloads:
+        work = _workload(item)
+        out = folder / f"{_slug(work)}-probtune"
+        if out.exists():  # a round prepared again: what was written stands
+            continue
+        started = time.perf_counter()
+        written = write_bundle(work, out, device=DEVICE, target=args.target, database=args.root / "state" / "probtune.db",
+                               candidates=args.candidates, seed=args.seed + args.round - 1)
+        seconds = time.perf_counter() - started
+        _prepared(out, "probtune", written.candidates, written.build_errors, seconds)
+        print(f"{out.name}: {written.candidates} candidates, {written.build_errors} failed to build, {seconds:.0f} s")
+    for item in args.workloads:  # MetaSchedule's tuner writes its own bundle of the round
+        out = folder / f"{_slug(_workload(item))}-metaschedule"
+        while not (out / PREPARED).exists():
+            time.sleep(5)
+        print(f"{out.name}: {json.loads((out / PREPARED).read_text())}")
+    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    print(f"{folder}: {size / 1e6:.1f} MB")
+    return 0
+
+
+def _prepared(out: Path, system: str, candidates: int, build_errors: int, seconds: float) -> None:
+    (out / PREPARED).write_text(json.dumps({"system": system, "candidates": candidates, "build_errors": build_errors,
+                                            "seconds": round(seconds, 1)}))
+
+
+def _collect(args: argparse.Namespace) -> int:
+    folder = _round(args.root, args.round)
+    with tarfile.open(args.archive) as tar:
+        tar.extractall(folder, filter="data")
+    for item in args.workloads:
+        slug = _slug(_workload(item))
+        probtune = folder / f"{slug}-probtune"
+        done = import_results(probtune, args.root / "state" / "probtune.db")
+        print(f"{probtune.name}: {dict(done.statuses)}; best so far "
+              f"{done.best_latency * 1e3 if done.best_latency else float('nan'):.4f} ms")
+        (folder / f"{slug}-metaschedule" / COLLECTED).write_text("")  # its waiting runner goes on
+    return 0
+
+
+def _metaschedule(args: argparse.Namespace) -> int:
+    """MetaSchedule's tuner for one workload, measuring through bundles: it waits for each round's results."""
+    work, spec = _workload(args.workload), resolve_target(args.target)
+    # Since the last round's results came in: builds that failed, and when (a round's time: search, builds, bundle).
+    since: dict[str, float] = {"failed": 0, "started": time.perf_counter()}
+    builder = _BundleBuilder(spec, since)
+    runner = _BundleRunner(args.root, work, since, args.seed)
+    ms.tir_integration.tune_tir(
+        work.mod, tvm.target.Target(dict(spec.tvm_target)), str(args.root / "state" / f"metaschedule-{_slug(work)}"),
+        max_trials_global=args.rounds * args.candidates, num_trials_per_iter=args.candidates, builder=builder,
+        runner=runner, seed=args.seed, num_tuning_cores=2,
+    )
+    print("MetaSchedule's tuning is done", flush=True)
+    return 0
+
+
+@derived_object
+class _BundleBuilder(PyBuilder):
+    """MetaSchedule's candidates built as probtune's: TVM's CUDA code, NVRTC's cubin, the lint, the launch table."""
+
+    def __init__(self, spec: Any, since: dict[str, float]) -> None:
+        self.spec, self.since = spec, since
+
+    def build(self, build_inputs: list[Any]) -> list[Any]:
+        results = []
+        for item in build_inputs:
+            try:
+                cubin, table = self.spec.compiler.kernels(item.mod, dict(self.spec.tvm_target))
+            except Exception as error:  # noqa: BLE001 - a candidate that fails to build is MetaSchedule's result
+                self.since["failed"] += 1
+                results.append(BuilderResult(None, timing.describe_error(error)))
+                continue
+            folder = Path(tempfile.mkdtemp(prefix="probtune-ms-"))  # MetaSchedule removes each artifact's folder
+            (folder / "kernel.cubin").write_bytes(cubin)
+            (folder / "table.json").write_text(json.dumps(table))
+            results.append(BuilderResult(str(folder / "table.json"), None))
+        return results
+
+
+@derived_object
+class _BundleRunner(PyRunner):
+    """Each batch MetaSchedule sends is written as a bundle of the next round; its futures wait for the results."""
+
+    def __init__(self, root: Path, work: Workload, since: dict[str, float], seed: int) -> None:
+        self.root, self.work, self.since, self.seed, self.rounds = root, work, since, seed, 0
+
+    def run(self, runner_inputs: list[Any]) -> list[Any]:
+        self.rounds += 1
+        out = _round(self.root, self.rounds) / f"{_slug(self.work)}-metaschedule"
+        (out / "candidates").mkdir(parents=True, exist_ok=True)
+        entries = []
+        for index, item in enumerate(runner_inputs):
+            table_path = Path(str(item.artifact_path))
+            shutil.copyfile(table_path.with_name("kernel.cubin"), out / "candidates" / f"{index}.cubin")
+            cubin = f"candidates/{index}.cubin"
+            entries.append({"id": index, "artifact": cubin,
+                            "kernels": {"cubin": cubin, **json.loads(table_path.read_text())}})
+        _write_manifest(out, self.work, entries, self.seed + self.rounds - 1)
+        seconds = time.perf_counter() - self.since["started"]
+        _prepared(out, "metaschedule", len(entries), int(self.since["failed"]), seconds)
+        print(f"round {self.rounds}: {len(entries)} candidates written to {out}", flush=True)
+        return [_BundleFuture(out, index, self.since) for index in range(len(entries))]
+
+
+@derived_object
+class _BundleFuture(PyRunnerFuture):
+    """One candidate's result, once the round's results are collected."""
+
+    def __init__(self, out: Path, index: int, since: dict[str, float]) -> None:
+        self.out, self.index, self.since = out, index, since
+
+    def done(self) -> bool:
+        return (self.out / COLLECTED).exists()
+
+    def result(self) -> Any:
+        if not self.done():
+            while not self.done():
+                time.sleep(5)
+            self.since.update(failed=0, started=time.perf_counter())
+        _, results = run_bundle.read_results(self.out / run_bundle.RESULTS)
+        row = results.get(self.index)
+        if row is None:
+            return RunnerResult(None, "not measured")
+        if row["status"] != "ok":
+            return RunnerResult(None, f"{row['status']}: {row.get('error')}")
+        return RunnerResult([float(t) for t in row["latencies"]], None)
+
+
+def _write_manifest(out: Path, work: Workload, entries: list[dict[str, Any]], seed: int) -> None:
+    """A bundle manifest as probtune writes one, its reference computed here from ``seed``'s inputs."""
+    with tempfile.TemporaryDirectory() as scratch:
+        reference = write_reference(prepare_reference(work, scratch, seed), out / "reference.npz", seed)
+    manifest = {"format": run_bundle.FORMAT, "target": "cuda", "cache_flush": False, "device_type": 2,
+                "workload": {"name": work.name, "shape": list(work.shape or ()), "dtype": work.dtype},
+                "num_threads": None, "repeat": REPEAT, "min_repeat_ms": MIN_REPEAT_MS, "warmup": WARMUP,
+                "candidates": entries, "reference": reference}
+    (out / run_bundle.MANIFEST).write_text(json.dumps(manifest))
+    for module in (run_bundle, timing):
+        shutil.copyfile(str(module.__file__), out / Path(str(module.__file__)).name)
+
+
+def _report(args: argparse.Namespace) -> int:
+    rounds = sorted((p for p in args.root.glob("round*") if (p / "baselines.json").exists()),
+                    key=lambda p: int(p.name[5:]))
+    rows = []
+    for item in args.workloads:
+        work = _workload(item)
+        row: dict[str, Any] = {"workload": work.key, "gflop": round((work.flops or 0) / 1e9, 3), "rounds": []}
+        for folder in rounds:
+            baseline = _baseline(folder, work)
+            entry: dict[str, Any] = {"round": int(folder.name[5:]), "cublas_ms": _ms(baseline)}
+            for system in SYSTEMS:
+                entry[system] = _system_round(folder / f"{_slug(work)}-{system}", work, baseline)
+            row["rounds"].append(entry)
+        row["best"] = {system: _best_so_far(row["rounds"], system) for system in SYSTEMS}
+        rows.append(row)
+        _print_row(row)
+    device = json.loads((rounds[-1] / "baselines.json").read_text())["device"] if rounds else None
+    report = {"here": cpu_model(), "gpu": device, "target": args.target, "seed": args.seed,
+              "candidates_per_round": args.candidates, "workloads": rows}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=1))
+    print(f"written: {args.output}")
+    return 0
+
+
+def _baseline(folder: Path, work: Workload) -> float | None:
+    """cuBLAS's median seconds per call for ``work`` in this round."""
+    for entry in json.loads((folder / "baselines.json").read_text())["baselines"]:
+        if entry["workload"]["name"] == work.name and tuple(entry["workload"]["shape"]) == work.shape:
+            timed = entry.get("graph", entry.get("seconds"))  # round 1 was timed eagerly only
+            return float(np.median(timed)) if timed else None
+    return None
+
+
+def _system_round(bundle: Path, work: Workload, cublas: float | None) -> dict[str, Any]:
+    """What one system's bundle of a round gave: statuses, its best correct candidate, against cuBLAS."""
+    prepared = json.loads((bundle / PREPARED).read_text())
+    _, results = run_bundle.read_results(bundle / run_bundle.RESULTS)
+    statuses: dict[str, int] = {}
+    for row in results.values():
+        statuses[row["status"]] = statuses.get(row["status"], 0) + 1
+    means = [float(np.mean(row["latencies"])) for row in results.values() if row["status"] == "ok"]
+    best = min(means, default=None)
+    return {"built": prepared["candidates"], "build_errors": prepared["build_errors"],
+            "build_seconds": prepared["seconds"], "statuses": statuses, "best_ms": _ms(best),
+            "tflops": round(work.flops / best / 1e12, 1) if best and work.flops else None,
+            "vs_cublas": round(cublas / best, 3) if best and cublas else None}
+
+
+def _best_so_far(rounds: list[dict[str, Any]], system: str) -> dict[str, Any]:
+    found = [(entry[system]["best_ms"], entry) for entry in rounds if entry[system]["best_ms"]]
+    if not found:
+        return {}
+    best_ms, entry = min(found, key=lambda pair: pair[0])
+    return {"best_ms": best_ms, "tflops": entry[system]["tflops"], "vs_cublas_same_round": entry[system]["vs_cublas"],
+            "trials": sum(e[system]["built"] + e[system]["build_errors"] for e in rounds)}
+
+
+def _print_row(row: dict[str, Any]) -> None:
+    for entry in row["rounds"]:
+        for system in SYSTEMS:
+            got = entry[system]
+            print(f"{row['workload']} round {entry['round']} {system}: built {got['built']} "
+                  f"(+{got['build_errors']} failed), {got['statuses']}, best {got['best_ms']} ms, "
+                  f"{got['tflops']} TFLOPS, {got['vs_cublas']}x cuBLAS ({entry['cublas_ms']} ms)")
+
+
+def _ms(seconds: float | None) -> float | None:
+    return round(seconds * 1e3, 4) if seconds else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
