@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -102,13 +103,13 @@ def _round(root: Path, number: int) -> Path:
 def _start(args: argparse.Namespace) -> int:
     (args.root / "state").mkdir(parents=True, exist_ok=True)
     for item in args.workloads:
-        log = args.root / "state" / f"metaschedule-{_slug(_workload(item))}.log"
+        log = _tuner_log(args.root, _workload(item))
         command = [sys.executable, __file__, "--root", str(args.root), "--target", args.target,
-                   *[f"--workload={item}" for item in args.workloads],
                    "--candidates", str(args.candidates), "--seed", str(args.seed),
                    "metaschedule", item, "--rounds", str(args.rounds)]
         with log.open("w") as out:
-            subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            tuner = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        log.with_suffix(".pid").write_text(str(tuner.pid))
         print(f"MetaSchedule tuning {item} in the background: {log}")
     return 0
 
@@ -127,13 +128,29 @@ def _prepare(args: argparse.Namespace) -> int:
         _prepared(out, "probtune", written.candidates, written.build_errors, seconds)
         print(f"{out.name}: {written.candidates} candidates, {written.build_errors} failed to build, {seconds:.0f} s")
     for item in args.workloads:  # MetaSchedule's tuner writes its own bundle of the round
-        out = folder / f"{_slug(_workload(item))}-metaschedule"
+        work = _workload(item)
+        out = folder / f"{_slug(work)}-metaschedule"
         while not (out / PREPARED).exists():
+            if not _alive(int(_tuner_log(args.root, work).with_suffix(".pid").read_text())):
+                raise SystemExit(f"MetaSchedule's tuner of {item} ended without writing round {args.round}: "
+                                 f"see {_tuner_log(args.root, work)}")
             time.sleep(5)
         print(f"{out.name}: {json.loads((out / PREPARED).read_text())}")
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     print(f"{folder}: {size / 1e6:.1f} MB")
     return 0
+
+
+def _tuner_log(root: Path, work: Workload) -> Path:
+    return root / "state" / f"metaschedule-{_slug(work)}.log"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _prepared(out: Path, system: str, candidates: int, build_errors: int, seconds: float) -> None:
@@ -301,6 +318,7 @@ def _system_round(bundle: Path, work: Workload, cublas: float | None) -> dict[st
     best = min(means, default=None)
     return {"built": prepared["candidates"], "build_errors": prepared["build_errors"],
             "build_seconds": prepared["seconds"], "statuses": statuses, "best_ms": _ms(best),
+            "correct_ms": sorted(_ms(t) for t in means),
             "tflops": round(work.flops / best / 1e12, 1) if best and work.flops else None,
             "vs_cublas": round(cublas / best, 3) if best and cublas else None}
 

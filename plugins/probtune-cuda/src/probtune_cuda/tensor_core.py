@@ -225,7 +225,7 @@ class TensorCoreTiling:
     max_innermost_factor: int = 4
     max_block_tiles: int = 8
     """A thread block's tile along each spatial loop, in 16-wide tiles: a 128x128 block at most."""
-    max_reduction_tiles: int = 4
+    max_reduction_tiles: int = 8
     """The reduction tile staged in shared memory at once, in 16-wide tiles."""
     vector_load_lens: tuple[int, ...] = (1, 2, 4, 8)
     max_accumulator_fragments: int = 16
