@@ -94,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {bundle}: {exc}", file=sys.stderr)
         return 2
     measure = _tvm_measure(manifest["device_type"]) if runtime == "tvm" else _cupy_measure()
+    return _measure_all(bundle, manifest, measure, arrays)
+
+
+def _measure_all(bundle: Path, manifest: dict[str, Any], measure: _Measure, arrays: Any) -> int:
+    """Check and time each candidate without a result yet, appending each result as it comes; the exit status."""
     path = bundle / RESULTS
     done, started = _progress(path)
     with path.open("a") as out:
