@@ -146,7 +146,6 @@ def test_the_cli_writes_and_imports_a_bundle(tmp_path: Path, capsys: pytest.Capt
     assert f"recorded under {KEY}: " in capsys.readouterr().out
 
 
-
 @pytest.mark.parametrize(
     "correct,target,dtype",
     [(False, "cuda-sm80", "float32"), (True, "cuda-sm80", "float32"), (True, "cuda-sm90", "float16")],

@@ -23,6 +23,7 @@ from tvm.s_tir import meta_schedule as ms
 from probtune import SpaceContext
 from probtune.errors import last_line
 from probtune.tir import nested_sblocks
+from probtune_cuda.limits import block_limit
 from probtune_cuda.lowering import lower_for_check
 from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY, MAX_ACCUMULATORS, oversized_register_tiles
 from probtune_cuda.tensor_core import TENSORIZE_KEY, WARP_EXECUTION_KEY, load_tensor_intrinsics
@@ -123,8 +124,8 @@ class VerifyGPUCode:
         except Exception as exc:  # noqa: BLE001 - TVM reports a program it cannot lower with whatever error it has
             return f"TVM cannot lower it: {last_line(exc)}"
         constraints = {
-            "max_shared_memory_per_block": int(limits.get("max_shared_memory_per_block", 49152)),
-            "max_threads_per_block": int(limits.get("max_threads_per_block", 1024)),
+            "max_shared_memory_per_block": block_limit(limits, "max_shared_memory_per_block"),
+            "max_threads_per_block": block_limit(limits, "max_threads_per_block"),
             "max_vthread": self.max_vthread,
             "max_vector_bytes": self.max_vector_bytes,
         }

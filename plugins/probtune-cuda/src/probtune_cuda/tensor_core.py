@@ -49,6 +49,7 @@ from probtune.tir import (
     thread_tag,
 )
 from probtune_cuda.instructions import PAD_EINSUM
+from probtune_cuda.limits import block_limit
 from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY, SHARED, elementwise_consumer
 
 __all__ = [
@@ -244,8 +245,8 @@ class TensorCoreTiling:
         """
         limits = ctx.target.tvm_target
         misses = sum(n > self.max_accumulator_fragments for n in warp_accumulator_fragments(sch).values())
-        misses += shared_memory_bytes(sch) > int(limits.get("max_shared_memory_per_block", 49152))
-        misses += threads_per_block(sch) > int(limits.get("max_threads_per_block", 1024))
+        misses += shared_memory_bytes(sch) > block_limit(limits, "max_shared_memory_per_block")
+        misses += threads_per_block(sch) > block_limit(limits, "max_threads_per_block")
         return float(self.off_tile_weight**misses)
 
     def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from probtune import SpaceContext
 from probtune.schedule import BlockRV, ExprRV, LoopRV, Schedule
 from probtune.tir import REDUCTION, SPATIAL, at_root, loop_kinds, thread_tag
+from probtune_cuda.limits import block_limit
 
 __all__ = ["GPUAutoBind", "GPUCrossThreadReduction"]
 
@@ -45,7 +46,7 @@ def _threads(
     if not extents or None in extents:
         return None
     extent = math.prod(e for e in extents if e is not None)
-    limit = int(ctx.target.tvm_target.get("max_threads_per_block", 1024))
+    limit = block_limit(ctx.target.tvm_target, "max_threads_per_block")
     fits = [n for n in choices if n <= min(limit, extent) and (not divide or extent % n == 0)]
     if not fits:
         return None
