@@ -175,10 +175,9 @@ def _collect(args: argparse.Namespace) -> int:
 def _metaschedule(args: argparse.Namespace) -> int:
     """MetaSchedule's tuner for one workload, measuring through bundles: it waits for each round's results."""
     work, spec = _workload(args.workload), resolve_target(args.target)
-    # Since the last round's results came in: builds that failed, and when (a round's time: search, builds, bundle).
-    since: dict[str, float] = {"failed": 0, "started": time.perf_counter()}
-    builder = _BundleBuilder(spec, since)
-    runner = _BundleRunner(args.root, work, since, args.seed)
+    failed = {"builds": 0}  # since the last round's bundle was written
+    builder = _BundleBuilder(spec, failed)
+    runner = _BundleRunner(args.root, work, failed, args.seed)
     ms.tir_integration.tune_tir(
         work.mod, tvm.target.Target(dict(spec.tvm_target)), str(args.root / "state" / f"metaschedule-{_slug(work)}"),
         max_trials_global=args.rounds * args.candidates, num_trials_per_iter=args.candidates, builder=builder,
@@ -192,8 +191,8 @@ def _metaschedule(args: argparse.Namespace) -> int:
 class _BundleBuilder(PyBuilder):
     """MetaSchedule's candidates built as probtune's: TVM's CUDA code, NVRTC's cubin, the lint, the launch table."""
 
-    def __init__(self, spec: Any, since: dict[str, float]) -> None:
-        self.spec, self.since = spec, since
+    def __init__(self, spec: Any, failed: dict[str, int]) -> None:
+        self.spec, self.failed = spec, failed
 
     def build(self, build_inputs: list[Any]) -> list[Any]:
         results = []
@@ -201,7 +200,7 @@ class _BundleBuilder(PyBuilder):
             try:
                 cubin, table = self.spec.compiler.kernels(item.mod, dict(self.spec.tvm_target))
             except Exception as error:  # noqa: BLE001 - a candidate that fails to build is MetaSchedule's result
-                self.since["failed"] += 1
+                self.failed["builds"] += 1
                 results.append(BuilderResult(None, timing.describe_error(error)))
                 continue
             folder = Path(tempfile.mkdtemp(prefix="probtune-ms-"))  # MetaSchedule removes each artifact's folder
@@ -215,8 +214,9 @@ class _BundleBuilder(PyBuilder):
 class _BundleRunner(PyRunner):
     """Each batch MetaSchedule sends is written as a bundle of the next round; its futures wait for the results."""
 
-    def __init__(self, root: Path, work: Workload, since: dict[str, float], seed: int) -> None:
-        self.root, self.work, self.since, self.seed, self.rounds = root, work, since, seed, 0
+    def __init__(self, root: Path, work: Workload, failed: dict[str, int], seed: int) -> None:
+        self.root, self.work, self.failed, self.seed, self.rounds = root, work, failed, seed, 0
+        self.started = time.time()
 
     def run(self, runner_inputs: list[Any]) -> list[Any]:
         self.rounds += 1
@@ -230,27 +230,28 @@ class _BundleRunner(PyRunner):
             entries.append({"id": index, "artifact": cubin,
                             "kernels": {"cubin": cubin, **json.loads(table_path.read_text())}})
         _write_manifest(out, self.work, entries, self.seed + self.rounds - 1)
-        seconds = time.perf_counter() - self.since["started"]
-        _prepared(out, "metaschedule", len(entries), int(self.since["failed"]), seconds)
+        # The round's time: its search and builds, from the start or the last round's results.
+        previous = _round(self.root, self.rounds - 1) / out.name / COLLECTED
+        begun = previous.stat().st_mtime if self.rounds > 1 else self.started
+        _prepared(out, "metaschedule", len(entries), self.failed["builds"], time.time() - begun)
+        self.failed["builds"] = 0
         print(f"round {self.rounds}: {len(entries)} candidates written to {out}", flush=True)
-        return [_BundleFuture(out, index, self.since) for index in range(len(entries))]
+        return [_BundleFuture(out, index) for index in range(len(entries))]
 
 
 @derived_object
 class _BundleFuture(PyRunnerFuture):
     """One candidate's result, once the round's results are collected."""
 
-    def __init__(self, out: Path, index: int, since: dict[str, float]) -> None:
-        self.out, self.index, self.since = out, index, since
+    def __init__(self, out: Path, index: int) -> None:
+        self.out, self.index = out, index
 
     def done(self) -> bool:
         return (self.out / COLLECTED).exists()
 
     def result(self) -> Any:
-        if not self.done():
-            while not self.done():
-                time.sleep(5)
-            self.since.update(failed=0, started=time.perf_counter())
+        while not self.done():
+            time.sleep(5)
         _, results = run_bundle.read_results(self.out / run_bundle.RESULTS)
         row = results.get(self.index)
         if row is None:

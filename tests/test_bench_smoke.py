@@ -56,7 +56,7 @@ def test_models_bench_runs_on_the_small_cnn(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_gpu_bench_tunes_both_systems_through_bundles_on_a_fake_gpu(tmp_path: Path) -> None:
-    """One round of bench/cuda_gpu.py, its bundles measured by bench/gpu_measure.py with a stand-in CuPy."""
+    """Two rounds of bench/cuda_gpu.py, their bundles measured by bench/gpu_measure.py with a stand-in CuPy."""
     pytest.importorskip("cloudpickle", reason="TVM MetaSchedule needs requirements-bench.txt")
     root, out = tmp_path / "gpu", tmp_path / "out"
     bench = [sys.executable, str(ROOT / "bench" / "cuda_gpu.py"), "--root", str(root), "--candidates", "4",
@@ -67,17 +67,20 @@ def test_the_gpu_bench_tunes_both_systems_through_bundles_on_a_fake_gpu(tmp_path
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
 
-    run([*bench, "start", "--rounds", "1"])
-    run([*bench, "prepare", "1"])
-    run([sys.executable, str(ROOT / "bench" / "gpu_measure.py"), str(root / "round1"), "--out", str(out)],
-        PYTHONPATH=str(ROOT / "tests" / "fake_cupy"), FAKE_CUPY_LOG=str(tmp_path / "launches"), FAKE_CUPY_ANSWERS="bundle")
-    run([*bench, "collect", "1", str(out / "round1.tar.gz")])
+    run([*bench, "start", "--rounds", "2"])
+    for number in (1, 2):
+        run([*bench, "prepare", str(number)])
+        run([sys.executable, str(ROOT / "bench" / "gpu_measure.py"), str(root / f"round{number}"), "--out", str(out)],
+            PYTHONPATH=str(ROOT / "tests" / "fake_cupy"), FAKE_CUPY_LOG=str(tmp_path / "launches"),
+            FAKE_CUPY_ANSWERS="bundle")
+        run([*bench, "collect", str(number), str(out / f"round{number}.tar.gz")])
     run([*bench, "report", "--output", str(tmp_path / "report.json")])
     [row] = json.loads((tmp_path / "report.json").read_text())["workloads"]
-    [entry] = row["rounds"]
-    for system in ("probtune", "metaschedule"):
-        assert entry[system]["built"] >= 1 and entry[system]["statuses"] == {"ok": entry[system]["built"]}
-        assert entry[system]["best_ms"] > 0
+    assert [entry["round"] for entry in row["rounds"]] == [1, 2]
+    for entry in row["rounds"]:
+        for system in ("probtune", "metaschedule"):
+            assert entry[system]["built"] >= 1 and entry[system]["statuses"] == {"ok": entry[system]["built"]}
+            assert entry[system]["best_ms"] > 0
     log = root / "state" / "metaschedule-matmul-256x256x256-float16.log"
     for _ in range(120):  # MetaSchedule's tuner ends once it has the round's results
         if "tuning is done" in log.read_text():
