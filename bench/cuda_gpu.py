@@ -42,7 +42,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
 from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerResult
 
-from probtune.bundle import MIN_REPEAT_MS, REPEAT, WARMUP, import_results, write_bundle, write_reference
+from probtune.bundle import import_results, write_bundle, write_manifest, write_reference
 from probtune.catalog import resolve_workload
 from probtune.measure import run_bundle, timing
 from probtune.measure.runner import prepare_reference
@@ -177,7 +177,7 @@ def _metaschedule(args: argparse.Namespace) -> int:
     work, spec = _workload(args.workload), resolve_target(args.target)
     failed = {"builds": 0}  # since the last round's bundle was written
     builder = _BundleBuilder(spec, failed)
-    runner = _BundleRunner(args.root, work, failed, args.seed)
+    runner = _BundleRunner(args.root, work, spec, failed, args.seed)
     ms.tir_integration.tune_tir(
         work.mod, tvm.target.Target(dict(spec.tvm_target)), str(args.root / "state" / f"metaschedule-{_slug(work)}"),
         max_trials_global=args.rounds * args.candidates, num_trials_per_iter=args.candidates, builder=builder,
@@ -214,8 +214,8 @@ class _BundleBuilder(PyBuilder):
 class _BundleRunner(PyRunner):
     """Each batch MetaSchedule sends is written as a bundle of the next round; its futures wait for the results."""
 
-    def __init__(self, root: Path, work: Workload, failed: dict[str, int], seed: int) -> None:
-        self.root, self.work, self.failed, self.seed, self.rounds = root, work, failed, seed, 0
+    def __init__(self, root: Path, work: Workload, spec: Any, failed: dict[str, int], seed: int) -> None:
+        self.root, self.work, self.spec, self.failed, self.seed, self.rounds = root, work, spec, failed, seed, 0
         self.started = time.time()
 
     def run(self, runner_inputs: list[Any]) -> list[Any]:
@@ -229,7 +229,10 @@ class _BundleRunner(PyRunner):
             cubin = f"candidates/{index}.cubin"
             entries.append({"id": index, "artifact": cubin,
                             "kernels": {"cubin": cubin, **json.loads(table_path.read_text())}})
-        _write_manifest(out, self.work, entries, self.seed + self.rounds - 1)
+        seed = self.seed + self.rounds - 1
+        with tempfile.TemporaryDirectory() as scratch:
+            reference = write_reference(prepare_reference(self.work, scratch, seed), out / "reference.npz", seed)
+        write_manifest(out, self.work, self.spec, entries, reference, measured_on=f"{self.spec.name}@metaschedule")
         # The round's time: its search and builds, from the start or the last round's results.
         previous = _round(self.root, self.rounds - 1) / out.name / COLLECTED
         begun = previous.stat().st_mtime if self.rounds > 1 else self.started
@@ -261,19 +264,6 @@ class _BundleFuture(PyRunnerFuture):
         return RunnerResult([float(t) for t in row["latencies"]], None)
 
 
-def _write_manifest(out: Path, work: Workload, entries: list[dict[str, Any]], seed: int) -> None:
-    """A bundle manifest as probtune writes one, its reference computed here from ``seed``'s inputs."""
-    with tempfile.TemporaryDirectory() as scratch:
-        reference = write_reference(prepare_reference(work, scratch, seed), out / "reference.npz", seed)
-    manifest = {"format": run_bundle.FORMAT, "target": "cuda", "cache_flush": False, "device_type": 2,
-                "workload": {"name": work.name, "shape": list(work.shape or ()), "dtype": work.dtype},
-                "num_threads": None, "repeat": REPEAT, "min_repeat_ms": MIN_REPEAT_MS, "warmup": WARMUP,
-                "candidates": entries, "reference": reference}
-    (out / run_bundle.MANIFEST).write_text(json.dumps(manifest))
-    for module in (run_bundle, timing):
-        shutil.copyfile(str(module.__file__), out / Path(str(module.__file__)).name)
-
-
 def _report(args: argparse.Namespace) -> int:
     rounds = sorted((p for p in args.root.glob("round*") if (p / "baselines.json").exists()),
                     key=lambda p: int(p.name[5:]))
@@ -303,8 +293,7 @@ def _baseline(folder: Path, work: Workload) -> float | None:
     """cuBLAS's median seconds per call for ``work`` in this round."""
     for entry in json.loads((folder / "baselines.json").read_text())["baselines"]:
         if entry["workload"]["name"] == work.name and tuple(entry["workload"]["shape"]) == work.shape:
-            timed = entry.get("graph", entry.get("seconds"))  # round 1 was timed eagerly only
-            return float(np.median(timed)) if timed else None
+            return float(np.median(entry["graph"])) if "graph" in entry else None
     return None
 
 

@@ -22,7 +22,9 @@ from typing import Any
 ATTEMPT_TIMEOUT = 100  # seconds for one run of a bundle's script; stopped, it resumes and records a crash
 ATTEMPTS = 4  # runs of a bundle's script at most: each after a hang or a candidate that broke the CUDA context
 REPEAT, MIN_REPEAT_MS, WARMUP = 5, 50.0, 10  # as many calls per repeat as last MIN_REPEAT_MS
-GRAPH_MS, GRAPH_CALLS = 1.0, 100  # the calls one CUDA graph replays: as run_bundle.py's
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python" / "probtune" / "measure"))
+from run_bundle import GRAPH_CALLS, GRAPH_MS  # noqa: E402 - the bundles' script, as it travels: no TVM, no probtune
 
 
 def main() -> int:

@@ -45,7 +45,7 @@ from probtune.space import generate_space
 from probtune.targets import resolve_target
 from probtune.workload import Workload
 
-__all__ = ["BundleImport", "BundleWritten", "import_results", "write_bundle", "write_reference"]
+__all__ = ["BundleImport", "BundleWritten", "import_results", "write_bundle", "write_manifest", "write_reference"]
 
 SAMPLED_POSITIONS = 1 << 18  # of each output of a reference too large to carry whole: a wrong 16x16 tile is
 # missed with probability (1 - 2**18 / size)**256, 2% for a 4096x4096 output
@@ -137,15 +137,7 @@ def write_bundle(
         runnable = [i for i in runnable if i not in failed]
         entries = _write_candidates(out, [(batch[i], built[i], kernels.get(i)) for i in runnable])
         reference = write_reference(session.form.reference, out / "reference.npz", seed, reference_mb)
-        manifest = {
-            "format": run_bundle.FORMAT, "measured_on": key, "target": spec.name, "cache_flush": cache_flush,
-            "workload": _describe_workload(work), "device_type": device_type(spec),
-            "num_threads": spec.tvm_target.get("num-cores"), "repeat": REPEAT, "min_repeat_ms": MIN_REPEAT_MS,
-            "warmup": WARMUP, "candidates": entries, "reference": reference,
-        }
-        (out / run_bundle.MANIFEST).write_text(json.dumps(manifest, indent=1))
-        for module in (run_bundle, timing):
-            shutil.copyfile(str(module.__file__), out / Path(str(module.__file__)).name)
+        write_manifest(out, work, spec, entries, reference, measured_on=key, cache_flush=cache_flush)
     return BundleWritten(out, key, len(entries), len(batch) - len(entries))
 
 
@@ -188,6 +180,33 @@ def import_results(bundle: str | Path, database: str | Path, *, cost_model: str 
                         len(entries) - len(results), best[0].mean_latency if best else None)
 
 
+def write_manifest(
+    out: Path,
+    work: Workload,
+    spec: TargetSpec,
+    candidates: list[dict[str, Any]],
+    reference: dict[str, Any],
+    *,
+    measured_on: str,
+    cache_flush: bool = False,
+) -> None:
+    """Write a bundle's manifest and its stand-alone script into ``out``, beside its candidates and reference.
+
+    ``candidates`` are the manifest's entries (``id``, ``artifact``, and a CUDA
+    bundle's ``kernels``) and ``reference`` :func:`write_reference`'s. Another
+    tuner's candidates (the benchmarks write MetaSchedule's) are bundled so too.
+    """
+    manifest = {
+        "format": run_bundle.FORMAT, "measured_on": measured_on, "target": spec.name, "cache_flush": cache_flush,
+        "workload": _describe_workload(work), "device_type": device_type(spec),
+        "num_threads": spec.tvm_target.get("num-cores"), "repeat": REPEAT, "min_repeat_ms": MIN_REPEAT_MS,
+        "warmup": WARMUP, "candidates": candidates, "reference": reference,
+    }
+    (out / run_bundle.MANIFEST).write_text(json.dumps(manifest, indent=1))
+    for module in (run_bundle, timing):
+        shutil.copyfile(str(module.__file__), out / Path(str(module.__file__)).name)
+
+
 def write_reference(reference: MeasureReference, path: Path, seed: int, limit_mb: float = BUNDLE_REFERENCE_MB) -> dict[str, Any]:
     """Write a bundle's reference to ``path``, whole or seeded (inputs by seed, outputs sampled); its manifest entry.
 
@@ -201,7 +220,8 @@ def write_reference(reference: MeasureReference, path: Path, seed: int, limit_mb
         return entry
     inputs, outputs = timing.read_reference(reference.path, reference.num_inputs)
     specs = [(list(array.shape), array.dtype.name) for array in inputs]
-    if any(timing.sha256(a) != timing.sha256(b) for a, b in zip(inputs, timing.random_inputs(seed, specs))):
+    digests = [timing.sha256(array) for array in inputs]
+    if digests != [timing.sha256(array) for array in timing.random_inputs(seed, specs)]:
         raise TuningConfigError(
             f"the reference is {Path(reference.path).stat().st_size / 1e6:.0f} MB, over the bundle's limit of "
             f"{limit_mb:g} MB, and its inputs are not made from a seed: raise the limit to carry it whole"
@@ -212,7 +232,7 @@ def write_reference(reference: MeasureReference, path: Path, seed: int, limit_mb
         positions = np.sort(rng.choice(array.size, min(array.size, SAMPLED_POSITIONS), replace=False))
         arrays[f"positions_{index}"], arrays[f"output_{index}"] = positions, array.reshape(-1)[positions]
     np.savez(path, **arrays)
-    entry["seeded"] = {"seed": seed, "inputs": specs, "sha256": [timing.sha256(a) for a in inputs],
+    entry["seeded"] = {"seed": seed, "inputs": specs, "sha256": digests,
                        "outputs": [(list(array.shape), array.dtype.name) for array in outputs]}
     return entry
 

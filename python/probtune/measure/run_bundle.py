@@ -31,30 +31,10 @@ from typing import Any
 import numpy as np
 
 if __package__:  # imported from probtune
-    from probtune.measure.timing import (
-        RunReply,
-        RunTask,
-        SampledOutput,
-        check_and_time,
-        describe_error,
-        first_mismatch,
-        random_inputs,
-        read_reference,
-        sha256,
-    )
+    from probtune.measure import timing
 else:  # run as a bundle's script: timing.py lies beside it
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from timing import (  # type: ignore[import-not-found,no-redef]
-        RunReply,
-        RunTask,
-        SampledOutput,
-        check_and_time,
-        describe_error,
-        first_mismatch,
-        random_inputs,
-        read_reference,
-        sha256,
-    )
+    import timing  # type: ignore[import-not-found,no-redef]
 
 __all__ = ["BROKEN", "DIED", "FORMAT", "MANIFEST", "RESULTS", "SeededInputsError", "main", "read_reference_of", "read_results"]
 
@@ -133,15 +113,15 @@ def read_reference_of(bundle: Path, reference: dict[str, Any]) -> tuple[tuple[An
 
     A reference too large to carry whole (``"seeded"`` in its entry) has its
     inputs made here from their seed, checked against their digests, and its
-    outputs known at a sample of positions (:class:`SampledOutput`).
+    outputs known at a sample of positions (:class:`~probtune.measure.timing.SampledOutput`).
     """
     path = str(bundle / reference["path"])
     if "seeded" not in reference:
-        return read_reference(path, reference["num_inputs"])
+        return timing.read_reference(path, reference["num_inputs"])
     seeded = reference["seeded"]
-    inputs = tuple(random_inputs(seeded["seed"], seeded["inputs"]))
+    inputs = tuple(timing.random_inputs(seeded["seed"], seeded["inputs"]))
     for index, (array, digest) in enumerate(zip(inputs, seeded["sha256"])):
-        if sha256(array) != digest:
+        if timing.sha256(array) != digest:
             raise SeededInputsError(
                 f"input {index} made from seed {seeded['seed']} differs from the one the reference was computed on "
                 f"(this machine's numpy {np.__version__} draws other numbers); write the bundle with a larger "
@@ -149,7 +129,7 @@ def read_reference_of(bundle: Path, reference: dict[str, Any]) -> tuple[tuple[An
             )
     with np.load(path) as arrays:
         outputs = tuple(
-            SampledOutput(tuple(shape), np.dtype(dtype), arrays[f"positions_{i}"], arrays[f"output_{i}"])
+            timing.SampledOutput(tuple(shape), np.dtype(dtype), arrays[f"positions_{i}"], arrays[f"output_{i}"])
             for i, (shape, dtype) in enumerate(seeded["outputs"])
         )
     return inputs, outputs
@@ -205,10 +185,10 @@ class _Measure:
 
 def _timed(
     measure: _Measure, bundle: Path, manifest: dict[str, Any], candidate: dict[str, Any], reference_arrays: Any
-) -> tuple[RunReply, float]:
+) -> tuple[timing.RunReply, float]:
     started = time.perf_counter()
     reference = manifest["reference"]
-    task = RunTask(
+    task = timing.RunTask(
         str(bundle / reference["path"]), reference["num_inputs"], reference["rtol"], reference["atol"],
         str(bundle / candidate["artifact"]), manifest["device_type"], manifest["repeat"],
         manifest["min_repeat_ms"], manifest["warmup"], None, manifest["cache_flush"],
@@ -216,7 +196,7 @@ def _timed(
     try:
         reply = measure.run(task, candidate, bundle, *reference_arrays)
     except Exception as error:  # noqa: BLE001 - load failures, runtime errors of TVM or the driver
-        reply = RunReply("run_error", (), describe_error(error))
+        reply = timing.RunReply("run_error", (), timing.describe_error(error))
     return reply, time.perf_counter() - started
 
 
@@ -226,9 +206,9 @@ def _tvm_measure(device_type: int) -> _Measure:
 
     name = _host() if device_type == 1 else str(tvm.device(device_type, 0).device_name)
 
-    def run(task: RunTask, candidate: dict[str, Any], bundle: Path, inputs: Any, expected: Any) -> RunReply:
+    def run(task: timing.RunTask, candidate: dict[str, Any], bundle: Path, inputs: Any, expected: Any) -> timing.RunReply:
         device = tvm.device(task.device, 0)
-        return check_and_time(tvm.runtime.load_module(task.artifact_path), device, inputs, expected, task)
+        return timing.check_and_time(tvm.runtime.load_module(task.artifact_path), device, inputs, expected, task)
 
     return _Measure(name, run)
 
@@ -237,16 +217,16 @@ def _cupy_measure() -> _Measure:
     """Each candidate's cubin loaded by CuPy, its kernels launched as its table says, timed with CUDA events."""
     import cupy
 
-    def run(task: RunTask, candidate: dict[str, Any], bundle: Path, inputs: Any, expected: Any) -> RunReply:
+    def run(task: timing.RunTask, candidate: dict[str, Any], bundle: Path, inputs: Any, expected: Any) -> timing.RunReply:
         call, outputs = _cupy_program(cupy, bundle, candidate["kernels"], inputs, expected)
         call()
         cupy.cuda.Device().synchronize()
-        mismatch = first_mismatch([cupy.asnumpy(out) for out in outputs], expected, task.rtol, task.atol)
+        mismatch = timing.first_mismatch([cupy.asnumpy(out) for out in outputs], expected, task.rtol, task.atol)
         if mismatch is not None:
-            return RunReply("wrong_result", (), mismatch)
+            return timing.RunReply("wrong_result", (), mismatch)
         for _ in range(task.warmup):
             call()
-        return RunReply("ok", _cupy_timings(cupy, call, task), None)
+        return timing.RunReply("ok", _cupy_timings(cupy, call, task), None)
 
     def healthy() -> bool:
         """False once a fault (an illegal address, say) has broken this process's CUDA context for good."""
@@ -289,7 +269,7 @@ def _kernel(module: Any, name: str, shared: int) -> Any:
     return kernel
 
 
-def _cupy_timings(cupy: Any, call: Any, task: RunTask) -> tuple[float, ...]:
+def _cupy_timings(cupy: Any, call: Any, task: timing.RunTask) -> tuple[float, ...]:
     """Seconds per call, one figure per repeat; a repeat makes as many calls as last ``min_repeat_ms``.
 
     The calls are captured in a CUDA graph and replayed, as many per graph as
@@ -330,7 +310,7 @@ def _graph(stream: Any, call: Any, calls: int) -> Any:
         finally:
             graph = stream.end_capture()
     except Exception as error:  # noqa: BLE001 - timed launch by launch instead
-        print(f"no CUDA graph ({describe_error(error)}): launches timed one by one", file=sys.stderr)
+        print(f"no CUDA graph ({timing.describe_error(error)}): launches timed one by one", file=sys.stderr)
         return None
     return lambda: graph.launch(stream)
 

@@ -27,7 +27,7 @@ from probtune.interfaces import TargetSpec
 from probtune.measure._process import WorkerProcess
 from probtune.measure._worker import run_worker_main
 from probtune.measure.results import BuildResult, MeasureReference, MeasureStatus, RunResult, not_built
-from probtune.measure.timing import RunTask
+from probtune.measure.timing import RunTask, sha256
 
 if TYPE_CHECKING:
     from probtune.workload import Workload
@@ -71,10 +71,7 @@ def save_reference(
     The digest in the name lets a runner that caches references by path never
     confuse two of them; a file already there is the same content.
     """
-    digest = hashlib.sha256()
-    for key, array in arrays.items():
-        digest.update(f"{key}:{array.dtype.str}:{array.shape};".encode())
-        digest.update(array.tobytes())
+    digest = hashlib.sha256("".join(f"{key}:{sha256(array)};" for key, array in arrays.items()).encode())
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
     path = Path(workdir).resolve() / f"reference-{slug}-{digest.hexdigest()[:16]}.npz"
     if not path.exists():
