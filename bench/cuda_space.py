@@ -7,7 +7,9 @@ dropped) are counted as passing the pre-build checks or not; then up to
 ``--build`` passing programs of each are compiled by the target's compiler
 (TVM, then NVRTC to a cubin) and linted (no spills, no local memory,
 registers within the block), timed per candidate; those whose CUDA code
-multiplies with WMMA are counted as running on the tensor cores.
+multiplies with WMMA or ``mma.sync`` are counted as running on the tensor
+cores, and those that copy with ``cp.async`` or stage copies through
+registers (software pipelines) are counted too.
 
 Run with ``make bench-cuda`` (or ``.venv/bin/python bench/cuda_space.py``);
 the report goes to ``bench/results/cuda_space.json``. Nothing here needs a GPU.
@@ -84,19 +86,23 @@ def build_and_lint(programs: list[tvm.IRModule], target: Any, limit: int) -> dic
     """Compile up to ``limit`` programs with the target's compiler; how many pass the lint, and seconds each."""
     compiler = NVRTCCompiler()
     outcomes: dict[str, int] = {}
-    tensor_core = 0
+    kinds = dict.fromkeys(("tensor_core", "mma_sync", "cp_async", "register_staged"), 0)  # of the programs that lint
     started = time.perf_counter()
     built = programs[:limit]
     for program in built:
         try:
             executable = compiler(program, dict(target.tvm_target))
             outcome = "ok"
-            tensor_core += any("wmma::mma_sync" in m.inspect_source() for m in executable.mod.imports)
+            source = "".join(m.inspect_source() for m in executable.mod.imports)
+            kinds["tensor_core"] += "wmma::mma_sync" in source or "mma.sync.aligned" in source
+            kinds["mma_sync"] += "mma.sync.aligned" in source
+            kinds["cp_async"] += "cp.async.c" in source
+            kinds["register_staged"] += "manifest_shared_memory_local_stage" in program.script()
         except Exception as error:  # noqa: BLE001 - the lint's reason, or TVM's, is the outcome
             outcome = str(error).split(" (")[0].split(";")[0][:80]
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     seconds = (time.perf_counter() - started) / max(len(built), 1)
-    return {"built": len(built), "lint_ok": outcomes.get("ok", 0), "tensor_core": tensor_core, "outcomes": outcomes,
+    return {"built": len(built), "lint_ok": outcomes.get("ok", 0), **kinds, "outcomes": outcomes,
             "seconds_per_build": round(seconds, 2)}
 
 
@@ -127,7 +133,8 @@ def main() -> None:
             }
             print(f"{work.key} {system}: {len(passed)}/{args.draws} pass the checks; "
                   f"{row[system]['lint_ok']}/{row[system]['built']} pass the cubin lint, "
-                  f"{row[system]['tensor_core']} on tensor cores "
+                  f"{row[system]['tensor_core']} on tensor cores ({row[system]['mma_sync']} by mma.sync), "
+                  f"{row[system]['cp_async']} with cp.async, {row[system]['register_staged']} staged through registers "
                   f"({row[system]['seconds_per_build']} s per build) {row[system]['outcomes']}", flush=True)
         rows.append(row)
     report = {"machine": cpu_model(), "target": target.name, "tvm_target": dict(target.tvm_target), "seed": args.seed,

@@ -17,7 +17,9 @@ from probtune.space import generate_space
 from probtune.targets import resolve_target
 from probtune.workload import Workload
 from probtune_cuda.codegen import CUDALintError
-from probtune_cuda.tensor_core import TENSORIZE_KEY, TensorCoreTiling, shared_memory_bytes, wmma_plan
+from probtune_cuda.intrinsics import TENSORIZE_KEY
+from probtune_cuda.software_pipeline import loop_buffers
+from probtune_cuda.tensor_core import TensorCoreTiling, shared_memory_bytes, wmma_plan
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -35,6 +37,11 @@ def linted_source(candidate, target) -> str | None:
         return None
 
 
+def multiplies_on_tensor_cores(source: str) -> bool:
+    """Whether CUDA source multiplies on the tensor cores, through WMMA or ``mma.sync``."""
+    return "wmma::mma_sync" in source or "mma.sync.aligned" in source
+
+
 def tensorized(space) -> bool:
     return any(inst.kind == "blockize" for inst in space.trace.instructions)
 
@@ -45,18 +52,19 @@ def sm90():
 
 
 def test_a_half_precision_matmul_runs_on_the_tensor_cores(sm90):
-    """Sampled programs multiply 16x16x16 tiles with WMMA, stage through launch-time shared memory, and compile."""
+    """Sampled programs multiply 16x16x16 tiles with WMMA (or mma.sync), stage through launch-time shared memory, and compile."""
     space = generate_space(resolve_workload("matmul", "512,256,128", "float16"), sm90, seed=0)
     assert tensorized(space) and "tensorize" not in {inst.kind for inst in space.trace.instructions}
-    found = valid_samples(space, 2, tries=60)
-    assert len(found) == 2
+    found = valid_samples(space, 4, tries=60)
+    assert len(found) == 4
     for candidate in found:
         script = candidate.mod.script()
-        assert 'thread="threadIdx.y"' in script and 'scope="wmma.accumulator"' in script
+        assert 'thread="threadIdx.y"' in script and ('scope="wmma.accumulator"' in script or 'scope="warp"' in script)
         assert TENSORIZE_KEY not in script  # every marked tile was replaced by its intrinsic
         source = source_of(candidate, sm90)
-        for call in ("wmma::fill_fragment", "wmma::load_matrix_sync", "wmma::mma_sync", "wmma::store_matrix_sync"):
-            assert call in source
+        wmma = ("wmma::fill_fragment", "wmma::load_matrix_sync", "wmma::mma_sync", "wmma::store_matrix_sync")
+        assert all(call in source for call in wmma) if 'scope="wmma.accumulator"' in script else "ldmatrix" in source
+        assert multiplies_on_tensor_cores(source)
         assert "extern __shared__" in source
         again = Schedule.replay(space.workload.mod, candidate.trace)
         assert again.trace.decision_hash() == candidate.decision_hash
@@ -70,14 +78,14 @@ def test_the_epilogue_is_finished_on_the_way_out_in_one_kernel(sm90):
     assert not re.search(r"T_dense = T.sblock_alloc_buffer\(\([^)]*\)\)", candidate.mod.script())
     source = source_of(candidate, sm90)
     assert len(set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", source))) == 1
-    assert "erff(" in source and "wmma::mma_sync" in source
+    assert "erff(" in source and multiplies_on_tensor_cores(source)
 
 
 def test_batched_and_transposed_operands_map_onto_wmma(sm90):
     for name, shape in [("batch_matmul", "4,64,64,32"), ("dense_bias_relu", "64,128,64")]:
         space = generate_space(resolve_workload(name, shape, "float16"), sm90, seed=0)
         assert tensorized(space), name
-        assert "wmma::mma_sync" in source_of(valid_samples(space, 1, tries=60)[0], sm90)
+        assert multiplies_on_tensor_cores(source_of(valid_samples(space, 1, tries=60)[0], sm90))
 
 
 def test_int8_products_summed_in_int32_run_on_the_tensor_cores(sm90):
@@ -88,7 +96,7 @@ def test_int8_products_summed_in_int32_run_on_the_tensor_cores(sm90):
     space = generate_space(Workload.from_module(te.create_prim_func([a, b, c]), "int8_matmul"), sm90, seed=0)
     assert tensorized(space)
     source = source_of(valid_samples(space, 1, tries=60)[0], sm90)
-    assert "wmma::mma_sync" in source and "signed char" in source
+    assert "wmma::mma_sync" in source and "signed char" in source  # int8: WMMA only
 
 
 @pytest.mark.parametrize(
@@ -122,7 +130,7 @@ def test_a_matmul_of_any_shape_is_padded_to_whole_tiles(sm90, name, shape):
         assert "T.if_then_else" in script and "T.where" in script  # zeros read in, the padding's rows not written out
         assert tvm_ffi.structural_equal(space.program(candidate.trace), candidate.mod)
     for source in sources:
-        assert "wmma::mma_sync" in source
+        assert multiplies_on_tensor_cores(source)
         assert len(set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", source))) == 1
 
 
@@ -130,7 +138,7 @@ def test_tensor_core_programs_avoid_tvm_s_storage_rewrite(sm90):
     """TVM's StorageRewrite would give a float16 fragment load a float32 buffer here, which its CUDA codegen refuses."""
     space = generate_space(resolve_workload("dense_bias_gelu", "112,208,80", "float16"), sm90, seed=0)
     found = valid_samples(space, 2, tries=20)
-    assert len(found) == 2 and all("wmma::mma_sync" in source_of(candidate, sm90) for candidate in found)
+    assert len(found) == 2 and all(multiplies_on_tensor_cores(source_of(candidate, sm90)) for candidate in found)
 
 
 def test_wmma_plan_names_the_operands_and_the_intrinsics(sm90):
@@ -151,7 +159,8 @@ def test_fresh_draws_mostly_fit_the_block_and_the_warps(sm90):
     fits = 0
     for _ in range(50):
         sch = Schedule.replay(space.workload.mod, undecided, rng=rng, until=space.prior_end)
-        assert 0 < shared_memory_bytes(sch.tvm) <= 2 * (128 * 64 + 64 * 128) + 4 * 128 * 128
+        operands = 2 * (128 * 128 + 128 * 128)  # float16 tiles of A and B: 8x8 warps' tiles, 8 reduction tiles deep
+        assert 0 < shared_memory_bytes(sch.tvm) <= max(3 * operands, 4 * 128 * 128)  # up to 3 pipeline buffers each
         fits += module.prior(sch.tvm, space.context) == 1.0
     assert fits >= 25
     assert len(valid_samples(space, 6, tries=10)) >= 6
@@ -167,6 +176,7 @@ def test_the_staged_output_reuses_the_operands_shared_memory(sm90):
         for block in raw.get_child_blocks(raw.get_sblock("root"))
         if raw.get(block).name_hint.endswith("_shared.dyn")
     }
-    operands = 2 * (extents["A_shared.dyn"] + extents["B_shared.dyn"])  # float16 tiles
+    buffers = max(loop_buffers(raw.get(loop)) for loop in raw.get_loops(raw.get_sblock("A_shared.dyn")))  # pipelined
+    operands = 2 * buffers * (extents["A_shared.dyn"] + extents["B_shared.dyn"])  # float16 tiles
     output = 4 * extents["C_shared.dyn"]  # float32 accumulators
     assert shared_memory_bytes(raw) == max(operands, output) < operands + output

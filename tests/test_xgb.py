@@ -70,17 +70,47 @@ def test_gpu_columns_describe_threads_shared_memory_and_tensor_core_calls(matmul
     """CPU programs leave them zero; a tensor-core program's multiply-accumulates are counted, though not stores."""
     assert all(not any(_gpu_columns(program_features(mod)).values()) for mod in matmul_programs)
     sm90 = get_registry().targets["cuda-sm90"]
-    found = {}
+    found, found_scripts = {}, {}
     for name, dtype in (("matmul", "float16"), ("matmul", "float32")):
         space = generate_space(resolve_workload(name, (256, 256, 256), dtype), sm90, seed=0)
         candidate = next(c for c in (space.sample(Rng(seed)) for seed in range(1, 40)) if c is not None)
         found[dtype] = _gpu_columns(program_features(candidate.mod))
+        found_scripts[dtype] = candidate.mod.script()  # an mma.sync program stores its fragments with plain stores
     half, single = found["float16"], found["float32"]
     assert half["blocks"] >= 1 and half["threads"] >= 32 and half["shared_bytes"] > 0 and half["fragment_bytes"] > 0
     tiles = (256 // 16) ** 3  # 16x16x16 multiply-accumulates of a 256^3 matmul, each one call of one warp
     assert half["mma_calls"] * half["threads"] / 32 * half["blocks"] == pytest.approx(tiles)
-    assert half["fragment_loads"] > 0 and half["fragment_stores"] > 0
+    assert half["fragment_loads"] > 0 and (half["fragment_stores"] > 0 or "ldmatrix" in found_scripts["float16"])
     assert single["threads"] > 1 and single["local_bytes"] > 0 and single["mma_calls"] == single["fragment_bytes"] == 0
+
+
+def test_gpu_columns_count_mma_sync_tiles_as_wmma_tiles():
+    """A program moved to ldmatrix and mma.sync (two PTX mma per 16x16x16 tile) does the same tiles as with WMMA."""
+    space = generate_space(resolve_workload("matmul", (256, 256, 256), "float16"), get_registry().targets["cuda-sm90"])
+    instruction = next(i for i, inst in enumerate(space.trace.instructions)
+                       if inst.kind == "sample_categorical" and list(inst.attrs["candidates"]) == [0, 1])
+    candidate = next(c for c in (space.sample(Rng(seed)) for seed in range(1, 40)) if c is not None)
+    for choice in (0, 1):  # WMMA, mma.sync
+        sch, rejected = space.realize(candidate.trace.with_decisions({**candidate.trace.decisions, instruction: choice}))
+        assert rejected is None and ('scope="warp"' in sch.mod.script()) == (choice == 1)
+        columns = _gpu_columns(program_features(sch.mod))
+        assert columns["mma_calls"] * columns["threads"] / 32 * columns["blocks"] == pytest.approx((256 // 16) ** 3)
+        assert columns["fragment_loads"] > 0 and columns["fragment_bytes"] > 0
+
+
+def test_gpu_columns_tell_how_deep_a_reduction_is_pipelined():
+    """0 stages and no async copies unpipelined; 2 stages register-staged; 3 stages with cp.async."""
+    space = generate_space(resolve_workload("matmul", (512, 512, 512), "float16"), get_registry().targets["cuda-sm90"])
+    seen: dict[tuple[float, float], str] = {}
+    rng = Rng(2)
+    for _ in range(60):
+        candidate = space.sample(rng)
+        if candidate is not None:
+            columns = _gpu_columns(program_features(candidate.mod))
+            script = candidate.mod.script()
+            kind = "async" if "software_pipeline_async" in script else "staged" if "local_stage" in script else "none"
+            seen.setdefault((columns["pipeline_stages"], columns["async_copies"]), kind)
+    assert seen == {(0.0, 0.0): "none", (2.0, 0.0): "staged", (3.0, 1.0): "async"}
 
 
 def _elementwise(read=lambda a, i, j: a[i, j], n: int = 64) -> tvm.IRModule:

@@ -3,9 +3,10 @@
 The targets' programs are tiled across thread blocks, virtual threads and
 threads, read their inputs through shared memory and accumulate in
 registers, or, for float16 and int8 matmul-like blocks, run on the tensor
-cores (WMMA) warp by warp; they build here without a GPU or a CUDA toolkit (the module keeps
-its CUDA source, compiled when a machine with a GPU loads it), and are timed
-only where TVM's runtime sees a CUDA device.
+cores (WMMA or mma.sync) warp by warp, software-pipelined or not; they build here
+without a GPU or a CUDA toolkit (the module keeps its CUDA source, compiled
+when a machine with a GPU loads it), and are timed only where TVM's runtime
+sees a CUDA device.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from probtune import hookimpl
 from probtune_cuda.instructions import PAD_EINSUM
+from probtune_cuda.mma import RewriteMMASync
 from probtune_cuda.multi_level_tiling import GPUMultiLevelTiling
 from probtune_cuda.postprocs import (
     RewriteCooperativeFetch,
@@ -24,6 +26,7 @@ from probtune_cuda.postprocs import (
     VerifyGPUCode,
     VerifyRegisterTile,
 )
+from probtune_cuda.software_pipeline import RewriteSoftwarePipeline
 from probtune_cuda.targets import make_targets
 from probtune_cuda.tensor_core import TensorCoreTiling
 from probtune_cuda.thread_binding import GPUAutoBind, GPUCrossThreadReduction
@@ -36,6 +39,8 @@ __all__ = [
     "RewriteCooperativeFetch",
     "RewriteGPUReductionBlock",
     "RewriteGPUUnroll",
+    "RewriteMMASync",
+    "RewriteSoftwarePipeline",
     "RewriteTensorize",
     "RewriteUnboundBlock",
     "TensorCoreTiling",
@@ -66,10 +71,12 @@ def probtune_register_space_modules(register: Callable[[Any], None]) -> None:
 
 @hookimpl
 def probtune_register_validators(register: Callable[[Any], None]) -> None:
+    register(RewriteMMASync())
     register(RewriteCooperativeFetch())
     register(RewriteUnboundBlock())
     register(RewriteGPUUnroll())
     register(RewriteGPUReductionBlock())
     register(RewriteTensorize())
+    register(RewriteSoftwarePipeline())
     register(VerifyRegisterTile())
     register(VerifyGPUCode())

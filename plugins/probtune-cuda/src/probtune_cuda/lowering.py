@@ -5,8 +5,11 @@ one's memory while a tensor-core load still addresses it as float16; TVM's
 CUDA code generator then refuses the program (``tvm_access_ptr element type
 must match the source buffer``). A program with tensor-core fragments is
 therefore lowered without that pass; its shared memory is still laid out by
-lifetime (``MergeSharedMemoryAllocations``). Other programs keep TVM's
-default pipeline.
+lifetime (``MergeSharedMemoryAllocations``). The ``warp`` buffers of
+``mma.sync`` programs need the pass: without it, TVM's ``LowerWarpMemory``
+finds no lane index (``threadIdx.x``) around their allocation. Other programs keep TVM's
+default pipeline; one software-pipelined with asynchronous copies also gets
+TVM's ``cp.async`` pass.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import tvm
 from tvm import s_tir, tirx
 
 from probtune.tir import iter_stmts
+from probtune_cuda.software_pipeline import uses_async_copies
 
 __all__ = ["TENSOR_CORE_SCOPES", "build_options", "lower_for_check", "uses_tensor_cores"]
 
@@ -40,8 +44,14 @@ def uses_tensor_cores(mod: tvm.IRModule) -> bool:
 
 @contextmanager
 def build_options(mod: tvm.IRModule) -> Iterator[None]:
-    """The pass options ``mod`` is built under (``tvm.compile`` and the launch table read the current ones)."""
-    with tvm.transform.PassContext(config=_NO_STORAGE_REWRITE if uses_tensor_cores(mod) else {}):
+    """The pass options ``mod`` is built under (``tvm.compile`` and the launch table read the current ones).
+
+    A program pipelined with asynchronous copies also needs TVM's ``cp.async`` pass.
+    """
+    config = dict(_NO_STORAGE_REWRITE) if uses_tensor_cores(mod) else {}
+    if uses_async_copies(mod):
+        config["tirx.use_async_copy"] = True
+    with tvm.transform.PassContext(config=config):
         yield
 
 

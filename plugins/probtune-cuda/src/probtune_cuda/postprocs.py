@@ -23,10 +23,10 @@ from tvm.s_tir import meta_schedule as ms
 from probtune import SpaceContext
 from probtune.errors import last_line
 from probtune.tir import nested_sblocks
+from probtune_cuda.intrinsics import TENSORIZE_KEY, WARP_EXECUTION_KEY, load_tensor_intrinsics
 from probtune_cuda.limits import block_limit
 from probtune_cuda.lowering import lower_for_check
 from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY, MAX_ACCUMULATORS, oversized_register_tiles
-from probtune_cuda.tensor_core import TENSORIZE_KEY, WARP_EXECUTION_KEY, load_tensor_intrinsics
 
 __all__ = [
     "RewriteCooperativeFetch",

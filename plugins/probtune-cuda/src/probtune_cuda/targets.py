@@ -31,16 +31,19 @@ the thread tiling the other matmul-like ones, row reductions go across threads a
 over threads; then sample unrolling."""
 
 DEFAULT_VALIDATORS = (
+    "rewrite-mma-sync",
     "rewrite-cooperative-fetch",
     "rewrite-unbound-block",
     "rewrite-gpu-unroll",
     "rewrite-gpu-reduction-block",
     "rewrite-tensorize",
+    "rewrite-software-pipeline",
     "verify-register-tile",
     "verify-gpu-code",
 )
-"""Finish the program (shared-memory copies spread over the threads, every block bound, unrolling, tensor intrinsics in
-place of the tiles marked for them), then check it fits."""
+"""Finish the program (the tensor-core tiles sampled for mma.sync moved to it, shared-memory copies spread over the
+threads, every block bound, unrolling, tensor intrinsics in place of the tiles marked for them, the sampled software
+pipelines), then check it fits."""
 
 DEFAULT_MUTATORS = {"tile_size": 0.9, "categorical": 0.1}
 """Mutators by probability, after TVM MetaSchedule's CUDA defaults (tile sizes 0.9; unroll and fetch widths share 0.1)."""

@@ -14,17 +14,18 @@ memory under the outermost reduction tile by all the block's threads, then
 loaded into fragments per warp under the middle one; the accumulators are
 stored into shared memory per warp and copied from there to the output by
 all threads, finishing the block's elementwise epilogue (a cast to float16,
-a bias and an activation) on the way.
+a bias and an activation) on the way. The outer reduction loop may be
+software-pipelined (:mod:`probtune_cuda.software_pipeline`), and the tiles
+run by ``mma.sync`` instead of WMMA (:mod:`probtune_cuda.mma`).
 
-Tile sizes and copy widths are sampled; whether a block is tensorized and
-the shape of its nest depend only on the program and the target.
+Tile sizes, copy widths, the pipelining and the instruction are sampled;
+whether a block is tensorized and the shape of its nest depend only on the
+program and the target.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,32 +50,23 @@ from probtune.tir import (
     thread_tag,
 )
 from probtune_cuda.instructions import PAD_EINSUM
-from probtune_cuda.limits import block_limit
+from probtune_cuda.intrinsics import TENSORIZE_INIT_KEY, TENSORIZE_KEY, WARP_EXECUTION_KEY, load_tensor_intrinsics
+from probtune_cuda.limits import block_limit, compute_capability
+from probtune_cuda.mma import INSTRUCTION_KEY, instruction_choices
 from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY, SHARED, elementwise_consumer
+from probtune_cuda.software_pipeline import NO_PIPELINE, PIPELINE_KEY, REGISTER_STAGED, loop_buffers, pipeline_choices
 
 __all__ = [
-    "TENSORIZE_INIT_KEY",
-    "TENSORIZE_KEY",
-    "WARP_EXECUTION_KEY",
     "WMMA_MIN_ARCH",
     "IntrinGroup",
     "TensorCoreTiling",
     "WMMAPlan",
-    "load_tensor_intrinsics",
+    "lane_registers",
     "shared_memory_bytes",
     "threads_per_block",
     "warp_accumulator_fragments",
     "wmma_plan",
 ]
-
-TENSORIZE_KEY = "meta_schedule.auto_tensorize"
-"""Block annotation naming the tensor intrinsic that replaces the block (TVM's RewriteTensorize reads it)."""
-
-TENSORIZE_INIT_KEY = "meta_schedule.auto_tensorize_init"
-"""Annotation naming the intrinsic that replaces the block's initialisation once it is split out."""
-
-WARP_EXECUTION_KEY = "warp_execution"
-"""A block run by a whole warp: ``threadIdx.x`` is then the lane, of the warp's size."""
 
 WMMA_MIN_ARCH = 70
 """WMMA needs Volta (sm_70) or later."""
@@ -111,23 +103,12 @@ class WMMAPlan:
     in_dtype: str
 
 
-@functools.cache
-def load_tensor_intrinsics() -> Any:
-    """TVM's CUDA tensor intrinsics, registered on first use (the import parses them all: seconds)."""
-    import tvm.s_tir.tensor_intrin.cuda as cuda_intrinsics
-
-    return cuda_intrinsics
-
-
-def _arch(ctx: SpaceContext) -> int:
-    found = re.fullmatch(r"sm_(\d+)a?", str(ctx.target.tvm_target.get("arch", "")))
-    return int(found.group(1)) if found else 0
-
-
 def wmma_plan(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, ctx: SpaceContext) -> WMMAPlan | None:
     """The block's WMMA mapping, or None where WMMA cannot compute it (types, shape, target, access pattern)."""
     sblock = raw.get(block_rv)
-    if _arch(ctx) < WMMA_MIN_ARCH or not at_root(raw, block_rv) or len(sblock.reads) != 2 or len(sblock.writes) != 1:
+    if compute_capability(ctx.target.tvm_target) < WMMA_MIN_ARCH or not at_root(raw, block_rv):
+        return None
+    if len(sblock.reads) != 2 or len(sblock.writes) != 1:
         return None
     in_dtypes = {str(read.source.dtype) for read in sblock.reads}
     out_dtype = str(sblock.writes[0].source.dtype)
@@ -230,21 +211,26 @@ class TensorCoreTiling:
     """The reduction tile staged in shared memory at once, in 16-wide tiles."""
     vector_load_lens: tuple[int, ...] = (1, 2, 4, 8)
     max_accumulator_fragments: int = 16
+    max_lane_registers: int = 320
+    """Bound on :func:`lane_registers`, which counts every fragment as live at once (the compiler keeps fewer)."""
     max_padding: float = 2.0
     """Padding to whole tiles may at most multiply the block's work by this; beyond, WMMA is not used."""
     off_tile_weight: float = 0.01
 
     def prior(self, sch: s_tir.Schedule, ctx: SpaceContext) -> float:
-        """Favour fresh draws that fit the target: warps, shared memory, and accumulators in registers.
+        """Favour fresh draws that fit the target: warps, shared memory, and fragments in registers.
 
         Uniform tile sizes mostly give a thread block more shared memory
-        than it has (the operands' tiles and the staged output), or a warp
-        more than ``max_accumulator_fragments`` accumulator tiles (a float32
-        16x16 tile takes 8 registers of every lane; beyond about 16 a warp
-        spills). Each miss multiplies the draw's weight by ``off_tile_weight``.
+        than it has (the operands' tiles, times the pipeline's buffers, and
+        the staged output), or a warp more than ``max_accumulator_fragments``
+        accumulator tiles (a float32 16x16 tile takes 8 registers of every
+        lane; beyond about 16 a warp spills); pipelining adds operand
+        fragments and staged copies to the registers (``max_lane_registers``).
+        Each miss multiplies the draw's weight by ``off_tile_weight``.
         """
         limits = ctx.target.tvm_target
         misses = sum(n > self.max_accumulator_fragments for n in warp_accumulator_fragments(sch).values())
+        misses += lane_registers(sch) > self.max_lane_registers
         misses += shared_memory_bytes(sch) > block_limit(limits, "max_shared_memory_per_block")
         misses += threads_per_block(sch) > block_limit(limits, "max_threads_per_block")
         return float(self.off_tile_weight**misses)
@@ -257,7 +243,13 @@ class TensorCoreTiling:
                 return
             plan, pads = padded
         outer = self._tensor_tiles(sch, block, plan)
+        arch = compute_capability(ctx.target.tvm_target)
+        if len(instructions := instruction_choices(plan.in_dtype, arch)) > 1:
+            uniform = [1.0 / len(instructions)] * len(instructions)
+            sch.annotate(outer, INSTRUCTION_KEY, sch.sample_categorical(instructions, uniform))
         grid, warps, r_outer, r_middle = self._tile(sch, outer)
+        choices = pipeline_choices(arch)
+        sch.annotate(r_outer, PIPELINE_KEY, sch.sample_categorical(choices, [1.0 / len(choices)] * len(choices)))
         for operand, scope, intrinsic in ((plan.operand_a, "wmma.matrix_a", plan.group.load_a),
                                           (plan.operand_b, "wmma.matrix_b", plan.group.load_b)):
             fragment = (scope, intrinsic)
@@ -395,24 +387,50 @@ def warp_accumulator_fragments(raw: s_tir.Schedule) -> dict[str, int]:
     return found
 
 
+def lane_registers(raw: s_tir.Schedule) -> int:
+    """The 32-bit registers each thread holds for fragments and register-staged copies, estimated before building.
+
+    A 16x16 fragment spreads over a warp's 32 lanes: 8 registers of float32
+    or int32 accumulators, 4 of float16 operands, 2 of int8. A pipelined
+    reduction also holds its next step's operand fragments; a copy staged
+    through registers holds each thread's share of the next tile.
+    """
+    lanes, threads = 32, max(threads_per_block(raw), 1)
+    total = sum(warp_accumulator_fragments(raw).values()) * TILE * TILE // lanes
+    for block_rv in nested_sblocks(raw):
+        sblock = raw.get(block_rv)
+        loops = [raw.get(loop) for loop in raw.get_loops(block_rv)]
+        buffers = max((loop_buffers(loop) for loop in loops), default=NO_PIPELINE)
+        written = {str(region.source.scope()): region.source.dtype for region in sblock.writes}
+        for scope, dtype in written.items():
+            itemsize = tvm.DataType(str(dtype)).bits // 8
+            if scope in ("wmma.matrix_a", "wmma.matrix_b") and sblock.annotations.get(TENSORIZE_KEY) and len(loops) >= 2:
+                fragments = int(loops[-2].extent) * int(loops[-1].extent) * (2 if buffers > NO_PIPELINE else 1)
+                total += fragments * itemsize * TILE * TILE // lanes // 4
+            elif scope.startswith("shared") and buffers == REGISTER_STAGED and COOPERATIVE_FETCH_KEY in sblock.annotations:
+                total += -(-int(loops[-1].extent) * itemsize // threads) // 4
+    return total
+
+
 def shared_memory_bytes(raw: s_tir.Schedule) -> int:
     """Shared memory the program's cooperative copies need at once, before row padding.
 
     A copy fills its fused loop's extent of elements. The copies into shared
-    memory (the operands' tiles) live together; the copies out of it (the
+    memory (the operands' tiles) live together, each in as many buffers as
+    the software pipeline around it sampled; the copies out of it (the
     staged output) come after them and reuse their memory.
     """
     into, out_of = 0, 0
     for block_rv in raw.get_child_blocks(raw.get_sblock("root")):
         sblock = raw.get(block_rv)
-        loops = raw.get_loops(block_rv)
+        loops = [raw.get(loop) for loop in raw.get_loops(block_rv)]
         if COOPERATIVE_FETCH_KEY not in sblock.annotations or not loops:
             continue
-        elements = int(raw.get(loops[-1]).extent)
+        elements, buffers = int(loops[-1].extent), max(loop_buffers(loop) for loop in loops)
         for region, is_write in [(r, True) for r in sblock.writes] + [(r, False) for r in sblock.reads]:
             if str(region.source.scope()).startswith("shared"):
                 size = elements * tvm.DataType(str(region.source.dtype)).bits // 8
-                into, out_of = (into + size, out_of) if is_write else (into, out_of + size)
+                into, out_of = (into + buffers * size, out_of) if is_write else (into, out_of + size)
     return max(into, out_of)
 
 

@@ -15,7 +15,7 @@ Layout. Every column is log2(1 + x) of a non-negative raw quantity x (so flags
 stay 0/1 and counts, sizes and strides are compressed); ``STORE_FEATURE_NAMES``
 and ``PROGRAM_FEATURE_NAMES`` name the columns.
 
-``program_features(mod)``: float32, ``2 + 2 * 145 + 9 = 301`` columns:
+``program_features(mod)``: float32, ``2 + 2 * 145 + 11 = 303`` columns:
     ``num_stores``, ``total_float_ops`` (whole program), then ``sum.*``: the
     sum of all store rows, then ``main.*``: the row of the store with the most
     float operations (the first such; zeros if the program has no store),
@@ -24,10 +24,14 @@ and ``PROGRAM_FEATURE_NAMES`` name the columns.
     ``blockIdx``, ``threadIdx`` and ``vthread`` axes, multiplied over each
     kind's axes, over the kernels), ``shared_bytes``, ``local_bytes`` and
     ``fragment_bytes`` (buffers the blocks allocate in shared memory,
-    registers and tensor-core fragments), and the tensor-core intrinsic
-    calls the program makes, each times the loop iterations around it:
-    ``mma_calls``, ``fragment_loads``, ``fragment_stores``. A tensor-core
-    program's multiply-accumulate is such a call, not a store.
+    registers and tensor-core fragments: WMMA's, or ``warp`` buffers), and
+    the 16x16 tiles the tensor-core intrinsics the program calls work on,
+    each times the loop iterations around it: ``mma_calls``,
+    ``fragment_loads``, ``fragment_stores`` (WMMA's, or ``ldmatrix`` and
+    ``mma.sync``, whose fragments are stored by plain stores). A
+    tensor-core program's multiply-accumulate is such a call, not a store. Then ``pipeline_stages`` (the most stages of a
+    software-pipelined loop; 0 if none) and ``async_copies`` (1 if a
+    pipeline copies asynchronously).
 
 ``store_features(mod)``: float32, one row per buffer store in program order
 (a reduction's init and update are two stores), 145 columns:
@@ -124,7 +128,7 @@ STORE_FEATURE_NAMES: tuple[str, ...] = (
 )
 GPU_FEATURE_NAMES: tuple[str, ...] = (
     "blocks", "threads", "vthreads", "shared_bytes", "local_bytes", "fragment_bytes",
-    "mma_calls", "fragment_loads", "fragment_stores",
+    "mma_calls", "fragment_loads", "fragment_stores", "pipeline_stages", "async_copies",
 )
 PROGRAM_FEATURE_NAMES: tuple[str, ...] = (
     "num_stores",
@@ -504,10 +508,11 @@ def program_features(program: tvm.IRModule | tirx.PrimFunc) -> np.ndarray:
 
 
 _GPU_COLUMN = {name: index for index, name in enumerate(GPU_FEATURE_NAMES)}
-_TENSOR_CORE_CALLS = {  # intrinsic (without its namespace) -> its column
-    "tvm_mma_sync": _GPU_COLUMN["mma_calls"], "tvm_bmma_sync": _GPU_COLUMN["mma_calls"], "ptx_mma": _GPU_COLUMN["mma_calls"],
-    "tvm_load_matrix_sync": _GPU_COLUMN["fragment_loads"], "ptx_ldmatrix": _GPU_COLUMN["fragment_loads"],
-    "tvm_store_matrix_sync": _GPU_COLUMN["fragment_stores"], "mma_store": _GPU_COLUMN["fragment_stores"],
+_TENSOR_CORE_CALLS = {  # intrinsic (without its namespace) -> its column, and the 16x16 tiles one call does
+    "tvm_mma_sync": (_GPU_COLUMN["mma_calls"], 1.0), "tvm_bmma_sync": (_GPU_COLUMN["mma_calls"], 1.0),
+    "mma": (_GPU_COLUMN["mma_calls"], 0.5),  # PTX mma.sync: a 16x8x16 half tile
+    "tvm_load_matrix_sync": (_GPU_COLUMN["fragment_loads"], 1.0), "ldmatrix": (_GPU_COLUMN["fragment_loads"], 1.0),
+    "tvm_store_matrix_sync": (_GPU_COLUMN["fragment_stores"], 1.0), "mma_store_legacy": (_GPU_COLUMN["fragment_stores"], 1.0),
 }
 _THREAD_KINDS = {"blockIdx": _GPU_COLUMN["blocks"], "threadIdx": _GPU_COLUMN["threads"], "vthread": _GPU_COLUMN["vthreads"]}
 _SCOPE_KINDS = {"shared": _GPU_COLUMN["shared_bytes"], "shared.dyn": _GPU_COLUMN["shared_bytes"], "local": _GPU_COLUMN["local_bytes"]}
@@ -518,6 +523,15 @@ def _launches_kernels(func: tirx.PrimFunc) -> bool:
     body = func.body.block.body if isinstance(func.body, s_tir.SBlockRealize) else func.body
     nests = child_stmts(body) if isinstance(body, tirx.SeqStmt) else [body]
     return any(isinstance(nest, tirx.For) and nest.thread_binding is not None for nest in nests)
+
+
+def _pipeline_features(loop: tirx.For, raw: np.ndarray) -> None:
+    """Raise the pipeline columns to what ``loop``'s software-pipeline annotations (TVM's) say."""
+    stages = loop.annotations.get("software_pipeline_stage")
+    if stages is not None:
+        raw[_GPU_COLUMN["pipeline_stages"]] = max(raw[_GPU_COLUMN["pipeline_stages"]], 1 + max(int(s) for s in stages))
+    if "software_pipeline_async_stages" in loop.annotations:
+        raw[_GPU_COLUMN["async_copies"]] = 1
 
 
 def gpu_features(func: tirx.PrimFunc) -> np.ndarray:
@@ -538,19 +552,20 @@ def gpu_features(func: tirx.PrimFunc) -> np.ndarray:
                 kernels.append(kernel)
             if tag and kernel is not None:
                 kernel[tag] = max(kernel.get(tag, 1), _int(node.extent))
+            _pipeline_features(node, raw)
             parallel = tag.startswith(("blockIdx", "threadIdx"))
             stack.append((node.body, iterations * (1 if parallel else _int(node.extent)), kernel))
             continue
         if isinstance(node, s_tir.SBlockRealize):
             for buffer in as_list(node.block.alloc_buffers):
                 scope = str(buffer.scope())
-                index = _GPU_COLUMN["fragment_bytes"] if scope.startswith("wmma.") else _SCOPE_KINDS.get(scope)
+                index = _GPU_COLUMN["fragment_bytes"] if scope.startswith("wmma.") or scope == "warp" else _SCOPE_KINDS.get(scope)
                 if index is not None:
                     raw[index] += float(np.prod([max(_int(d), 1) for d in as_list(buffer.shape)])) * buffer.dtype.itemsize
         elif isinstance(node, tirx.Evaluate) and isinstance(node.value, tvm.ir.Call):
-            index = _TENSOR_CORE_CALLS.get(str(getattr(node.value.op, "name", "")).rpartition(".")[2])
-            if index is not None:
-                raw[index] += iterations
+            call = _TENSOR_CORE_CALLS.get(str(getattr(node.value.op, "name", "")).rpartition(".")[2])
+            if call is not None:
+                raw[call[0]] += iterations * call[1]
         stack.extend((child, iterations, kernel) for child in reversed(child_stmts(node)))
     for kernel in kernels:
         for kind, index in _THREAD_KINDS.items():
