@@ -7,9 +7,9 @@ must match the source buffer``). A program with tensor-core fragments is
 therefore lowered without that pass; its shared memory is still laid out by
 lifetime (``MergeSharedMemoryAllocations``). The ``warp`` buffers of
 ``mma.sync`` programs need the pass: without it, TVM's ``LowerWarpMemory``
-finds no lane index (``threadIdx.x``) around their allocation. Other programs keep TVM's
-default pipeline; one software-pipelined with asynchronous copies also gets
-TVM's ``cp.async`` pass.
+finds no lane index (``threadIdx.x``) around their allocation. Other
+programs keep TVM's default pipeline; one software-pipelined with
+asynchronous copies also gets TVM's ``cp.async`` pass.
 """
 
 from __future__ import annotations

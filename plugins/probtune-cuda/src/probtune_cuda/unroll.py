@@ -2,9 +2,10 @@
 
 The limit is sampled by the CPU plugin's ``AutoUnroll`` module (registered
 here as ``gpu-auto-unroll``, with MetaSchedule's CUDA choices; a tensor-core
-tile's on the tile), which records it as a block annotation; ``rewrite-gpu-unroll`` turns it into the
-``pragma_auto_unroll_max_step`` (and explicit unrolling) of the nest's
-outermost loop, which TVM's ``UnrollLoop`` pass reads.
+tile's on the tile), which records it as a block annotation;
+``rewrite-gpu-unroll`` turns it into the ``pragma_auto_unroll_max_step``
+(and explicit unrolling) of the nest's outermost loop, which TVM's
+``UnrollLoop`` pass reads.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from probtune.tir import at_root, sblock_names
 from probtune_cpu.parallel_vectorize import UNROLL_KEY, AutoUnroll
 
 __all__ = ["GPU_AUTO_UNROLL", "GPUAutoUnroll", "RewriteGPUUnroll"]
+
 
 @dataclass(frozen=True)
 class GPUAutoUnroll(AutoUnroll):
