@@ -29,9 +29,9 @@ and ``PROGRAM_FEATURE_NAMES`` name the columns.
     each times the loop iterations around it: ``mma_calls``,
     ``fragment_loads``, ``fragment_stores`` (WMMA's, or ``ldmatrix`` and
     ``mma.sync``, whose fragments are stored by plain stores). A
-    tensor-core program's multiply-accumulate is such a call, not a store. Then ``pipeline_stages`` (the most stages of a
-    software-pipelined loop; 0 if none) and ``async_copies`` (1 if a
-    pipeline copies asynchronously).
+    tensor-core program's multiply-accumulate is such a call, not a store.
+    Then ``pipeline_stages`` (the most stages of a software-pipelined loop;
+    0 if none) and ``async_copies`` (1 if a pipeline copies asynchronously).
 
 ``store_features(mod)``: float32, one row per buffer store in program order
 (a reduction's init and update are two stores), 145 columns:
