@@ -48,6 +48,19 @@ def run_module(lib, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [t.numpy() for t in tensors]
 
 
+def categorical_sites(trace, candidates) -> list[int]:
+    """The indices of a trace's ``sample_categorical`` instructions that choose among ``candidates``."""
+    return [
+        i for i, inst in enumerate(trace.instructions)
+        if inst.kind == "sample_categorical" and list(inst.attrs["candidates"]) == list(candidates)
+    ]
+
+
+def multiplies_on_tensor_cores(source: str) -> bool:
+    """Whether CUDA source multiplies on the tensor cores, through WMMA or ``mma.sync``."""
+    return "wmma::mma_sync" in source or "mma.sync.aligned" in source
+
+
 def valid_samples(space, count: int, seed: int = 1, tries: int = 400) -> list:
     """Up to ``count`` fresh samples of ``space`` that pass its validators, from at most ``tries`` draws."""
     rng = Rng(seed)

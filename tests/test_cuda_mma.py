@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from conftest import categorical_sites
 
 from probtune import Rng, Schedule
 from probtune.catalog import resolve_workload
@@ -26,10 +27,7 @@ def sm90():
 
 def site(trace, candidates) -> int:
     """The index of the categorical choice among ``candidates`` in a trace."""
-    return next(
-        i for i, inst in enumerate(trace.instructions)
-        if inst.kind == "sample_categorical" and list(inst.attrs["candidates"]) == list(candidates)
-    )
+    return categorical_sites(trace, candidates)[0]
 
 
 def forced(space, trace, instruction: int):
@@ -78,8 +76,7 @@ def test_mma_sync_tiles_are_not_unrolled(sm90):
     space = generate_space(resolve_workload("matmul", "256,256,256", "float16"), sm90, seed=0)
     candidate = next(c for c in (space.sample(Rng(seed)) for seed in range(1, 20)) if c is not None)
     steps = list(GPU_AUTO_UNROLL.max_steps)
-    unroll = {i: steps.index(512) for i in range(len(candidate.trace)) if i in candidate.trace.decisions
-              and list(candidate.trace.instruction(i).attrs.get("candidates", [])) == steps}
+    unroll = {i: steps.index(512) for i in categorical_sites(candidate.trace, steps)}
     assert unroll
     sch = forced(space, candidate.trace.with_decisions({**candidate.trace.decisions, **unroll}), MMA_SYNC)
     assert sch is not None and 'scope="warp"' in sch.mod.script() and "pragma_auto_unroll_max_step" not in sch.mod.script()

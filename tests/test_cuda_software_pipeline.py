@@ -7,7 +7,7 @@ import re
 
 import pytest
 import tvm
-from conftest import valid_samples
+from conftest import categorical_sites, multiplies_on_tensor_cores, valid_samples
 
 from probtune import Rng, Schedule
 from probtune.catalog import resolve_workload
@@ -42,10 +42,7 @@ def matmul_space(sm90):
 
 def pipeline_site(trace) -> int:
     """The index of the tensor-core tiling's pipeline choice in a trace."""
-    return next(
-        i for i, inst in enumerate(trace.instructions)
-        if inst.kind == "sample_categorical" and list(inst.attrs["candidates"]) == list(pipeline_choices(90))
-    )
+    return categorical_sites(trace, pipeline_choices(90))[0]
 
 
 def with_buffers(space, buffers: int, target=None, tries: int = 40):
@@ -92,7 +89,7 @@ def test_asynchronous_copies_become_cp_async_three_tiles_deep(matmul_space, sm90
         assert tvm.transform.PassContext.current().config["tirx.use_async_copy"]
     assert re.search(r"cp\.async\.c[ag]\.shared\.global", source)  # .ca below 16 bytes a copy
     assert "cp.async.commit_group" in source and "cp.async.wait_group" in source
-    assert "wmma::mma_sync" in source or "mma.sync.aligned" in source
+    assert multiplies_on_tensor_cores(source)
 
 
 def test_register_staged_copies_double_buffer_through_registers(matmul_space, sm90):
@@ -113,14 +110,15 @@ def test_pipelined_operands_take_a_shared_buffer_per_stage(matmul_space):
         sizes[buffers] = shared_memory_bytes(raw)
     operands = sizes[ASYNC_COPY] - sizes[REGISTER_STAGED]
     assert sizes[ASYNC_COPY] == 3 * operands and sizes[REGISTER_STAGED] == 2 * operands
-    assert sizes[NO_PIPELINE] >= operands
+    output = 4 * int(raw.get(raw.get_loops(raw.get_sblock("C_shared.dyn"))[-1]).extent)  # float32, staged once
+    assert sizes[NO_PIPELINE] == max(operands, output)
 
 
 def test_a_reduction_of_one_tile_is_not_pipelined(sm90):
     space = generate_space(resolve_workload("matmul", "64,64,16", "float16"), sm90, seed=0)
     found = valid_samples(space, 6, tries=60)
     assert len(found) == 6
-    assert {found_trace_buffers(c.trace) for c in found} > {NO_PIPELINE}  # pipelines were sampled ...
+    assert any(found_trace_buffers(c.trace) != NO_PIPELINE for c in found)  # pipelines were sampled ...
     assert not any("software_pipeline" in c.mod.script() for c in found)  # ... and nothing was there to overlap
 
 

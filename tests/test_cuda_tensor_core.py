@@ -7,7 +7,7 @@ import re
 
 import pytest
 import tvm_ffi
-from conftest import valid_samples
+from conftest import multiplies_on_tensor_cores, valid_samples
 from tvm import te
 
 from probtune import Rng, Schedule
@@ -35,11 +35,6 @@ def linted_source(candidate, target) -> str | None:
         return source_of(candidate, target)
     except CUDALintError:
         return None
-
-
-def multiplies_on_tensor_cores(source: str) -> bool:
-    """Whether CUDA source multiplies on the tensor cores, through WMMA or ``mma.sync``."""
-    return "wmma::mma_sync" in source or "mma.sync.aligned" in source
 
 
 def tensorized(space) -> bool:

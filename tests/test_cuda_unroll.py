@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import categorical_sites
 
 from probtune import Rng
 from probtune.catalog import resolve_workload
@@ -18,12 +19,8 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 def test_a_sampled_unroll_limit_reaches_the_kernel_s_outer_loop(dtype):
     space = generate_space(resolve_workload("matmul", "256,256,256", dtype), resolve_target("cuda-sm90"), seed=0)
     steps = list(GPU_AUTO_UNROLL.max_steps)
-    sites = [
-        i for i, inst in enumerate(space.trace.instructions)
-        if inst.kind == "sample_categorical" and list(inst.attrs["candidates"]) == steps
-    ]
-    wmma = {i: WMMA for i, inst in enumerate(space.trace.instructions) if inst.kind == "sample_categorical"
-            and list(inst.attrs["candidates"]) == [WMMA, MMA_SYNC]}  # mma.sync tiles stay rolled (test_cuda_mma)
+    sites = categorical_sites(space.trace, steps)
+    wmma = dict.fromkeys(categorical_sites(space.trace, (WMMA, MMA_SYNC)), WMMA)  # mma.sync tiles stay rolled
     candidate = next(c for c in (space.sample(Rng(seed)) for seed in range(1, 20)) if c is not None)
     for step in (0, 512):
         decisions = {**candidate.trace.decisions, **wmma, **{i: steps.index(step) for i in sites}}

@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 import tvm
+from conftest import categorical_sites
 from tvm import s_tir, te
 from tvm.script import tirx as T
 
@@ -87,8 +88,7 @@ def test_gpu_columns_describe_threads_shared_memory_and_tensor_core_calls(matmul
 def test_gpu_columns_count_mma_sync_tiles_as_wmma_tiles():
     """A program moved to ldmatrix and mma.sync (two PTX mma per 16x16x16 tile) does the same tiles as with WMMA."""
     space = generate_space(resolve_workload("matmul", (256, 256, 256), "float16"), get_registry().targets["cuda-sm90"])
-    instruction = next(i for i, inst in enumerate(space.trace.instructions)
-                       if inst.kind == "sample_categorical" and list(inst.attrs["candidates"]) == [0, 1])
+    instruction = categorical_sites(space.trace, (0, 1))[0]
     candidate = next(c for c in (space.sample(Rng(seed)) for seed in range(1, 40)) if c is not None)
     for choice in (0, 1):  # WMMA, mma.sync
         sch, rejected = space.realize(candidate.trace.with_decisions({**candidate.trace.decisions, instruction: choice}))

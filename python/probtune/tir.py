@@ -24,6 +24,7 @@ __all__ = [
     "nested_sblocks",
     "realize_of",
     "reuses_data",
+    "root_tile",
     "sblock_names",
     "thread_tag",
     "variable_ids",
@@ -164,6 +165,19 @@ def at_root(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
         return False
     parent = sch.get_sref(loops[0]).parent
     return parent is not None and isinstance(parent.stmt, s_tir.SBlock) and parent.parent is None
+
+
+def root_tile(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> str | None:
+    """The name of the root-level block that ``block`` was blockized into, if it is not at the root itself."""
+    if at_root(sch, block):
+        return None
+    sref = sch.get_sref(block).parent
+    while sref is not None and not isinstance(sref.stmt, s_tir.SBlock):
+        sref = sref.parent
+    if sref is None or sref.parent is None:  # under the root block: computed at another block's loops
+        return None
+    name = str(sref.stmt.name_hint)
+    return name if at_root(sch, sch.get_sblock(name)) else None
 
 
 def indexing_dims(

@@ -20,7 +20,7 @@ from tvm.ir.expr import TensorLoad
 from probtune import SpaceContext
 from probtune.errors import last_line
 from probtune.schedule import BlockRV, Schedule
-from probtune.tir import REDUCTION, SPATIAL, at_root, contiguous_along, loop_kinds, sblock_names
+from probtune.tir import REDUCTION, SPATIAL, at_root, contiguous_along, loop_kinds, root_tile, sblock_names
 from probtune_cpu.vector_unit import vector_width
 
 __all__ = [
@@ -94,12 +94,19 @@ class ParallelVectorize:
 
 @dataclass(frozen=True)
 class AutoUnroll:
-    """Sample how far LLVM-side unrolling may go for the block's loop nest (0 turns it off)."""
+    """Sample how far LLVM-side unrolling may go for the block's loop nest (0 turns it off).
+
+    A block blockized into a tile (a tensor intrinsic's) has its limit sampled
+    on the tile, which heads the loop nest.
+    """
 
     name: str = "auto-unroll"
     max_steps: tuple[int, ...] = (0, 16, 64, 512)
 
     def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
+        tile = root_tile(sch.tvm, sch.resolve(block))
+        if tile is not None:
+            block = sch.get_sblock(tile)
         if at_root(sch.tvm, sch.resolve(block)):
             step = sch.sample_categorical(self.max_steps, [1.0 / len(self.max_steps)] * len(self.max_steps))
             sch.annotate(block, UNROLL_KEY, step)

@@ -16,36 +16,12 @@ import tvm
 from tvm import s_tir
 
 from probtune import SpaceContext
-from probtune.schedule import BlockRV, Schedule
-from probtune.tir import at_root, sblock_names
+from probtune.tir import sblock_names
 from probtune_cpu.parallel_vectorize import UNROLL_KEY, AutoUnroll
 
-__all__ = ["GPU_AUTO_UNROLL", "GPUAutoUnroll", "RewriteGPUUnroll"]
+__all__ = ["GPU_AUTO_UNROLL", "RewriteGPUUnroll"]
 
-
-@dataclass(frozen=True)
-class GPUAutoUnroll(AutoUnroll):
-    """``AutoUnroll``, which samples a tensor-core tile's limit on the tile: the root block its block was blockized into."""
-
-    def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
-        tile = _tile_of(sch.tvm, sch.resolve(block))
-        super().apply(sch, block if tile is None else sch.get_sblock(tile), ctx)
-
-
-def _tile_of(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> str | None:
-    """The name of the root-level block enclosing ``block`` directly, if it is not at the root itself."""
-    if at_root(raw, block):
-        return None
-    sref = raw.get_sref(block).parent
-    while sref is not None and not isinstance(sref.stmt, s_tir.SBlock):
-        sref = sref.parent
-    if sref is None or sref.parent is None:  # under the root block: computed at another block's loops
-        return None
-    name = str(sref.stmt.name_hint)
-    return name if at_root(raw, raw.get_sblock(name)) else None
-
-
-GPU_AUTO_UNROLL = GPUAutoUnroll(name="gpu-auto-unroll", max_steps=(0, 16, 64, 512, 1024))
+GPU_AUTO_UNROLL = AutoUnroll(name="gpu-auto-unroll", max_steps=(0, 16, 64, 512, 1024))
 """Sample an unroll limit for each loop nest at the root (MetaSchedule's CUDA choices)."""
 
 
