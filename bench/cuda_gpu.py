@@ -1,4 +1,4 @@
-"""probtune and TVM MetaSchedule tuning float16 GPU kernels measured through bundles on a GPU, against cuBLAS.
+"""probtune and TVM MetaSchedule tuning float16 GPU kernels measured through bundles on a GPU, against cuBLAS and cuDNN.
 
 Nothing here needs a GPU: each round's candidates are built here and
 measured elsewhere, as ``probtune bundle`` is meant to be used. probtune
@@ -11,7 +11,7 @@ results. Both use the same number of candidates per round. The rounds::
 
     python bench/cuda_gpu.py start --rounds 2              # here: MetaSchedule's tuners, in the background
     python bench/cuda_gpu.py prepare 1                     # here: probtune's bundles (waits for MetaSchedule's)
-    python3 bench/gpu_measure.py .gpu/round1 --out OUT     # on the GPU machine: bundles, then cuBLAS
+    python3 bench/gpu_measure.py .gpu/round1 --out OUT     # on the GPU machine: bundles, then PyTorch
     python bench/cuda_gpu.py collect 1 OUT/round1.tar.gz   # here: results in, probtune learns, MetaSchedule goes on
     ...                                                    # round 2, ...
     python bench/cuda_gpu.py report                        # bench/results/cuda_gpu.json
@@ -272,8 +272,8 @@ def _report(args: argparse.Namespace) -> int:
         work = _workload(item)
         row: dict[str, Any] = {"workload": work.key, "gflop": round((work.flops or 0) / 1e9, 3), "rounds": []}
         for folder in rounds:
-            baseline = _baseline(folder, work)
-            entry: dict[str, Any] = {"round": int(folder.name[5:]), "cublas_ms": _ms(baseline)}
+            vendor, baseline = _baseline(folder, work)
+            entry: dict[str, Any] = {"round": int(folder.name[5:]), "vendor": vendor, "vendor_ms": _ms(baseline)}
             for system in SYSTEMS:
                 entry[system] = _system_round(folder / f"{_slug(work)}-{system}", work, baseline)
             row["rounds"].append(entry)
@@ -289,16 +289,16 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _baseline(folder: Path, work: Workload) -> float | None:
-    """cuBLAS's median seconds per call for ``work`` in this round."""
+def _baseline(folder: Path, work: Workload) -> tuple[str | None, float | None]:
+    """The vendor library's name (cuBLAS, cuDNN, through PyTorch) and its median seconds per call for ``work`` this round."""
     for entry in json.loads((folder / "baselines.json").read_text())["baselines"]:
         if entry["workload"]["name"] == work.name and tuple(entry["workload"]["shape"]) == work.shape:
-            return float(np.median(entry["graph"])) if "graph" in entry else None
-    return None
+            return entry.get("system"), float(np.median(entry["graph"])) if "graph" in entry else None
+    return None, None
 
 
-def _system_round(bundle: Path, work: Workload, cublas: float | None) -> dict[str, Any]:
-    """What one system's bundle of a round gave: statuses, its best correct candidate, against cuBLAS."""
+def _system_round(bundle: Path, work: Workload, vendor: float | None) -> dict[str, Any]:
+    """What one system's bundle of a round gave: statuses, its best correct candidate, against the vendor library."""
     prepared = json.loads((bundle / PREPARED).read_text())
     _, results = run_bundle.read_results(bundle / run_bundle.RESULTS)
     statuses: dict[str, int] = {}
@@ -310,7 +310,7 @@ def _system_round(bundle: Path, work: Workload, cublas: float | None) -> dict[st
             "build_seconds": prepared["seconds"], "statuses": statuses, "best_ms": _ms(best),
             "correct_ms": sorted(_ms(t) for t in means),
             "tflops": round(work.flops / best / 1e12, 1) if best and work.flops else None,
-            "vs_cublas": round(cublas / best, 3) if best and cublas else None}
+            "vs_vendor": round(vendor / best, 3) if best and vendor else None}
 
 
 def _best_so_far(rounds: list[dict[str, Any]], system: str) -> dict[str, Any]:
@@ -318,7 +318,7 @@ def _best_so_far(rounds: list[dict[str, Any]], system: str) -> dict[str, Any]:
     if not found:
         return {}
     best_ms, entry = min(found, key=lambda pair: pair[0])
-    return {"best_ms": best_ms, "tflops": entry[system]["tflops"], "vs_cublas_same_round": entry[system]["vs_cublas"],
+    return {"best_ms": best_ms, "tflops": entry[system]["tflops"], "vs_vendor_same_round": entry[system]["vs_vendor"],
             "trials": sum(e[system]["built"] + e[system]["build_errors"] for e in rounds)}
 
 
@@ -328,7 +328,7 @@ def _print_row(row: dict[str, Any]) -> None:
             got = entry[system]
             print(f"{row['workload']} round {entry['round']} {system}: built {got['built']} "
                   f"(+{got['build_errors']} failed), {got['statuses']}, best {got['best_ms']} ms, "
-                  f"{got['tflops']} TFLOPS, {got['vs_cublas']}x cuBLAS ({entry['cublas_ms']} ms)")
+                  f"{got['tflops']} TFLOPS, {got['vs_vendor']}x {entry['vendor']} ({entry['vendor_ms']} ms)")
 
 
 def _ms(seconds: float | None) -> float | None:

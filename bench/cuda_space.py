@@ -45,9 +45,11 @@ WORKLOADS = (
     "dense_bias_gelu:128,3072,768:float16",
     "matmul:1000,1000,1000:float16",
     "dense_bias_gelu:100,3072,768:float16",
+    "conv2d_nhwc:1,64,56,56,64,3,3,1,1:float16",
+    "conv2d_nchw:8,128,28,28,128,3,3,1,1:float16",
 )
-"""``name:shape[:dtype]``: float32 unless named; the float16 ones are tensor-core work (the last two only
-after padding to whole 16-wide tiles)."""
+"""``name:shape[:dtype]``: float32 unless named; the float16 ones are tensor-core work (two matmuls only after
+padding to whole 16-wide tiles, the convolutions once rewritten as matmuls)."""
 
 
 def probtune_draws(work: Any, target: Any, count: int, seed: int) -> tuple[list[tvm.IRModule], float]:

@@ -1,7 +1,8 @@
-"""The GPU half of ``bench/cuda_gpu.py``: measure a round's bundles on this machine, and cuBLAS beside them.
+"""The GPU half of ``bench/cuda_gpu.py``: measure a round's bundles on this machine, and PyTorch beside them.
 
 ``python3 gpu_measure.py ROUND_FOLDER --out DIR`` times the folder's
-workloads through PyTorch (cuBLAS, and PyTorch's GELU kernel after it), then
+workloads through PyTorch (cuBLAS, and PyTorch's GELU kernel after it;
+cuDNN for a convolution), then
 runs each bundle's own script (``run_bundle.py``, CuPy launching the cubins),
 and packs the results files, the logs and the baselines into
 ``DIR/ROUND.tar.gz``. It needs Python, numpy, CuPy and PyTorch, not TVM or
@@ -88,12 +89,12 @@ def _workloads(bundles: list[Path]) -> list[dict[str, Any]]:
 
 
 def _baseline(workload: dict[str, Any]) -> dict[str, Any]:
-    """PyTorch's time for the workload: cuBLAS's matrix product, then its bias and GELU kernels where the workload has them."""
+    """PyTorch's time for the workload: cuBLAS's matrix product (then bias and GELU kernels) or cuDNN's convolution."""
     import torch
 
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False  # float32 sums, as the workloads'
     dtype = getattr(torch, workload["dtype"])
-    name, shape = workload["name"], workload["shape"]
+    name, shape, library = workload["name"], workload["shape"], "cuBLAS"
     if name == "matmul":
         m, n, k = shape
         a, b = torch.rand(m, k, dtype=dtype, device="cuda"), torch.rand(k, n, dtype=dtype, device="cuda")
@@ -107,9 +108,26 @@ def _baseline(workload: dict[str, Any]) -> dict[str, Any]:
 
         def call() -> Any:
             return torch.nn.functional.gelu(torch.nn.functional.linear(x, w, bias))
+    elif name in ("conv2d_nchw", "conv2d_nhwc"):
+        call = _convolution(torch, name, shape, dtype)
+        library = "cuDNN"
     else:
         return {"workload": workload, "error": f"no PyTorch baseline for {name}"}
-    return {"workload": workload, "system": f"PyTorch {torch.__version__} (cuBLAS)", **_time(torch, call)}
+    return {"workload": workload, "system": f"PyTorch {torch.__version__} ({library})", **_time(torch, call)}
+
+
+def _convolution(torch: Any, name: str, shape: list[int], dtype: Any) -> Any:
+    """cuDNN's convolution of the workload's shape, its tensors in the workload's layout (NHWC: channels last)."""
+    n, c, h, w, k, r, s, stride, pad = shape
+    layout = torch.channels_last if name == "conv2d_nhwc" else torch.contiguous_format
+    data = torch.rand(n, c, h, w, dtype=dtype, device="cuda").to(memory_format=layout)
+    weight = torch.rand(k, c, r, s, dtype=dtype, device="cuda").to(memory_format=layout)
+    torch.backends.cudnn.benchmark = True  # cuDNN picks its fastest algorithm on the first calls (the warm-up)
+
+    def call() -> Any:
+        return torch.nn.functional.conv2d(data, weight, stride=stride, padding=pad)
+
+    return call
 
 
 def _time(torch: Any, call: Any) -> dict[str, list[float]]:

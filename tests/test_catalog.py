@@ -202,3 +202,19 @@ def test_zero_padding_is_a_valid_shape() -> None:
 def test_unsupported_dtype_is_rejected() -> None:
     with pytest.raises(WorkloadShapeError, match=r"matmul supports dtypes .*float32.*'int8'"):
         SPECS["matmul"].instantiate((4, 4, 4), "int8")
+
+
+@pytest.mark.parametrize("name", ["conv2d_nchw", "conv2d_nhwc"])
+def test_half_precision_convolution_sums_in_float32(name: str) -> None:
+    """As the tensor cores and cuDNN do: float16 products summed in float32, the result rounded to float16 once."""
+    workload = SPECS[name].instantiate((2, 8, 9, 9, 12, 3, 3, 2, 1), "float16")
+    assert block_names(workload) == ["pad_temp", name, "conv2d_rounded", "root"]
+    assert [dtype for _, dtype in workload.param_specs()] == ["float16"] * 3
+    written: dict[str, str] = {}
+
+    def record(block: tvm.s_tir.SBlock) -> None:
+        written.update((block.name_hint, str(region.source.dtype)) for region in block.writes)
+
+    tvm_ffi.structural_walk(workload.prim_func.body, (tvm.s_tir.SBlock, record))
+    assert written[name] == "float32" and written["conv2d_rounded"] == "float16"
+    assert_matches_reference(workload, run_on_host(workload.mod, workload, workload.random_inputs(seed=5)), seed=5)

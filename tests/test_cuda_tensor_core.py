@@ -129,6 +129,30 @@ def test_a_matmul_of_any_shape_is_padded_to_whole_tiles(sm90, name, shape):
         assert len(set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", source))) == 1
 
 
+@pytest.mark.parametrize("name,shape", [("conv2d_nhwc", "1,32,16,16,64,3,3,1,1"), ("conv2d_nchw", "2,3,16,16,32,3,3,2,1")])
+def test_a_convolution_runs_on_the_tensor_cores_as_one_matmul(sm90, name, shape):
+    """Rewritten as a matmul (and padded where its window is not whole tiles: 3x3x3 is 27 deep); one kernel.
+
+    The zero padding, the window gather and the padding to whole tiles all
+    happen on the way into shared memory; the rows are scattered back into
+    the image, and rounded to float16, on the way out.
+    """
+    space = generate_space(resolve_workload(name, shape, "float16"), sm90, seed=0)
+    kinds = [inst.kind for inst in space.trace.instructions]
+    assert kinds.count("transform_to_intrinsic") == 1 and tensorized(space)
+    assert kinds.count("pad_einsum") == (name == "conv2d_nchw")
+    found = valid_samples(space, 3, tries=60)
+    sources = [source for candidate in found if (source := linted_source(candidate, sm90))]
+    assert len(found) == 3 and sources
+    for candidate in found:
+        script = candidate.mod.script()
+        assert not re.search(r"(pad_temp|_reindex|_pad) = T.sblock_alloc_buffer", script), script  # nothing in global memory
+        assert tvm_ffi.structural_equal(space.program(candidate.trace), candidate.mod)  # the plugin's instruction replays
+    for source in sources:
+        assert multiplies_on_tensor_cores(source)
+        assert len(set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", source))) == 1
+
+
 def test_tensor_core_programs_avoid_tvm_s_storage_rewrite(sm90):
     """TVM's StorageRewrite would give a float16 fragment load a float32 buffer here, which its CUDA codegen refuses."""
     space = generate_space(resolve_workload("dense_bias_gelu", "112,208,80", "float16"), sm90, seed=0)

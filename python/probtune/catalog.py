@@ -51,7 +51,7 @@ __all__ = ["BUILTIN_WORKLOADS", "WorkloadSpec", "resolve_workload"]
 Shape = tuple[int, ...]
 
 _FLOAT_DTYPES = ("float32", "float64")
-_MATMUL_DTYPES = (*_FLOAT_DTYPES, "float16")
+_CONTRACTION_DTYPES = (*_FLOAT_DTYPES, "float16")  # float16 products are summed in float32
 _LAYER_NORM_EPS = 1e-5
 
 
@@ -264,6 +264,7 @@ def _padded_numpy(data: np.ndarray, pad: int, spatial_axes: tuple[int, int]) -> 
 
 def _build_conv2d_nchw(shape: Shape, dtype: str) -> tvm.tirx.PrimFunc:
     n, c, h, w, k, r, s, stride, pad = shape
+    acc = _accumulator(dtype)
     oh, ow = _conv_output_size(h, r, stride, pad), _conv_output_size(w, s, stride, pad)
     data = te.placeholder((n, c, h, w), dtype, name="data")
     weight = te.placeholder((k, c, r, s), dtype, name="weight")
@@ -274,12 +275,12 @@ def _build_conv2d_nchw(shape: Shape, dtype: str) -> tvm.tirx.PrimFunc:
     out = te.compute(
         (n, k, oh, ow),
         lambda b, f, y, x: te.sum(
-            padded[b, rc, y * stride + ry, x * stride + rx] * weight[f, rc, ry, rx],
+            _widened(padded[b, rc, y * stride + ry, x * stride + rx], acc) * _widened(weight[f, rc, ry, rx], acc),
             axis=[rc, ry, rx],
         ),
         name="conv2d_nchw",
     )
-    return te.create_prim_func([data, weight, out])
+    return te.create_prim_func([data, weight, _rounded(out, dtype, "conv2d_rounded")])
 
 
 def _reference_conv2d_nchw(
@@ -300,6 +301,7 @@ def _reference_conv2d_nchw(
 
 def _build_conv2d_nhwc(shape: Shape, dtype: str) -> tvm.tirx.PrimFunc:
     n, c, h, w, k, r, s, stride, pad = shape
+    acc = _accumulator(dtype)
     oh, ow = _conv_output_size(h, r, stride, pad), _conv_output_size(w, s, stride, pad)
     data = te.placeholder((n, h, w, c), dtype, name="data")
     weight = te.placeholder((r, s, c, k), dtype, name="weight")
@@ -310,12 +312,12 @@ def _build_conv2d_nhwc(shape: Shape, dtype: str) -> tvm.tirx.PrimFunc:
     out = te.compute(
         (n, oh, ow, k),
         lambda b, y, x, f: te.sum(
-            padded[b, y * stride + ry, x * stride + rx, rc] * weight[ry, rx, rc, f],
+            _widened(padded[b, y * stride + ry, x * stride + rx, rc], acc) * _widened(weight[ry, rx, rc, f], acc),
             axis=[ry, rx, rc],
         ),
         name="conv2d_nhwc",
     )
-    return te.create_prim_func([data, weight, out])
+    return te.create_prim_func([data, weight, _rounded(out, dtype, "conv2d_rounded")])
 
 
 def _reference_conv2d_nhwc(
@@ -474,7 +476,7 @@ BUILTIN_WORKLOADS: tuple[WorkloadSpec, ...] = (
         flops=lambda shape: 2.0 * shape[0] * shape[1] * shape[2],
         reference=_reference_matmul,
         baseline=_numpy_matmul,
-        dtypes=_MATMUL_DTYPES,
+        dtypes=_CONTRACTION_DTYPES,
     ),
     WorkloadSpec(
         name="batch_matmul",
@@ -486,7 +488,7 @@ BUILTIN_WORKLOADS: tuple[WorkloadSpec, ...] = (
         flops=lambda shape: 2.0 * shape[0] * shape[1] * shape[2] * shape[3],
         reference=_reference_matmul,
         baseline=_numpy_matmul,
-        dtypes=_MATMUL_DTYPES,
+        dtypes=_CONTRACTION_DTYPES,
     ),
     WorkloadSpec(
         name="dense_bias_relu",
@@ -498,7 +500,7 @@ BUILTIN_WORKLOADS: tuple[WorkloadSpec, ...] = (
         flops=lambda shape: 2.0 * shape[0] * shape[1] * shape[2] + 2.0 * shape[0] * shape[1],
         reference=_reference_dense_bias_relu,
         baseline=_numpy_dense_bias_relu,
-        dtypes=_MATMUL_DTYPES,
+        dtypes=_CONTRACTION_DTYPES,
     ),
     WorkloadSpec(
         name="dense_bias_gelu",
@@ -509,7 +511,7 @@ BUILTIN_WORKLOADS: tuple[WorkloadSpec, ...] = (
         build=_build_dense_bias_gelu,
         flops=lambda shape: 2.0 * shape[0] * shape[1] * shape[2] + 8.0 * shape[0] * shape[1],
         reference=_reference_dense_bias_gelu,
-        dtypes=_MATMUL_DTYPES,
+        dtypes=_CONTRACTION_DTYPES,
     ),
     WorkloadSpec(
         name="conv2d_nchw",
@@ -520,7 +522,7 @@ BUILTIN_WORKLOADS: tuple[WorkloadSpec, ...] = (
         build=_build_conv2d_nchw,
         flops=_conv2d_flops,
         reference=_reference_conv2d_nchw,
-        dtypes=_FLOAT_DTYPES,
+        dtypes=_CONTRACTION_DTYPES,
         zero_allowed=("pad",),
         check_shape=_check_conv2d,
     ),
@@ -533,7 +535,7 @@ BUILTIN_WORKLOADS: tuple[WorkloadSpec, ...] = (
         build=_build_conv2d_nhwc,
         flops=_conv2d_flops,
         reference=_reference_conv2d_nhwc,
-        dtypes=_FLOAT_DTYPES,
+        dtypes=_CONTRACTION_DTYPES,
         zero_allowed=("pad",),
         check_shape=_check_conv2d,
     ),

@@ -26,6 +26,7 @@ from probtune_cuda.postprocs import (
     VerifyGPUCode,
     VerifyRegisterTile,
 )
+from probtune_cuda.reindex import TRANSFORM_TO_INTRINSIC
 from probtune_cuda.software_pipeline import RewriteSoftwarePipeline
 from probtune_cuda.targets import make_targets
 from probtune_cuda.tensor_core import TensorCoreTiling
@@ -58,6 +59,7 @@ def probtune_register_targets(register: Callable[[Any], None]) -> None:
 @hookimpl
 def probtune_register_instructions(register: Callable[[Any], None]) -> None:
     register(PAD_EINSUM)
+    register(TRANSFORM_TO_INTRINSIC)
 
 
 @hookimpl

@@ -160,11 +160,10 @@ def elementwise_consumer(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV)
     consumer = raw.get(consumers[0])
     if not all(int(iv.iter_type) == tirx.IterVar.DataPar for iv in consumer.iter_vars):
         return None
-    spatial = [iv.var for iv in raw.get(block_rv).iter_vars if int(iv.iter_type) == tirx.IterVar.DataPar]
     reads = [read for read in consumer.reads if read.source.same_as(output)]
-    if len(reads) != 1 or len(consumer.iter_vars) != len(spatial) or len(reads[0].region) != len(spatial):
-        return None
     own = [iv.var for iv in consumer.iter_vars]
+    if len(reads) != 1 or len(reads[0].region) != len(own):
+        return None
     point = all(
         isinstance(r.extent, tirx.IntImm) and int(r.extent) == 1 and r.min.same_as(var)
         for r, var in zip(reads[0].region, own)

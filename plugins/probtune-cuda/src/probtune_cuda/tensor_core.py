@@ -1,8 +1,10 @@
 """Tensor-core tiling: a float16 or int8 matmul-like block computed by warps with TVM's WMMA intrinsics.
 
-A block whose loops are not whole 16-wide tiles is first padded
-(``pad_einsum``, an instruction this plugin adds): the copies into shared
-memory read zeros past the inputs' ends, the copy out skips the padding.
+A convolution is first rewritten as one matmul
+(:mod:`probtune_cuda.reindex`). A block whose loops are not whole 16-wide
+tiles is then padded (``pad_einsum``, an instruction this plugin adds):
+the copies into shared memory read zeros past the inputs' ends, the copy
+out skips the padding.
 Each 16x16x16 tile of the block becomes a block of its own (``blockize``),
 which ``rewrite-tensorize`` replaces by the WMMA multiply-accumulate after
 the search (the initialisation by the fragment fill). The tiles are then
@@ -54,6 +56,7 @@ from probtune_cuda.intrinsics import TENSORIZE_INIT_KEY, TENSORIZE_KEY, WARP_EXE
 from probtune_cuda.limits import block_limit, compute_capability
 from probtune_cuda.mma import INSTRUCTION_KEY, instruction_choices
 from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY, SHARED, elementwise_consumer
+from probtune_cuda.reindex import TRANSFORM_TO_INTRINSIC, contiguous_widths, intrinsic_layout, transform_to_intrinsic
 from probtune_cuda.software_pipeline import NO_PIPELINE, PIPELINE_KEY, REGISTER_STAGED, loop_buffers, pipeline_choices
 
 __all__ = [
@@ -105,6 +108,28 @@ class WMMAPlan:
 
 def wmma_plan(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, ctx: SpaceContext) -> WMMAPlan | None:
     """The block's WMMA mapping, or None where WMMA cannot compute it (types, shape, target, access pattern)."""
+    dtypes = _wmma_dtypes(raw, block_rv, ctx)
+    if dtypes is None:
+        return None
+    loops = list(raw.get_loops(block_rv))
+    kinds = loop_kinds(raw, block_rv, loops)
+    if kinds.count(REDUCTION) != 1 or not all(kind in (SPATIAL, REDUCTION) for kind in kinds):
+        return None
+    for trans_b in (False, True):
+        group = _intrin_group(*dtypes, trans_b)
+        tile_loops = _tile_loops(raw, block_rv, loops, group.compute)
+        if tile_loops is None or any(int(raw.get(loops[index]).extent) % TILE for index in tile_loops):
+            continue
+        if kinds[tile_loops[2]] != REDUCTION:
+            continue
+        operands = _operands(raw, block_rv, [raw.get(loops[index]).loop_var for index in tile_loops], trans_b)
+        if operands is not None:
+            return WMMAPlan(group, tile_loops, *operands, dtypes[0])
+    return None
+
+
+def _wmma_dtypes(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, ctx: SpaceContext) -> tuple[str, str] | None:
+    """The block's input and accumulator types if WMMA has them on the target and the block is at the root; else None."""
     sblock = raw.get(block_rv)
     if compute_capability(ctx.target.tvm_target) < WMMA_MIN_ARCH or not at_root(raw, block_rv):
         return None
@@ -114,24 +139,26 @@ def wmma_plan(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, ctx: Space
     out_dtype = str(sblock.writes[0].source.dtype)
     if len(in_dtypes) != 1 or out_dtype not in _ACCUMULATORS.get(next(iter(in_dtypes)), ()):
         return None
-    in_dtype = next(iter(in_dtypes))
-    loops = list(raw.get_loops(block_rv))
-    kinds = loop_kinds(raw, block_rv, loops)
-    if kinds.count(REDUCTION) != 1 or not all(kind in (SPATIAL, REDUCTION) for kind in kinds):
-        return None
-    intrinsics = load_tensor_intrinsics()
-    for trans_b in (False, True):
-        names = intrinsics.get_wmma_intrin_group(SHARED, SHARED, in_dtype, out_dtype, trans_b)
-        group = IntrinGroup(names["compute"], names["init"], names["load_a"], names["load_b"], names["store"])
-        tile_loops = _tile_loops(raw, block_rv, loops, group.compute)
-        if tile_loops is None or any(int(raw.get(loops[index]).extent) % TILE for index in tile_loops):
-            continue
-        if kinds[tile_loops[2]] != REDUCTION:
-            continue
-        operands = _operands(raw, block_rv, [raw.get(loops[index]).loop_var for index in tile_loops], trans_b)
-        if operands is not None:
-            return WMMAPlan(group, tile_loops, *operands, in_dtype)
-    return None
+    return next(iter(in_dtypes)), out_dtype
+
+
+def _intrin_group(in_dtype: str, out_dtype: str, trans_b: bool) -> IntrinGroup:
+    names = load_tensor_intrinsics().get_wmma_intrin_group(SHARED, SHARED, in_dtype, out_dtype, trans_b)
+    return IntrinGroup(names["compute"], names["init"], names["load_a"], names["load_b"], names["store"])
+
+
+def _elementwise_producers(raw: s_tir.Schedule, names: list[str]) -> set[str]:
+    """The spatial blocks at the root that feed only the named blocks, directly or through each other."""
+    found, todo = set[str](), list(names)
+    while todo:
+        for producer in raw.get_producers(raw.get_sblock(todo.pop())):
+            sblock, name = raw.get(producer), str(raw.get(producer).name_hint)
+            spatial = all(int(iv.iter_type) == tirx.IterVar.DataPar for iv in sblock.iter_vars)
+            only = all(str(raw.get(c).name_hint) in {*names, *found, name} for c in raw.get_consumers(producer))
+            if name not in found and name not in names and spatial and at_root(raw, producer) and only:
+                found.add(name)
+                todo.append(name)
+    return found
 
 
 def _tile_padding(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV) -> list[int] | None:
@@ -199,7 +226,7 @@ def _operands(
 
 @dataclass(frozen=True)
 class TensorCoreTiling:
-    """Compute a float16 or int8 matmul-like block (matmul, dense, batch matmul) with WMMA, tiled over blocks and warps."""
+    """Compute a float16 or int8 matmul-like block (matmul, dense, batch matmul, conv2d) with WMMA, over blocks and warps."""
 
     name: str = "tensor-core-tiling"
     spatial_levels: int = 4
@@ -236,12 +263,10 @@ class TensorCoreTiling:
         return float(self.off_tile_weight**misses)
 
     def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
-        plan, pads = wmma_plan(sch.tvm, sch.resolve(block), ctx), set[str]()
-        if plan is None:
-            padded = self._pad(sch, block, ctx)
-            if padded is None:
-                return
-            plan, pads = padded
+        found = self._plan(sch, block, ctx)
+        if found is None:
+            return
+        plan, copies = found
         outer = self._tensor_tiles(sch, block, plan)
         arch = compute_capability(ctx.target.tvm_target)
         if len(instructions := instruction_choices(plan.in_dtype, arch)) > 1:
@@ -253,18 +278,69 @@ class TensorCoreTiling:
         for operand, scope, intrinsic in ((plan.operand_a, "wmma.matrix_a", plan.group.load_a),
                                           (plan.operand_b, "wmma.matrix_b", plan.group.load_b)):
             fragment = (scope, intrinsic)
-            self._read_through_fragments(sch, outer, operand, plan.in_dtype, fragment, (r_outer, r_middle), pads)
+            self._read_through_fragments(sch, outer, operand, plan.in_dtype, fragment, (r_outer, r_middle), copies)
         self._write_through_shared(sch, outer, plan, grid, warps)  # after: inlining a pad once the output is trimmed fails
 
-    def _pad(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> tuple[WMMAPlan, set[str]] | None:
-        """Pad the block to whole 16-wide tiles (``pad_einsum``) if WMMA can then compute it.
+    def _plan(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> tuple[WMMAPlan, set[str]] | None:
+        """Bring the block into a shape WMMA computes; its plan and the blocks that copy its operands and output on the way.
 
-        Returns the padded block's plan (found on a padded copy: a plan names
-        loops and reads by position) and the blocks that pad its inputs; None,
-        and nothing recorded, where padding does not let WMMA compute the
-        block or would more than ``max_padding`` times its work.
+        A convolution is first rewritten as a matmul (``transform_to_intrinsic``),
+        then a block whose tiles are not whole is padded (``pad_einsum``).
+        The operands' copies (gathers, pads) and the spatial blocks that only
+        feed them (a convolution's zero padding) are inlined into the
+        shared-memory copies later: each value is computed once per thread
+        block, on its way into shared memory. Returns None, and records
+        nothing, where WMMA cannot compute the block.
         """
         raw, block_rv = sch.tvm, sch.resolve(block)
+        copies: set[str] = set()
+        intrinsic = self._fused_layout_intrinsic(raw, block_rv, ctx)
+        if intrinsic is not None:
+            before = set(block_names(sch.mod["main"]))
+            sch.apply(TRANSFORM_TO_INTRINSIC.name, [block], {"intrinsic": intrinsic})
+            copies = set(block_names(sch.mod["main"])) - before
+        if (plan := wmma_plan(sch.tvm, sch.resolve(block), ctx)) is None:
+            padded = self._padding(sch.tvm, sch.resolve(block), ctx)
+            if padded is None:
+                return None
+            factors, plan = padded
+            before = set(block_names(sch.mod["main"]))
+            sch.apply(PAD_EINSUM.name, [block], {"padding": factors})
+            copies |= set(block_names(sch.mod["main"])) - before
+        return plan, copies | _elementwise_producers(sch.tvm, [str(sch.get(block).name_hint), *copies])
+
+    def _fused_layout_intrinsic(self, raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, ctx: SpaceContext) -> str | None:
+        """The intrinsic to rewrite the block as (a convolution's fused matmul) if WMMA then computes it, else None.
+
+        Of ``B[k, j]`` and ``B[j, k]``, the layout whose copy reads more
+        consecutive elements at once: an NCHW convolution's filters are
+        contiguous along ``k``, an NHWC one's along ``j``.
+        """
+        dtypes = _wmma_dtypes(raw, block_rv, ctx)
+        if dtypes is None:
+            return None
+        best: tuple[int, str] | None = None
+        for trans_b in (False, True):
+            intrinsic = _intrin_group(*dtypes, trans_b).compute
+            if intrinsic_layout(raw, block_rv, intrinsic) is None:
+                continue
+            trial = raw.copy()
+            *_, operand_b = transform_to_intrinsic(trial, block_rv, intrinsic)
+            if wmma_plan(trial, block_rv, ctx) is None and self._padding(trial, block_rv, ctx) is None:
+                continue
+            width = max(contiguous_widths(trial, operand_b, list(self.vector_load_lens)))
+            best = (width, intrinsic) if best is None or width > best[0] else best
+        return None if best is None else best[1]
+
+    def _padding(
+        self, raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, ctx: SpaceContext
+    ) -> tuple[list[int], WMMAPlan] | None:
+        """The ``pad_einsum`` factors that let WMMA compute the block, and the padded block's plan; or None.
+
+        The plan is found on a padded copy (a plan names loops and reads by
+        position). None where padding does not let WMMA compute the block or
+        would more than ``max_padding`` times its work.
+        """
         factors = _tile_padding(raw, block_rv)
         if factors is None:
             return None
@@ -277,11 +353,7 @@ class TensorCoreTiling:
         except (RuntimeError, ValueError):  # TVM: not an einsum it can pad
             return None
         plan = wmma_plan(trial, block_rv, ctx)
-        if plan is None:
-            return None
-        before = set(block_names(sch.mod["main"]))
-        sch.apply(PAD_EINSUM.name, [block], {"padding": factors})
-        return plan, {str(sch.tvm.get(rv).name_hint) for rv in sch.tvm.get_producers(sch.resolve(block))} - before
+        return None if plan is None else (factors, plan)
 
     def _tensor_tiles(self, sch: Schedule, block: BlockRV, plan: WMMAPlan) -> BlockRV:
         """Split the intrinsic's loops by 16, put the 16x16x16 tile innermost and make it a block; the outer block."""
@@ -340,26 +412,33 @@ class TensorCoreTiling:
         in_dtype: str,
         fragment: tuple[str, str],
         at: tuple[LoopRV, LoopRV],
-        pads: set[str],
+        copies: set[str],
     ) -> None:
         """Copy an operand's tile to shared memory under the outer reduction tile, then into fragments under the middle one.
 
-        The copy of a padded operand makes the padding's zeros (the block that padded it is inlined into it).
+        The blocks in ``copies`` that produce the operand (a convolution's
+        window gather, a padding's zeros) are inlined into the copy, which
+        reads as many elements at once as the inputs' layouts allow
+        (:func:`~probtune_cuda.reindex.contiguous_widths`).
         """
         shared = sch.cache_read(outer, operand, SHARED)
-        for producer in sch.tvm.get_producers(sch.resolve(shared)):
-            if (name := str(sch.tvm.get(producer).name_hint)) in pads:
+        while inlined := [name for name in self._producers(sch, shared) if name in copies]:
+            for name in inlined:
                 sch.compute_inline(sch.get_sblock(name))
+        bits = 16 if in_dtype == "float16" else 8
+        widths = contiguous_widths(sch.tvm, sch.resolve(shared), [n for n in self.vector_load_lens if n * bits <= 128])
         sch.compute_at(shared, at[0])
         sch.fuse(*sch.get_loops(shared)[_OUTER_REDUCTION_DEPTH + 1 :])
-        bits = 16 if in_dtype == "float16" else 8
-        widths = [n for n in self.vector_load_lens if n * bits <= 128]
         sch.annotate(shared, COOPERATIVE_FETCH_KEY, sch.sample_categorical(widths, [1.0 / len(widths)] * len(widths)))
         sch.storage_align(shared, 0, axis=-2, factor=32, offset=_SHARED_ROW_PAD[in_dtype])
         scope, intrinsic = fragment
         loaded = sch.cache_read(outer, operand, scope)
         sch.compute_at(loaded, at[1])
         self._blockize_tiles(sch, loaded, intrinsic)
+
+    @staticmethod
+    def _producers(sch: Schedule, block: BlockRV) -> list[str]:
+        return [str(sch.tvm.get(rv).name_hint) for rv in sch.tvm.get_producers(sch.resolve(block))]
 
     @staticmethod
     def _blockize_tiles(sch: Schedule, block: BlockRV, intrinsic: str) -> None:
