@@ -83,12 +83,27 @@ def test_batched_and_transposed_operands_map_onto_wmma(sm90):
         assert multiplies_on_tensor_cores(source_of(valid_samples(space, 1, tries=60)[0], sm90))
 
 
-def test_int8_products_summed_in_int32_run_on_the_tensor_cores(sm90):
+def int8_matmul() -> list[te.Tensor]:
     a = te.placeholder((64, 64), "int8", name="A")
     b = te.placeholder((64, 64), "int8", name="B")
     k = te.reduce_axis((0, 64), name="k")
-    c = te.compute((64, 64), lambda i, j: te.sum(a[i, k].astype("int32") * b[k, j].astype("int32"), axis=k), name="C")
-    space = generate_space(Workload.from_module(te.create_prim_func([a, b, c]), "int8_matmul"), sm90, seed=0)
+    return [a, b, te.compute((64, 64), lambda i, j: te.sum(a[i, k].astype("int32") * b[k, j].astype("int32"), axis=k))]
+
+
+def int8_conv2d_nhwc() -> list[te.Tensor]:
+    data = te.placeholder((1, 16, 16, 32), "int8", name="data")
+    weight = te.placeholder((3, 3, 32, 64), "int8", name="weight")
+    ry, rx, rc = te.reduce_axis((0, 3), "ry"), te.reduce_axis((0, 3), "rx"), te.reduce_axis((0, 32), "rc")
+
+    def product(b, y, x, f):
+        return data[b, y + ry, x + rx, rc].astype("int32") * weight[ry, rx, rc, f].astype("int32")
+
+    return [data, weight, te.compute((1, 14, 14, 64), lambda *i: te.sum(product(*i), axis=[ry, rx, rc]))]
+
+
+@pytest.mark.parametrize("tensors", [int8_matmul, int8_conv2d_nhwc])
+def test_int8_products_summed_in_int32_run_on_the_tensor_cores(sm90, tensors):
+    space = generate_space(Workload.from_module(te.create_prim_func(tensors()), tensors.__name__), sm90, seed=0)
     assert tensorized(space)
     source = source_of(valid_samples(space, 1, tries=60)[0], sm90)
     assert "wmma::mma_sync" in source and "signed char" in source  # int8: WMMA only

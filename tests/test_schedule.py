@@ -115,6 +115,14 @@ def test_invalid_categorical_decision_is_rejected(matmul_mod):
         Schedule.replay(matmul_mod, sch.trace.with_decisions({10: 3}))
 
 
+def test_a_uniform_choice_is_recorded_as_a_categorical_one(matmul_mod):
+    sch = Schedule(matmul_mod, rng=Rng(3))
+    chosen = sch.get(sch.sample_uniform([4, 8, 16]))
+    [inst] = sch.trace.instructions
+    assert inst.kind == "sample_categorical" and inst.attrs == {"candidates": [4, 8, 16], "probs": [1 / 3] * 3}
+    assert chosen == [4, 8, 16][sch.trace.decisions[0]]
+
+
 def test_decision_on_non_sampling_instruction_is_rejected(matmul_mod):
     sch = Schedule(matmul_mod)
     tile_matmul(sch)

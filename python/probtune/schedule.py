@@ -535,6 +535,10 @@ class Schedule:
         attrs = {"candidates": [int(c) for c in candidates], "probs": [float(p) for p in probs]}
         return self.apply("sample_categorical", [], attrs)[0]  # type: ignore[return-value]
 
+    def sample_uniform(self, candidates: Sequence[int]) -> ExprRV:
+        """Sample one of ``candidates``, each as likely (recorded as ``sample_categorical``)."""
+        return self.sample_categorical(candidates, [1.0 / len(candidates)] * len(candidates))
+
     def sample_compute_location(self, block: BlockRV) -> LoopRV:
         """Sample a loop at which ``block`` can be computed (or the root / inline marks)."""
         return self.apply("sample_compute_location", [block])[0]  # type: ignore[return-value]

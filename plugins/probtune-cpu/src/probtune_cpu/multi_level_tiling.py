@@ -295,7 +295,7 @@ class MultiLevelTiling:
         for read_index in panels:
             copy = sch.cache_read(block, read_index, "global")
             sch.compute_at(copy, outer_tiles[0])
-            sch.annotate(copy, PANEL_KEY, sch.sample_categorical([0, 1], [0.5, 0.5]))
+            sch.annotate(copy, PANEL_KEY, sch.sample_uniform([0, 1]))
         self._write_back_per_tile(sch, block, [level_ends[level - 1] for level in self.write_back_levels])
 
     def _packable_inputs(
@@ -375,7 +375,7 @@ class MultiLevelTiling:
             if not _writes_output(sch.tvm, sch.resolve(block)):
                 return
             sch.cache_write(block, 0, "global")
-        depth = sch.sample_categorical(depths, [1.0 / len(depths)] * len(depths))
+        depth = sch.sample_uniform(depths)
         sch.annotate(block, WRITE_BACK_DEPTH_KEY, depth)
 
 

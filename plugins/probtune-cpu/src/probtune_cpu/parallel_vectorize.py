@@ -89,7 +89,7 @@ class ParallelVectorize:
             and loop_kinds(raw, block_rv, [innermost]) == [SPATIAL]
         ):
             widths = [lanes * vectors for vectors in self.vectors_per_split]
-            sch.annotate(block, VECTOR_SPLIT_KEY, sch.sample_categorical(widths, [1.0 / len(widths)] * len(widths)))
+            sch.annotate(block, VECTOR_SPLIT_KEY, sch.sample_uniform(widths))
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ class AutoUnroll:
         if tile is not None:
             block = sch.get_sblock(tile)
         if at_root(sch.tvm, sch.resolve(block)):
-            step = sch.sample_categorical(self.max_steps, [1.0 / len(self.max_steps)] * len(self.max_steps))
+            step = sch.sample_uniform(self.max_steps)
             sch.annotate(block, UNROLL_KEY, step)
 
 

@@ -111,7 +111,7 @@ class GPUMultiLevelTiling:
             sch.compute_at(copy, at)
             bits = tvm.DataType(str(sch.tvm.get(sch.resolve(copy)).writes[0].source.dtype)).bits
             widths = [n for n in self.vector_load_lens if n * bits <= _MAX_VECTOR_BITS] or [1]
-            sch.annotate(copy, COOPERATIVE_FETCH_KEY, sch.sample_categorical(widths, [1.0 / len(widths)] * len(widths)))
+            sch.annotate(copy, COOPERATIVE_FETCH_KEY, sch.sample_uniform(widths))
 
 
 def oversized_register_tiles(raw: s_tir.Schedule, limit: int) -> list[tuple[str, int]]:

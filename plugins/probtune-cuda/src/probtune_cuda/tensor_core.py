@@ -270,11 +270,9 @@ class TensorCoreTiling:
         outer = self._tensor_tiles(sch, block, plan)
         arch = compute_capability(ctx.target.tvm_target)
         if len(instructions := instruction_choices(plan.in_dtype, arch)) > 1:
-            uniform = [1.0 / len(instructions)] * len(instructions)
-            sch.annotate(outer, INSTRUCTION_KEY, sch.sample_categorical(instructions, uniform))
+            sch.annotate(outer, INSTRUCTION_KEY, sch.sample_uniform(instructions))
         grid, warps, r_outer, r_middle = self._tile(sch, outer)
-        choices = pipeline_choices(arch)
-        sch.annotate(r_outer, PIPELINE_KEY, sch.sample_categorical(choices, [1.0 / len(choices)] * len(choices)))
+        sch.annotate(r_outer, PIPELINE_KEY, sch.sample_uniform(pipeline_choices(arch)))
         for operand, scope, intrinsic in ((plan.operand_a, "wmma.matrix_a", plan.group.load_a),
                                           (plan.operand_b, "wmma.matrix_b", plan.group.load_b)):
             fragment = (scope, intrinsic)
@@ -402,7 +400,7 @@ class TensorCoreTiling:
         self._blockize_tiles(sch, fragments, plan.group.store)
         sch.fuse(*sch.get_loops(staged)[1:])  # under the block's loop
         widths = (1, 2, 4)  # a lane reads at most 16 bytes of float32 at once
-        sch.annotate(staged, COOPERATIVE_FETCH_KEY, sch.sample_categorical(widths, [1.0 / len(widths)] * len(widths)))
+        sch.annotate(staged, COOPERATIVE_FETCH_KEY, sch.sample_uniform(widths))
 
     def _read_through_fragments(
         self,
@@ -429,7 +427,7 @@ class TensorCoreTiling:
         widths = contiguous_widths(sch.tvm, sch.resolve(shared), [n for n in self.vector_load_lens if n * bits <= 128])
         sch.compute_at(shared, at[0])
         sch.fuse(*sch.get_loops(shared)[_OUTER_REDUCTION_DEPTH + 1 :])
-        sch.annotate(shared, COOPERATIVE_FETCH_KEY, sch.sample_categorical(widths, [1.0 / len(widths)] * len(widths)))
+        sch.annotate(shared, COOPERATIVE_FETCH_KEY, sch.sample_uniform(widths))
         sch.storage_align(shared, 0, axis=-2, factor=32, offset=_SHARED_ROW_PAD[in_dtype])
         scope, intrinsic = fragment
         loaded = sch.cache_read(outer, operand, scope)

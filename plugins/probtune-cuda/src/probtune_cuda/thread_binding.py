@@ -50,7 +50,7 @@ def _threads(
     fits = [n for n in choices if n <= min(limit, extent) and (not divide or extent % n == 0)]
     if not fits:
         return None
-    return sch.sample_categorical(fits, [1.0 / len(fits)] * len(fits))
+    return sch.sample_uniform(fits)
 
 
 @dataclass(frozen=True)
