@@ -117,7 +117,7 @@ def _baseline(workload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _convolution(torch: Any, name: str, shape: list[int], dtype: Any) -> Any:
-    """cuDNN's convolution of the workload's shape, its tensors in the workload's layout (NHWC: channels last)."""
+    """cuDNN's convolution of the workload's shape; for NHWC, images and filters channels last (cuDNN's NHWC kernels)."""
     n, c, h, w, k, r, s, stride, pad = shape
     layout = torch.channels_last if name == "conv2d_nhwc" else torch.contiguous_format
     data = torch.rand(n, c, h, w, dtype=dtype, device="cuda").to(memory_format=layout)
