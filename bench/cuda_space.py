@@ -85,27 +85,46 @@ def metaschedule_draws(work: Any, target: Any, count: int, seed: int) -> tuple[l
 
 
 def build_and_lint(programs: list[tvm.IRModule], target: Any, limit: int) -> dict[str, Any]:
-    """Compile up to ``limit`` programs with the target's compiler; how many pass the lint, and seconds each."""
+    """Compile up to ``limit`` programs with the target's compiler; how many pass the lint, and seconds each.
+
+    ``by_kind`` counts, for each kind of program (``mma.sync`` tiles, a
+    ``cp.async`` or a register-staged pipeline, or none), how many were
+    built and how many of those passed.
+    """
     compiler = NVRTCCompiler()
     outcomes: dict[str, int] = {}
     kinds = dict.fromkeys(("tensor_core", "mma_sync", "cp_async", "register_staged"), 0)  # of the programs that lint
+    by_kind: dict[str, dict[str, int]] = {}
     started = time.perf_counter()
     built = programs[:limit]
     for program in built:
+        script = program.script()
+        kind = "+".join(name for name, mark in _KIND_MARKS if mark in script) or "plain"
+        tally = by_kind.setdefault(kind, {"built": 0, "lint_ok": 0})
+        tally["built"] += 1
         try:
             executable = compiler(program, dict(target.tvm_target))
             outcome = "ok"
+            tally["lint_ok"] += 1
             source = "".join(m.inspect_source() for m in executable.mod.imports)
             kinds["tensor_core"] += "wmma::mma_sync" in source or "mma.sync.aligned" in source
             kinds["mma_sync"] += "mma.sync.aligned" in source
             kinds["cp_async"] += "cp.async.c" in source
-            kinds["register_staged"] += "manifest_shared_memory_local_stage" in program.script()
+            kinds["register_staged"] += "manifest_shared_memory_local_stage" in script
         except Exception as error:  # noqa: BLE001 - the lint's reason, or TVM's, is the outcome
             outcome = str(error).split(" (")[0].split(";")[0][:80]
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     seconds = (time.perf_counter() - started) / max(len(built), 1)
     return {"built": len(built), "lint_ok": outcomes.get("ok", 0), **kinds, "outcomes": outcomes,
-            "seconds_per_build": round(seconds, 2)}
+            "by_kind": dict(sorted(by_kind.items())), "seconds_per_build": round(seconds, 2)}
+
+
+_KIND_MARKS = (
+    ("mma.sync", 'scope="warp"'),
+    ("cp.async", "software_pipeline_async_stages"),
+    ("register-staged", "manifest_shared_memory_local_stage"),
+)
+"""How a program's TVM script shows its kind: ``warp`` fragments (``mma.sync``), and either pipeline; "plain" is neither."""
 
 
 def main() -> None:
@@ -137,7 +156,8 @@ def main() -> None:
                   f"{row[system]['lint_ok']}/{row[system]['built']} pass the cubin lint, "
                   f"{row[system]['tensor_core']} on tensor cores ({row[system]['mma_sync']} by mma.sync), "
                   f"{row[system]['cp_async']} with cp.async, {row[system]['register_staged']} staged through registers "
-                  f"({row[system]['seconds_per_build']} s per build) {row[system]['outcomes']}", flush=True)
+                  f"({row[system]['seconds_per_build']} s per build) {row[system]['outcomes']}; "
+                  f"by kind: {row[system]['by_kind']}", flush=True)
         rows.append(row)
     report = {"machine": cpu_model(), "target": target.name, "tvm_target": dict(target.tvm_target), "seed": args.seed,
               "workloads": rows}

@@ -326,7 +326,7 @@ class TensorCoreTiling:
             *_, operand_b = transform_to_intrinsic(trial, block_rv, intrinsic)
             if wmma_plan(trial, block_rv, ctx) is None and self._padding(trial, block_rv, ctx) is None:
                 continue
-            width = max(contiguous_widths(trial, operand_b, list(self.vector_load_lens)))
+            width = max(contiguous_widths(trial, operand_b, list(self.vector_load_lens)), default=0)
             best = (width, intrinsic) if best is None or width > best[0] else best
         return None if best is None else best[1]
 
@@ -424,7 +424,7 @@ class TensorCoreTiling:
             for name in inlined:
                 sch.compute_inline(sch.get_sblock(name))
         bits = 16 if in_dtype == "float16" else 8
-        widths = contiguous_widths(sch.tvm, sch.resolve(shared), [n for n in self.vector_load_lens if n * bits <= 128])
+        widths = contiguous_widths(sch.tvm, sch.resolve(shared), [n for n in self.vector_load_lens if n * bits <= 128]) or [1]
         sch.compute_at(shared, at[0])
         sch.fuse(*sch.get_loops(shared)[_OUTER_REDUCTION_DEPTH + 1 :])
         sch.annotate(shared, COOPERATIVE_FETCH_KEY, sch.sample_uniform(widths))
