@@ -8,7 +8,7 @@ import re
 import pytest
 import tvm_ffi
 from conftest import multiplies_on_tensor_cores, valid_samples
-from tvm import te
+from tvm import te, topi
 
 from probtune import Rng, Schedule
 from probtune.catalog import resolve_workload
@@ -166,6 +166,21 @@ def test_a_convolution_runs_on_the_tensor_cores_as_one_matmul(sm90, name, shape)
     for source in sources:
         assert multiplies_on_tensor_cores(source)
         assert len(set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", source))) == 1
+
+
+def test_a_model_s_convolution_with_bias_and_relu_is_one_tensor_core_kernel(sm90):
+    """As a model's conv2d + bias + ReLU is legalized (TOPI, float16 sums): the epilogue follows the scatter out."""
+    data = te.placeholder((1, 32, 14, 14), "float16", name="data")
+    weight = te.placeholder((32, 32, 3, 3), "float16", name="weight")
+    bias = te.placeholder((1, 32, 1, 1), "float16", name="bias")
+    conv = topi.nn.conv2d_nchw(data, weight, 1, 1, 1, out_dtype="float16")
+    func = te.create_prim_func([data, weight, bias, topi.nn.relu(topi.add(conv, bias))])
+    space = generate_space(Workload.from_module(func, "conv_bias_relu"), sm90, seed=0)
+    assert [inst.kind for inst in space.trace.instructions].count("transform_to_intrinsic") == 1
+    source = source_of(valid_samples(space, 1, tries=60)[0], sm90)
+    assert multiplies_on_tensor_cores(source)
+    assert re.search(r"wmma::accumulator, 16, 16, 16, half>|mma\.sync\.aligned\.m16n8k16\.row\.col\.f16\.f16\.f16\.f16", source)
+    assert len(set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", source))) == 1
 
 
 def test_tensor_core_programs_avoid_tvm_s_storage_rewrite(sm90):
