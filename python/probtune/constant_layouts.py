@@ -24,6 +24,7 @@ from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
 
 from probtune.measure import MeasureReference, save_reference
+from probtune.tir import is_spatial
 
 __all__ = ["LAYOUT_FREE_ATTR", "LayoutCopy", "MeasuredForm", "layout_copies", "layout_free_params", "read_constants_packed"]
 
@@ -64,7 +65,7 @@ def layout_copies(func: tirx.PrimFunc) -> list[LayoutCopy]:
             return
         if not all(i.same_as(v) for i, v in zip(load.indices, iter_vars)):
             return
-        if any(iv.iter_type != tirx.IterVar.DataPar for iv in block.iter_vars):
+        if not is_spatial(block):
             return
         found.append(LayoutCopy(block.name_hint, index, tirx.IndexMap(iter_vars, list(store.indices), None)))
 

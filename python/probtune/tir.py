@@ -19,6 +19,7 @@ __all__ = [
     "find_realize",
     "identity",
     "indexing_dims",
+    "is_spatial",
     "iter_stmts",
     "loop_kinds",
     "nested_sblocks",
@@ -214,6 +215,11 @@ def contiguous_along(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loop: 
     sblock = sch.get(block)
     regions = {"read": as_list(sblock.reads), "write": as_list(sblock.writes)}
     return all(dims == [len(regions[kind][index].region) - 1] for (kind, index), dims in indexing_dims(sch, block, loop).items())
+
+
+def is_spatial(block: s_tir.SBlock) -> bool:
+    """Whether every iterator of the block is spatial (it reduces over nothing)."""
+    return all(int(iv.iter_type) == tirx.IterVar.DataPar for iv in block.iter_vars)
 
 
 def reuses_data(block: s_tir.SBlock) -> bool:

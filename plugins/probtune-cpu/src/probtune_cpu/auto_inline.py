@@ -25,7 +25,7 @@ from tvm import s_tir, tirx
 
 from probtune import SpaceContext
 from probtune.schedule import BlockRV, Schedule
-from probtune.tir import iter_stmts
+from probtune.tir import is_spatial, iter_stmts
 
 __all__ = ["AutoInline"]
 
@@ -34,14 +34,10 @@ _EXPR_CHILD_FIELDS = (
 )
 
 
-def _is_spatial(block: s_tir.SBlock) -> bool:
-    return all(int(iv.iter_type) == tirx.IterVar.DataPar for iv in block.iter_vars)
-
-
 def _is_spatial_function(func: tirx.PrimFunc) -> bool:
     """Whether no block of ``func`` reduces: then every value is read once per output and recomputation is cheap."""
     return all(
-        _is_spatial(stmt.block)
+        is_spatial(stmt.block)
         for stmt in iter_stmts(func.body)
         if isinstance(stmt, s_tir.SBlockRealize) and stmt.block.name_hint != "root"
     )
@@ -95,7 +91,7 @@ class AutoInline:
     def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
         raw, block_rv = sch.tvm, sch.resolve(block)
         sblock = raw.get(block_rv)
-        if len(sblock.writes) != 1 or not _is_spatial(sblock):
+        if len(sblock.writes) != 1 or not is_spatial(sblock):
             return
         if self._cheap_to_recompute(sblock, ctx) and _legal(raw, lambda s: s.compute_inline(block_rv)):
             sch.compute_inline(block)

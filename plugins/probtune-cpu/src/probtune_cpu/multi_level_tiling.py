@@ -45,7 +45,17 @@ from probtune import SpaceContext
 from probtune.constant_layouts import layout_free_params
 from probtune.errors import last_line
 from probtune.schedule import BlockRV, LoopRV, Schedule
-from probtune.tir import REDUCTION, SPATIAL, at_root, contiguous_along, indexing_dims, loop_kinds, reuses_data, sblock_names
+from probtune.tir import (
+    REDUCTION,
+    SPATIAL,
+    at_root,
+    contiguous_along,
+    indexing_dims,
+    is_spatial,
+    loop_kinds,
+    reuses_data,
+    sblock_names,
+)
 from probtune_cpu.parallel_vectorize import PARALLEL_KEY, UNROLL_KEY, VECTORIZE_KEY
 from probtune_cpu.vector_unit import vector_register_bytes, vector_width
 
@@ -92,7 +102,7 @@ def _has_elementwise_consumer(sch: s_tir.Schedule, block: s_tir.schedule.SBlockR
     producer, consumer = sch.get(block), sch.get(consumers[0])
     if len(producer.writes) != 1 or len(consumer.writes) != 1:
         return False
-    if any(int(iv.iter_type) != tirx.IterVar.DataPar for iv in consumer.iter_vars):
+    if not is_spatial(consumer):
         return False
     spatial = [iv for iv in producer.iter_vars if int(iv.iter_type) == tirx.IterVar.DataPar]
     same_space = len(spatial) == len(consumer.iter_vars) and all(

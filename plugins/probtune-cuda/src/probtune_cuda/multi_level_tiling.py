@@ -23,7 +23,7 @@ from tvm import s_tir, tirx
 
 from probtune import SpaceContext
 from probtune.schedule import BlockRV, LoopRV, Schedule
-from probtune.tir import REDUCTION, SPATIAL, at_root, loop_kinds, reuses_data, sblock_names, thread_tag
+from probtune.tir import REDUCTION, SPATIAL, at_root, is_spatial, loop_kinds, reuses_data, sblock_names, thread_tag
 
 __all__ = [
     "COOPERATIVE_FETCH_KEY",
@@ -158,7 +158,7 @@ def elementwise_consumer(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV)
     if len(consumers) != 1 or any(param.same_as(output) for param in raw.mod["main"].params):
         return None
     consumer = raw.get(consumers[0])
-    if not all(int(iv.iter_type) == tirx.IterVar.DataPar for iv in consumer.iter_vars):
+    if not is_spatial(consumer):
         return None
     reads = [read for read in consumer.reads if read.source.same_as(output)]
     own = [iv.var for iv in consumer.iter_vars]

@@ -45,6 +45,12 @@ def intrinsic_layout(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, int
     the intrinsic does (each of ``i``, ``j`` and ``k`` one of its loops:
     a matmul, dense or batch matmul needs no transform).
     """
+    found = _layout_and_mapping(raw, block_rv, intrinsic)
+    return None if found is None else found[0]
+
+
+def _layout_and_mapping(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, intrinsic: str) -> tuple[Any, Any] | None:
+    """:func:`intrinsic_layout`, and TVM's mapping of the block onto the intrinsic it was made from."""
     sblock = raw.get(block_rv)
     if len(sblock.reads) != 2 or len(sblock.writes) != 1:
         return None
@@ -66,7 +72,7 @@ def intrinsic_layout(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, int
     if not window and all(isinstance(index, tirx.Var) for index in (i, j, k)):
         return None
     analyzer = tvm.sym.Analyzer()
-    return tirx.IndexMap(initial, [*batch, *(analyzer.simplify(index) for index in (i, j, k))], None)
+    return tirx.IndexMap(initial, [*batch, *(analyzer.simplify(index) for index in (i, j, k))], None), info
 
 
 def transform_to_intrinsic(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, intrinsic: str) -> list[Any]:
@@ -74,10 +80,10 @@ def transform_to_intrinsic(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockR
 
     Raises ``ValueError`` where :func:`intrinsic_layout` finds no layout.
     """
-    layout = intrinsic_layout(raw, block_rv, intrinsic)
-    if layout is None:
+    found = _layout_and_mapping(raw, block_rv, intrinsic)
+    if found is None:
         raise ValueError(f"block {raw.get(block_rv).name_hint!r} has no layout as the intrinsic {intrinsic!r}")
-    info = get_auto_tensorize_mapping_info(raw, block_rv, TensorIntrin.get(intrinsic).desc)
+    layout, info = found
     before = raw.get(block_rv)
     roles = {identity(buf): info.lhs_buffer_map[buf] for buf in info.lhs_buffer_map}
     rhs_indices = {identity(buf): as_list(info.rhs_buffer_indices[buf]) for buf in info.rhs_buffer_indices}

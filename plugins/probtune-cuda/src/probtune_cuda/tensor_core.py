@@ -46,6 +46,7 @@ from probtune.tir import (
     at_root,
     block_names,
     identity,
+    is_spatial,
     loop_kinds,
     nested_sblocks,
     realize_of,
@@ -56,7 +57,7 @@ from probtune_cuda.intrinsics import TENSORIZE_INIT_KEY, TENSORIZE_KEY, WARP_EXE
 from probtune_cuda.limits import block_limit, compute_capability
 from probtune_cuda.mma import INSTRUCTION_KEY, instruction_choices
 from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY, SHARED, elementwise_consumer
-from probtune_cuda.reindex import TRANSFORM_TO_INTRINSIC, contiguous_widths, intrinsic_layout, transform_to_intrinsic
+from probtune_cuda.reindex import TRANSFORM_TO_INTRINSIC, contiguous_widths, transform_to_intrinsic
 from probtune_cuda.software_pipeline import NO_PIPELINE, PIPELINE_KEY, REGISTER_STAGED, loop_buffers, pipeline_choices
 
 __all__ = [
@@ -147,15 +148,21 @@ def _intrin_group(in_dtype: str, out_dtype: str, trans_b: bool) -> IntrinGroup:
     return IntrinGroup(names["compute"], names["init"], names["load_a"], names["load_b"], names["store"])
 
 
+def _added_blocks(sch: Schedule, kind: str, block: BlockRV, attrs: dict[str, Any]) -> set[str]:
+    """Record the instruction on ``block``; the names of the blocks it added."""
+    before = set(block_names(sch.mod["main"]))
+    sch.apply(kind, [block], attrs)
+    return set(block_names(sch.mod["main"])) - before
+
+
 def _elementwise_producers(raw: s_tir.Schedule, names: list[str]) -> set[str]:
     """The spatial blocks at the root that feed only the named blocks, directly or through each other."""
     found, todo = set[str](), list(names)
     while todo:
         for producer in raw.get_producers(raw.get_sblock(todo.pop())):
             sblock, name = raw.get(producer), str(raw.get(producer).name_hint)
-            spatial = all(int(iv.iter_type) == tirx.IterVar.DataPar for iv in sblock.iter_vars)
             only = all(str(raw.get(c).name_hint) in {*names, *found, name} for c in raw.get_consumers(producer))
-            if name not in found and name not in names and spatial and at_root(raw, producer) and only:
+            if name not in found and name not in names and is_spatial(sblock) and at_root(raw, producer) and only:
                 found.add(name)
                 todo.append(name)
     return found
@@ -290,21 +297,16 @@ class TensorCoreTiling:
         block, on its way into shared memory. Returns None, and records
         nothing, where WMMA cannot compute the block.
         """
-        raw, block_rv = sch.tvm, sch.resolve(block)
         copies: set[str] = set()
-        intrinsic = self._fused_layout_intrinsic(raw, block_rv, ctx)
+        intrinsic = self._fused_layout_intrinsic(sch.tvm, sch.resolve(block), ctx)
         if intrinsic is not None:
-            before = set(block_names(sch.mod["main"]))
-            sch.apply(TRANSFORM_TO_INTRINSIC.name, [block], {"intrinsic": intrinsic})
-            copies = set(block_names(sch.mod["main"])) - before
+            copies = _added_blocks(sch, TRANSFORM_TO_INTRINSIC.name, block, {"intrinsic": intrinsic})
         if (plan := wmma_plan(sch.tvm, sch.resolve(block), ctx)) is None:
             padded = self._padding(sch.tvm, sch.resolve(block), ctx)
             if padded is None:
                 return None
             factors, plan = padded
-            before = set(block_names(sch.mod["main"]))
-            sch.apply(PAD_EINSUM.name, [block], {"padding": factors})
-            copies |= set(block_names(sch.mod["main"])) - before
+            copies |= _added_blocks(sch, PAD_EINSUM.name, block, {"padding": factors})
         return plan, copies | _elementwise_producers(sch.tvm, [str(sch.get(block).name_hint), *copies])
 
     def _fused_layout_intrinsic(self, raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, ctx: SpaceContext) -> str | None:
@@ -320,10 +322,11 @@ class TensorCoreTiling:
         best: tuple[int, str] | None = None
         for trans_b in (False, True):
             intrinsic = _intrin_group(*dtypes, trans_b).compute
-            if intrinsic_layout(raw, block_rv, intrinsic) is None:
-                continue
             trial = raw.copy()
-            *_, operand_b = transform_to_intrinsic(trial, block_rv, intrinsic)
+            try:
+                *_, operand_b = transform_to_intrinsic(trial, block_rv, intrinsic)
+            except ValueError:  # no layout as this intrinsic
+                continue
             if wmma_plan(trial, block_rv, ctx) is None and self._padding(trial, block_rv, ctx) is None:
                 continue
             width = max(contiguous_widths(trial, operand_b, list(self.vector_load_lens)), default=0)
