@@ -89,18 +89,20 @@ def _workloads(bundles: list[Path]) -> list[dict[str, Any]]:
 
 
 def _baseline(workload: dict[str, Any]) -> dict[str, Any]:
-    """PyTorch's time for the workload: cuBLAS's matrix product (then bias and GELU kernels) or cuDNN's convolution."""
+    """PyTorch's time for the workload: cuBLAS's matrix product (int8: ``torch._int_mm``; then bias and GELU kernels) or
+    cuDNN's convolution."""
     import torch
 
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False  # float32 sums, as the workloads'
     dtype = getattr(torch, workload["dtype"])
     name, shape, library = workload["name"], workload["shape"], "cuBLAS"
-    if name == "matmul":
+    if name in ("matmul", "dense"):
         m, n, k = shape
-        a, b = torch.rand(m, k, dtype=dtype, device="cuda"), torch.rand(k, n, dtype=dtype, device="cuda")
+        a = _random(torch, (m, k), dtype)
+        b = _random(torch, (k, n), dtype) if name == "matmul" else _random(torch, (n, k), dtype).t()  # W[N, K] as stored
 
         def call() -> Any:
-            return torch.matmul(a, b)
+            return torch._int_mm(a, b) if dtype == torch.int8 else torch.matmul(a, b)  # int8: int32 sums, as the workloads'
     elif name == "dense_bias_gelu":
         m, n, k = shape
         x, w = torch.rand(m, k, dtype=dtype, device="cuda"), torch.rand(n, k, dtype=dtype, device="cuda")
@@ -114,6 +116,13 @@ def _baseline(workload: dict[str, Any]) -> dict[str, Any]:
     else:
         return {"workload": workload, "error": f"no PyTorch baseline for {name}"}
     return {"workload": workload, "system": f"PyTorch {torch.__version__} ({library})", **_time(torch, call)}
+
+
+def _random(torch: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+    """Random inputs on the GPU: floats in [0, 1), integers in [0, 4]."""
+    if dtype.is_floating_point:
+        return torch.rand(*shape, dtype=dtype, device="cuda")
+    return torch.randint(0, 5, shape, dtype=dtype, device="cuda")
 
 
 def _convolution(torch: Any, name: str, shape: list[int], dtype: Any) -> Any:

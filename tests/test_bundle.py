@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from probtune import Database, TuningConfigError
-from probtune.bundle import BundleWritten, import_results, write_bundle
+from probtune.bundle import FILL_ROUNDS, BundleWritten, _filled_batch, import_results, write_bundle
 from probtune.cli import main
 from probtune.measure.run_bundle import BROKEN, DIED, MANIFEST, RESULTS, read_results
 
@@ -229,3 +229,25 @@ def test_cold_timings_are_refused_for_a_gpu_bundle(tmp_path: Path) -> None:
     with pytest.raises(TuningConfigError, match="cache_flush flushes CPU caches; target 'cuda-sm80'"):
         write_bundle("matmul", tmp_path / "b", device="h100", target="cuda-sm80", shape=SHAPE,
                      database=tmp_path / "t.db", cache_flush=True)
+
+
+class _Offers:
+    """Stands for a task session whose search offers the given batches, in turn, cut to the size asked."""
+
+    def __init__(self, *offers: list[int]) -> None:
+        self.offers, self.asked = list(offers), []
+
+    def next_batch(self, size: int) -> list[int]:
+        self.asked.append(size)
+        return self.offers.pop(0)[:size] if self.offers else []
+
+
+def test_a_bundle_asks_the_search_again_until_it_is_full_or_the_search_runs_dry() -> None:
+    """A round trip to the device costs more than a search round: a short batch is filled by asking again."""
+    search = _Offers([1, 2, 3], [4, 5], [6, 7, 8, 9])
+    assert _filled_batch(search, 8) == [1, 2, 3, 4, 5, 6, 7, 8] and search.asked == [8, 5, 3]
+    dry = _Offers([1], [])
+    assert _filled_batch(dry, 4) == [1] and dry.asked == [4, 3]
+    assert _filled_batch(_Offers([]), 4) == []
+    stingy = _Offers(*[[n] for n in range(10)])
+    assert len(_filled_batch(stingy, 10)) == 1 + FILL_ROUNDS

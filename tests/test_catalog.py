@@ -53,6 +53,7 @@ def test_catalog_names_are_unique_and_complete() -> None:
     assert set(SPECS) == {
         "matmul",
         "batch_matmul",
+        "dense",
         "dense_bias_relu",
         "dense_bias_gelu",
         "conv2d_nchw",
@@ -102,6 +103,7 @@ def test_block_names_are_readable(name: str, blocks: list[str]) -> None:
     [
         "matmul",
         "batch_matmul",
+        "dense",
         "dense_bias_relu",
         "conv2d_nchw",
         "conv2d_nhwc",
@@ -200,8 +202,8 @@ def test_zero_padding_is_a_valid_shape() -> None:
 
 
 def test_unsupported_dtype_is_rejected() -> None:
-    with pytest.raises(WorkloadShapeError, match=r"matmul supports dtypes .*float32.*'int8'"):
-        SPECS["matmul"].instantiate((4, 4, 4), "int8")
+    with pytest.raises(WorkloadShapeError, match=r"matmul supports dtypes .*float32.*'int16'"):
+        SPECS["matmul"].instantiate((4, 4, 4), "int16")
 
 
 @pytest.mark.parametrize("name", ["conv2d_nchw", "conv2d_nhwc"])
@@ -218,3 +220,16 @@ def test_half_precision_convolution_sums_in_float32(name: str) -> None:
     tvm_ffi.structural_walk(workload.prim_func.body, (tvm.s_tir.SBlock, record))
     assert written[name] == "float32" and written["conv2d_rounded"] == "float16"
     assert_matches_reference(workload, run_on_host(workload.mod, workload, workload.random_inputs(seed=5)), seed=5)
+
+
+@pytest.mark.parametrize("name,shape", [("matmul", (24, 40, 56)), ("batch_matmul", (3, 16, 24, 40)), ("dense", (16, 48, 40))])
+def test_int8_products_are_summed_and_kept_in_int32(name: str, shape: tuple[int, ...]) -> None:
+    """As ONNX's MatMulInteger and the tensor cores do: int8 inputs, int32 sums, nothing rounded back to int8."""
+    workload = SPECS[name].instantiate(shape, "int8")
+    assert [dtype for _, dtype in workload.param_specs()] == ["int8", "int8", "int32"]
+    inputs = workload.random_inputs(seed=3)
+    (expected,) = workload.reference_outputs(inputs)
+    a, b = (x.astype(np.int64) for x in inputs)
+    assert expected.dtype == np.int32
+    np.testing.assert_array_equal(expected, a @ (b.T if name == "dense" else b))
+    assert_matches_reference(workload, run_on_host(workload.mod, workload, inputs), seed=3)

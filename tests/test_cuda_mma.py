@@ -13,7 +13,17 @@ from probtune.codegen import compile_for
 from probtune.space import generate_space
 from probtune.targets import resolve_target
 from probtune_cuda.codegen import CUDALintError
-from probtune_cuda.mma import INSTRUCTION_KEY, MMA_SYNC, WMMA, RewriteMMASync, instruction_choices, mma_names
+from probtune_cuda.mma import (
+    INSTRUCTION_KEY,
+    INT8_MMA_K,
+    MMA_SYNC,
+    TILE_K_KEY,
+    WMMA,
+    RewriteMMASync,
+    instruction_choices,
+    mma_names,
+    tile_k_choices,
+)
 from probtune_cuda.software_pipeline import NO_PIPELINE, pipeline_choices
 from probtune_cuda.unroll import GPU_AUTO_UNROLL
 
@@ -55,7 +65,7 @@ def mma_source(space, target, tries: int = 30) -> tuple[str, str]:
 
 def test_float16_blocks_on_ampere_and_later_choose_between_wmma_and_mma_sync(sm90):
     assert instruction_choices("float16", 90) == instruction_choices("float16", 80) == (WMMA, MMA_SYNC)
-    assert instruction_choices("float16", 75) == instruction_choices("int8", 90) == (WMMA,)
+    assert instruction_choices("float16", 75) == instruction_choices("int8", 90) == (WMMA,)  # int8: by its tiles' depth
     space = generate_space(resolve_workload("matmul", "256,256,256", "float16"), sm90, seed=0)
     choice = site(space.trace, (WMMA, MMA_SYNC))
     assert space.trace.instructions[choice + 1].attrs["ann_key"] == INSTRUCTION_KEY
@@ -93,3 +103,42 @@ def test_the_rewrite_names_what_cannot_run_mma_sync(sm90):
     raw.unannotate(compute, INSTRUCTION_KEY)
     raw.annotate(compute, INSTRUCTION_KEY, 7)
     assert "neither WMMA" in RewriteMMASync().check(raw, space.context)
+
+
+def test_int8_tiles_sample_their_depth_and_32_deep_ones_run_on_mma_sync(sm90):
+    """A dense layer's int8 weights W[N, K]: 16-deep tiles run on WMMA, 32-deep ones on mma.sync's m16n8k32, int32 sums."""
+    assert tile_k_choices("int8", 90, trans_b=True) == (16, INT8_MMA_K)
+    assert tile_k_choices("int8", 75, trans_b=True) == tile_k_choices("int8", 90, trans_b=False) == (16,)
+    assert tile_k_choices("float16", 90, trans_b=True) == (16,)
+    space = generate_space(resolve_workload("dense", "128,256,256", "int8"), sm90, seed=0)
+    depth = site(space.trace, (16, INT8_MMA_K))
+    sources = {}
+    for seed in range(40):
+        candidate = space.sample(Rng(seed))
+        if candidate is None or (chosen := candidate.trace.decisions[depth]) in sources:
+            continue
+        try:
+            sources[chosen] = compile_for(candidate.mod, sm90).mod.imports[0].inspect_source()
+        except CUDALintError:
+            continue
+        if len(sources) == 2:
+            break
+    assert "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32" in sources[1] and "wmma" not in sources[1].replace("_wmma_", "")
+    assert "wmma::mma_sync" in sources[0] and "signed char" in sources[0]
+
+
+def test_int8_matmul_with_b_laid_out_k_by_n_stays_on_wmma(sm90):
+    """TVM loads an int8 B[k, j] for mma.sync byte by byte into local memory: such blocks are not offered mma.sync."""
+    space = generate_space(resolve_workload("matmul", "128,128,128", "int8"), sm90, seed=0)
+    assert not categorical_sites(space.trace, (16, INT8_MMA_K))
+    assert all(inst.attrs.get("ann_key") != TILE_K_KEY for inst in space.trace.instructions)
+
+
+def test_the_rewrite_names_an_int8_tile_depth_no_instruction_runs(sm90):
+    space = generate_space(resolve_workload("dense", "128,256,256", "int8"), sm90, seed=0)
+    candidate = next(c for c in (space.sample(Rng(seed)) for seed in range(20)) if c is not None)
+    raw = Schedule.replay(space.workload.mod, candidate.trace).tvm
+    compute = raw.get_sblock("T_dense_o")
+    raw.unannotate(compute, TILE_K_KEY)
+    raw.annotate(compute, TILE_K_KEY, 64)
+    assert "int8 tile 64 deep runs on neither" in RewriteMMASync().check(raw, space.context)

@@ -41,7 +41,7 @@ from probtune.measure.runner import CPU_DEVICE
 from probtune.pipeline import COLD_CACHE, build, load_cost_model_state, make_builder, resolve_cost_model
 from probtune.plugins import get_registry
 from probtune.session import TaskSession
-from probtune.space import generate_space
+from probtune.space import Candidate, generate_space
 from probtune.targets import resolve_target
 from probtune.workload import Workload
 
@@ -52,6 +52,7 @@ SAMPLED_POSITIONS = 1 << 18  # of each output of a reference too large to carry 
 REPEAT = 3  # timings per candidate, each lasting MIN_REPEAT_MS: the local runner's
 MIN_REPEAT_MS = 50.0
 WARMUP = 1
+FILL_ROUNDS = 4  # further search rounds at most that fill a bundle the search offered too few candidates for
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def write_bundle(
         session = TaskSession.open(work, keyed, db, model, workdir=scratch, seed=seed,
                                    search_options={"untrained_share": 1.0})
         stack.callback(session.close)
-        batch = session.next_batch(candidates)
+        batch = _filled_batch(session, candidates)
         if not batch:
             raise TuningConfigError(f"the space of {work.key} has no candidate left that {key} has not measured")
         programs = [session.form(c.program)[0] for c in batch]
@@ -139,6 +140,20 @@ def write_bundle(
         reference = write_reference(session.form.reference, out / "reference.npz", seed, reference_mb)
         write_manifest(out, work, spec, entries, reference, measured_on=key, cache_flush=cache_flush)
     return BundleWritten(out, key, len(entries), len(batch) - len(entries))
+
+
+def _filled_batch(session: TaskSession, size: int) -> list[Candidate]:
+    """Up to ``size`` new candidates: the search is asked again while it offers some but fewer than asked.
+
+    A search round may offer fewer (mutants that are programs met before): a
+    round trip to the device costs more than another search round here.
+    """
+    batch = session.next_batch(size)
+    for _ in range(FILL_ROUNDS):
+        if not batch or len(batch) >= size or not (more := session.next_batch(size - len(batch))):
+            break
+        batch += more
+    return batch
 
 
 def import_results(bundle: str | Path, database: str | Path, *, cost_model: str | CostModel = "xgb", seed: int = 0) -> BundleImport:

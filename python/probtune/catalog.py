@@ -52,6 +52,7 @@ Shape = tuple[int, ...]
 
 _FLOAT_DTYPES = ("float32", "float64")
 _CONTRACTION_DTYPES = (*_FLOAT_DTYPES, "float16")  # float16 products are summed in float32
+_MATMUL_DTYPES = (*_CONTRACTION_DTYPES, "int8")  # int8 products are summed in int32, kept as ONNX's MatMulInteger keeps them
 _LAYER_NORM_EPS = 1e-5
 
 
@@ -125,8 +126,13 @@ class WorkloadSpec:
 
 
 def _accumulator(dtype: str) -> str:
-    """The type products are summed in: float32 for float16 inputs, as tensor cores and cuBLAS do; else the dtype."""
-    return "float32" if dtype == "float16" else dtype
+    """The type products are summed in: float32 for float16 inputs and int32 for int8, as tensor cores and cuBLAS do."""
+    return {"float16": "float32", "int8": "int32"}.get(dtype, dtype)
+
+
+def _product_dtype(dtype: str) -> str:
+    """A matrix product's output type: integer sums are kept (int8 -> int32), float ones rounded to the inputs' type."""
+    return "int32" if dtype == "int8" else dtype
 
 
 def _widened(value: tvm.tirx.PrimExpr, dtype: str) -> tvm.tirx.PrimExpr:
@@ -147,11 +153,31 @@ def _build_matmul(shape: Shape, dtype: str) -> tvm.tirx.PrimFunc:
     r = te.reduce_axis((0, k), name="k")
     acc = _accumulator(dtype)
     c = te.compute((m, n), lambda i, j: te.sum(_widened(a[i, r], acc) * _widened(b[r, j], acc), axis=r), name="C")
-    return te.create_prim_func([a, b, _rounded(c, dtype, "C_rounded")])
+    return te.create_prim_func([a, b, _rounded(c, _product_dtype(dtype), "C_rounded")])
 
 
 def _reference_matmul(_shape: Shape, a: np.ndarray, b: np.ndarray) -> list[np.ndarray]:
-    return [(a.astype(np.float64) @ b.astype(np.float64)).astype(a.dtype)]
+    return [_exact_product(a, b)]
+
+
+def _exact_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` summed exactly (int64 for integers, float64 for floats), in the product's output type."""
+    wide = np.int64 if np.issubdtype(a.dtype, np.integer) else np.float64
+    return (a.astype(wide) @ b.astype(wide)).astype(_product_dtype(a.dtype.name))
+
+
+def _build_dense(shape: Shape, dtype: str) -> tvm.tirx.PrimFunc:
+    m, n, k = shape
+    x = te.placeholder((m, k), dtype, name="X")
+    w = te.placeholder((n, k), dtype, name="W")
+    r = te.reduce_axis((0, k), name="k")
+    acc = _accumulator(dtype)
+    dense = te.compute((m, n), lambda i, j: te.sum(_widened(x[i, r], acc) * _widened(w[j, r], acc), axis=r), name="T_dense")
+    return te.create_prim_func([x, w, _rounded(dense, _product_dtype(dtype), "T_rounded")])
+
+
+def _reference_dense(_shape: Shape, x: np.ndarray, w: np.ndarray) -> list[np.ndarray]:
+    return [_exact_product(x, w.T)]
 
 
 def _build_batch_matmul(shape: Shape, dtype: str) -> tvm.tirx.PrimFunc:
@@ -163,7 +189,7 @@ def _build_batch_matmul(shape: Shape, dtype: str) -> tvm.tirx.PrimFunc:
     c = te.compute(
         (batch, m, n), lambda p, i, j: te.sum(_widened(a[p, i, r], acc) * _widened(b[p, r, j], acc), axis=r), name="C"
     )
-    return te.create_prim_func([a, b, _rounded(c, dtype, "C_rounded")])
+    return te.create_prim_func([a, b, _rounded(c, _product_dtype(dtype), "C_rounded")])
 
 
 def _dense_bias(shape: Shape, dtype: str) -> tuple[list[te.Tensor], te.Tensor]:
@@ -437,6 +463,10 @@ def _numpy_matmul(_shape: Shape, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return a @ b
 
 
+def _numpy_dense(_shape: Shape, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    return x @ w.T
+
+
 def _numpy_dense_bias_relu(_shape: Shape, x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> np.ndarray:
     return np.maximum(x @ w.T + bias, 0)
 
@@ -476,7 +506,7 @@ BUILTIN_WORKLOADS: tuple[WorkloadSpec, ...] = (
         flops=lambda shape: 2.0 * shape[0] * shape[1] * shape[2],
         reference=_reference_matmul,
         baseline=_numpy_matmul,
-        dtypes=_CONTRACTION_DTYPES,
+        dtypes=_MATMUL_DTYPES,
     ),
     WorkloadSpec(
         name="batch_matmul",
@@ -488,7 +518,19 @@ BUILTIN_WORKLOADS: tuple[WorkloadSpec, ...] = (
         flops=lambda shape: 2.0 * shape[0] * shape[1] * shape[2] * shape[3],
         reference=_reference_matmul,
         baseline=_numpy_matmul,
-        dtypes=_CONTRACTION_DTYPES,
+        dtypes=_MATMUL_DTYPES,
+    ),
+    WorkloadSpec(
+        name="dense",
+        description="Y[M,N] = X[M,K] @ W[N,K]^T, a layer's weights stored as ONNX Gemm's transB stores them",
+        shape_params=("M", "N", "K"),
+        default_shape=(128, 3072, 768),
+        small_shape=(16, 48, 40),
+        build=_build_dense,
+        flops=lambda shape: 2.0 * shape[0] * shape[1] * shape[2],
+        reference=_reference_dense,
+        baseline=_numpy_dense,
+        dtypes=_MATMUL_DTYPES,
     ),
     WorkloadSpec(
         name="dense_bias_relu",

@@ -17,6 +17,12 @@ for its ``mma`` intrinsic instead; its loops are not unrolled (TVM's
 unrolling leaves the operands of ``ldmatrix`` and ``mma`` in local memory,
 which the cubin lint refuses). Unlike MetaSchedule's default space,
 where the WMMA rule claims every block, both are reachable in one space.
+
+int8 ``mma.sync`` multiplies 16x16x32 tiles, WMMA 16x16x16 ones. For int8
+inputs the tiling samples the tiles' reduction extent instead
+(``TILE_K_KEY``: 16, or 32 on Ampere and later), and the instruction
+follows from it: 32-deep tiles run on ``mma.sync``. Either way the nest's
+shape is fixed by the program and its decisions, as a trace needs.
 """
 
 from __future__ import annotations
@@ -33,15 +39,34 @@ from probtune_cpu.parallel_vectorize import UNROLL_KEY
 from probtune_cuda.intrinsics import TENSORIZE_INIT_KEY, TENSORIZE_KEY, load_tensor_intrinsics
 from probtune_cuda.limits import compute_capability
 
-__all__ = ["INSTRUCTION_KEY", "MMA_MIN_ARCH", "MMA_SYNC", "WMMA", "RewriteMMASync", "instruction_choices", "mma_names"]
+__all__ = [
+    "INSTRUCTION_KEY",
+    "INT8_MMA_K",
+    "MMA_MIN_ARCH",
+    "MMA_SYNC",
+    "TILE_K_KEY",
+    "WMMA",
+    "RewriteMMASync",
+    "instruction_choices",
+    "mma_group",
+    "mma_names",
+    "shared_tile",
+    "tile_k_choices",
+]
 
 INSTRUCTION_KEY = "probtune.tensor_core_instruction"
 """Block annotation: which instruction runs the block's tiles (``WMMA`` or ``MMA_SYNC``)."""
 
+TILE_K_KEY = "probtune.tensor_core_tile_k"
+"""Block annotation on int8 tiles: their sampled reduction extent, which picks the instruction (``INT8_MMA_K``: ``mma.sync``)."""
+
 WMMA, MMA_SYNC = 0, 1
 
+INT8_MMA_K = 32
+"""The reduction extent of an int8 ``mma.sync`` tile (WMMA's: 16)."""
+
 MMA_MIN_ARCH = 80
-"""``mma.sync`` of 16x8x16 float16 tiles needs Ampere (sm_80) or later."""
+"""``mma.sync`` of 16x8x16 float16 and 16x8x32 int8 tiles needs Ampere (sm_80) or later."""
 
 _SHARED = "shared.dyn"
 _ROLES = ("init", "load_a", "load_b", "compute", "store")
@@ -52,15 +77,47 @@ def instruction_choices(in_dtype: str, arch: int) -> tuple[int, ...]:
     return (WMMA, MMA_SYNC) if in_dtype == "float16" and arch >= MMA_MIN_ARCH else (WMMA,)
 
 
+def tile_k_choices(in_dtype: str, arch: int, trans_b: bool) -> tuple[int, ...]:
+    """The tiles' reduction extents to sample: WMMA's 16, and ``mma.sync``'s 32 for int8 on Ampere or later.
+
+    Only a B laid out ``[j, k]`` is offered to int8 ``mma.sync``: TVM loads a
+    ``[k, j]`` one byte by byte into an array its index leaves in local memory.
+    """
+    return (16, INT8_MMA_K) if in_dtype == "int8" and arch >= MMA_MIN_ARCH and trans_b else (16,)
+
+
+def mma_group(in_dtype: str, out_dtype: str, trans_b: bool) -> dict[str, str]:
+    """The ``mma.sync`` intrinsics of one input and accumulator type, by role (``init``, ``load_a``, ...)."""
+    intrinsics = load_tensor_intrinsics()
+    return dict(intrinsics.get_mma_intrin_group(_SHARED, _SHARED, in_dtype, out_dtype, False, trans_b, True))
+
+
+@functools.cache
+def shared_tile(intrinsic: str) -> tuple[int, int] | None:
+    """The shape of the shared-memory tile a load or store intrinsic reads or writes; None if it has none."""
+    from tvm.s_tir import TensorIntrin
+
+    load_tensor_intrinsics()
+    desc = TensorIntrin.get(intrinsic).desc
+    for buffer in desc.params:  # the buffers it matches
+        if str(buffer.scope()).startswith("shared"):
+            rows, cols = (int(extent) for extent in buffer.shape[-2:])
+            return rows, cols
+    return None
+
+
 @functools.cache
 def mma_names() -> dict[str, str]:
-    """Each WMMA intrinsic of float16 inputs that has an ``mma.sync`` counterpart, with that counterpart's name."""
+    """Each WMMA intrinsic that has an ``mma.sync`` counterpart, with that counterpart's name.
+
+    For int8 the counterpart computes a 32-deep tile: only a tile cut that deep is renamed.
+    """
     intrinsics = load_tensor_intrinsics()
     names = {}
-    for out_dtype in ("float32", "float16"):
+    for in_dtype, out_dtype in (("float16", "float32"), ("float16", "float16"), ("int8", "int32")):
         for trans_b in (False, True):
-            wmma = intrinsics.get_wmma_intrin_group(_SHARED, _SHARED, "float16", out_dtype, trans_b)
-            mma = intrinsics.get_mma_intrin_group(_SHARED, _SHARED, "float16", out_dtype, False, trans_b, True)
+            wmma = intrinsics.get_wmma_intrin_group(_SHARED, _SHARED, in_dtype, out_dtype, trans_b)
+            mma = mma_group(in_dtype, out_dtype, trans_b)
             names.update({wmma[role]: mma[role] for role in _ROLES})
     return names
 
@@ -73,20 +130,37 @@ class RewriteMMASync:
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
         for block in nested_sblocks(sch):
-            choice = sch.get(block).annotations.get(INSTRUCTION_KEY)
-            if choice is None:
+            try:
+                instruction = _sampled_instruction(sch, block)
+            except ValueError as error:
+                return str(error)
+            if instruction in (None, WMMA):
                 continue
-            sch.unannotate(block, INSTRUCTION_KEY)
-            if int(choice) == WMMA:
-                continue
-            if int(choice) != MMA_SYNC:
-                return f"tensor-core instruction {int(choice)} is neither WMMA ({WMMA}) nor mma.sync ({MMA_SYNC})"
             if compute_capability(ctx.target.tvm_target) < MMA_MIN_ARCH:
                 return f"mma.sync needs sm_{MMA_MIN_ARCH} or later"
             reason = _to_mma(sch, block)
             if reason is not None:
                 return reason
         return None
+
+
+def _sampled_instruction(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int | None:
+    """The instruction sampled for a tensorized block (its annotation taken off), None for other blocks.
+
+    Raises ValueError naming a sampled value that is no instruction.
+    """
+    annotations = sch.get(block).annotations
+    if (choice := annotations.get(INSTRUCTION_KEY)) is not None:
+        sch.unannotate(block, INSTRUCTION_KEY)
+        if int(choice) not in (WMMA, MMA_SYNC):
+            raise ValueError(f"tensor-core instruction {int(choice)} is neither WMMA ({WMMA}) nor mma.sync ({MMA_SYNC})")
+        return int(choice)
+    if (k := annotations.get(TILE_K_KEY)) is not None:
+        sch.unannotate(block, TILE_K_KEY)
+        if int(k) not in (16, INT8_MMA_K):
+            raise ValueError(f"an int8 tile {int(k)} deep runs on neither WMMA (16) nor mma.sync ({INT8_MMA_K})")
+        return MMA_SYNC if int(k) == INT8_MMA_K else WMMA
+    return None
 
 
 def _to_mma(sch: s_tir.Schedule, compute: s_tir.schedule.SBlockRV) -> str | None:
@@ -102,8 +176,9 @@ def _to_mma(sch: s_tir.Schedule, compute: s_tir.schedule.SBlockRV) -> str | None
         sch.unannotate(compute, UNROLL_KEY)  # unrolled, ldmatrix's and mma's operands end up in local memory
     for block in tiles:
         if any(str(region.source.scope()).startswith("wmma.") for region in sch.get(block).writes):
+            tile = shared_tile(names[_intrinsic(sch, block, TENSORIZE_KEY)]) or (16, 16)  # the accumulator's: 16x16
             sch.set_scope(block, 0, "warp")
-            sch.transform_layout(block, ("write", 0), _ldmatrix_layout)
+            sch.transform_layout(block, ("write", 0), functools.partial(_ldmatrix_layout, tile))
         for key in (TENSORIZE_KEY, TENSORIZE_INIT_KEY):
             if intrinsic := _intrinsic(sch, block, key):
                 sch.unannotate(block, key)  # TVM keeps an annotation's old value when it is set again
@@ -115,8 +190,10 @@ def _intrinsic(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, key: str) ->
     return str(sch.get(block).annotations.get(key, ""))
 
 
-def _ldmatrix_layout(*indices: Any) -> tuple[Any, ...]:
-    """A fragment buffer's index to ``ldmatrix``'s: per 16x16 tile of the last two dimensions, lane and value."""
+def _ldmatrix_layout(tile: tuple[int, int], *indices: Any) -> tuple[Any, ...]:
+    """A fragment buffer's index to ``ldmatrix``'s: per tile of the last two dimensions, lane and value."""
     *outer, row, col = indices
-    lane, value = load_tensor_intrinsics().shared_16x16_to_ldmatrix_32x8_layout(row % 16, col % 16)
-    return (*outer, row // 16, col // 16, lane, value)
+    rows, cols = tile
+    layout = getattr(load_tensor_intrinsics(), f"shared_{rows}x{cols}_to_ldmatrix_32x{rows * cols // 32}_layout")
+    lane, value = layout(row % rows, col % cols)
+    return (*outer, row // rows, col // cols, lane, value)

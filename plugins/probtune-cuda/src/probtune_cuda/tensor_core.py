@@ -38,7 +38,7 @@ from tvm.s_tir import TensorIntrin
 from tvm.s_tir.schedule.analysis import get_tensorize_loop_mapping
 
 from probtune import SpaceContext
-from probtune.schedule import BlockRV, LoopRV, Schedule
+from probtune.schedule import BlockRV, ExprRV, LoopRV, Schedule
 from probtune.tir import (
     REDUCTION,
     SPATIAL,
@@ -55,7 +55,7 @@ from probtune.tir import (
 from probtune_cuda.instructions import PAD_EINSUM
 from probtune_cuda.intrinsics import TENSORIZE_INIT_KEY, TENSORIZE_KEY, WARP_EXECUTION_KEY, load_tensor_intrinsics
 from probtune_cuda.limits import block_limit, compute_capability
-from probtune_cuda.mma import INSTRUCTION_KEY, instruction_choices
+from probtune_cuda.mma import INSTRUCTION_KEY, TILE_K_KEY, instruction_choices, tile_k_choices
 from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY, SHARED, elementwise_consumer
 from probtune_cuda.reindex import TRANSFORM_TO_INTRINSIC, contiguous_widths, transform_to_intrinsic
 from probtune_cuda.software_pipeline import NO_PIPELINE, PIPELINE_KEY, REGISTER_STAGED, loop_buffers, pipeline_choices
@@ -76,9 +76,7 @@ WMMA_MIN_ARCH = 70
 """WMMA needs Volta (sm_70) or later."""
 
 TILE = 16
-"""The WMMA tile: 16x16x16 for float16 and int8."""
-
-"""The WMMA tile: 16x16x16 for float16 and int8."""
+"""The WMMA tile: 16x16x16 for float16 and int8 (int8 ``mma.sync``: 16x16x32)."""
 
 _ACCUMULATORS = {"float16": ("float32", "float16"), "int8": ("int32",)}  # input dtype -> accumulator dtypes WMMA has
 _OUTER_REDUCTION_DEPTH = 2  # the outer block's loops: block, warp, then the outer reduction tile (one reduction loop)
@@ -105,6 +103,7 @@ class WMMAPlan:
     operand_a: int  # index of the read holding A[i, k]
     operand_b: int  # index of the read holding B[k, j] (or B[j, k])
     in_dtype: str
+    trans_b: bool  # B is laid out B[j, k]
 
 
 def wmma_plan(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, ctx: SpaceContext) -> WMMAPlan | None:
@@ -125,7 +124,7 @@ def wmma_plan(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, ctx: Space
             continue
         operands = _operands(raw, block_rv, [raw.get(loops[index]).loop_var for index in tile_loops], trans_b)
         if operands is not None:
-            return WMMAPlan(group, tile_loops, *operands, dtypes[0])
+            return WMMAPlan(group, tile_loops, *operands, dtypes[0], trans_b)
     return None
 
 
@@ -274,17 +273,28 @@ class TensorCoreTiling:
         if found is None:
             return
         plan, copies = found
-        outer = self._tensor_tiles(sch, block, plan)
         arch = compute_capability(ctx.target.tvm_target)
+        k = self._tile_k(sch, block, plan, arch)
+        outer = self._tensor_tiles(sch, block, plan, k)
         if len(instructions := instruction_choices(plan.in_dtype, arch)) > 1:
             sch.annotate(outer, INSTRUCTION_KEY, sch.sample_uniform(instructions))
+        if not isinstance(k, int):
+            sch.annotate(outer, TILE_K_KEY, k)
         grid, warps, r_outer, r_middle = self._tile(sch, outer)
         sch.annotate(r_outer, PIPELINE_KEY, sch.sample_uniform(pipeline_choices(arch)))
-        for operand, scope, intrinsic in ((plan.operand_a, "wmma.matrix_a", plan.group.load_a),
-                                          (plan.operand_b, "wmma.matrix_b", plan.group.load_b)):
-            fragment = (scope, intrinsic)
+        b_tile = (TILE, k) if plan.trans_b else (k, TILE)
+        for operand, scope, intrinsic, tile in ((plan.operand_a, "wmma.matrix_a", plan.group.load_a, (TILE, k)),
+                                                (plan.operand_b, "wmma.matrix_b", plan.group.load_b, b_tile)):
+            fragment = (scope, intrinsic, tile)
             self._read_through_fragments(sch, outer, operand, plan.in_dtype, fragment, (r_outer, r_middle), copies)
         self._write_through_shared(sch, outer, plan, grid, warps)  # after: inlining a pad once the output is trimmed fails
+
+    @staticmethod
+    def _tile_k(sch: Schedule, block: BlockRV, plan: WMMAPlan, arch: int) -> int | ExprRV:
+        """A tile's reduction extent: 16, or sampled among those that divide the block's (int8: 16 or 32)."""
+        extent = int(sch.get(sch.get_loops(block)[plan.tile_loops[2]]).extent)
+        choices = [k for k in tile_k_choices(plan.in_dtype, arch, plan.trans_b) if extent % k == 0]
+        return sch.sample_uniform(choices) if len(choices) > 1 else TILE
 
     def _plan(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> tuple[WMMAPlan, set[str]] | None:
         """Bring the block into a shape WMMA computes; its plan and the blocks that copy its operands and output on the way.
@@ -356,12 +366,12 @@ class TensorCoreTiling:
         plan = wmma_plan(trial, block_rv, ctx)
         return None if plan is None else (factors, plan)
 
-    def _tensor_tiles(self, sch: Schedule, block: BlockRV, plan: WMMAPlan) -> BlockRV:
-        """Split the intrinsic's loops by 16, put the 16x16x16 tile innermost and make it a block; the outer block."""
+    def _tensor_tiles(self, sch: Schedule, block: BlockRV, plan: WMMAPlan, k: int | ExprRV) -> BlockRV:
+        """Split the intrinsic's loops into 16x16xk tiles, put the tile innermost and make it a block; the outer block."""
         loops = sch.get_loops(block)
         inner = {}
-        for index in plan.tile_loops:
-            loops[index], inner[index] = sch.split(loops[index], [None, TILE])
+        for index, size in zip(plan.tile_loops, (TILE, TILE, k)):
+            loops[index], inner[index] = sch.split(loops[index], [None, size])
         sch.reorder(*loops, *[inner[index] for index in plan.tile_loops])
         outer = sch.blockize(inner[plan.tile_loops[0]])
         sch.annotate(outer, TENSORIZE_KEY, plan.group.compute)
@@ -400,7 +410,7 @@ class TensorCoreTiling:
         sch.reverse_compute_at(fragments, warps)
         while (epilogue := elementwise_consumer(sch.tvm, sch.resolve(staged))) is not None:
             sch.reverse_compute_inline(sch.get_sblock(epilogue))
-        self._blockize_tiles(sch, fragments, plan.group.store)
+        self._blockize_tiles(sch, fragments, plan.group.store, (TILE, TILE))
         sch.fuse(*sch.get_loops(staged)[1:])  # under the block's loop
         widths = (1, 2, 4)  # a lane reads at most 16 bytes of float32 at once
         sch.annotate(staged, COOPERATIVE_FETCH_KEY, sch.sample_uniform(widths))
@@ -411,7 +421,7 @@ class TensorCoreTiling:
         outer: BlockRV,
         operand: int,
         in_dtype: str,
-        fragment: tuple[str, str],
+        fragment: tuple[str, str, tuple[int | ExprRV, int | ExprRV]],
         at: tuple[LoopRV, LoopRV],
         copies: set[str],
     ) -> None:
@@ -432,21 +442,21 @@ class TensorCoreTiling:
         sch.fuse(*sch.get_loops(shared)[_OUTER_REDUCTION_DEPTH + 1 :])
         sch.annotate(shared, COOPERATIVE_FETCH_KEY, sch.sample_uniform(widths))
         sch.storage_align(shared, 0, axis=-2, factor=32, offset=_SHARED_ROW_PAD[in_dtype])
-        scope, intrinsic = fragment
+        scope, intrinsic, tile = fragment
         loaded = sch.cache_read(outer, operand, scope)
         sch.compute_at(loaded, at[1])
-        self._blockize_tiles(sch, loaded, intrinsic)
+        self._blockize_tiles(sch, loaded, intrinsic, tile)
 
     @staticmethod
     def _producers(sch: Schedule, block: BlockRV) -> list[str]:
         return [str(sch.tvm.get(rv).name_hint) for rv in sch.tvm.get_producers(sch.resolve(block))]
 
     @staticmethod
-    def _blockize_tiles(sch: Schedule, block: BlockRV, intrinsic: str) -> None:
-        """Split a copy's last two loops by 16 and make each 16x16 tile a block for ``intrinsic``."""
+    def _blockize_tiles(sch: Schedule, block: BlockRV, intrinsic: str, tile: tuple[int | ExprRV, int | ExprRV]) -> None:
+        """Split a copy's last two loops by ``tile`` and make each tile a block for ``intrinsic``."""
         loops = sch.get_loops(block)
-        rows, row_tile = sch.split(loops[-2], [None, TILE])
-        cols, col_tile = sch.split(loops[-1], [None, TILE])
+        rows, row_tile = sch.split(loops[-2], [None, tile[0]])
+        cols, col_tile = sch.split(loops[-1], [None, tile[1]])
         sch.reorder(rows, cols, row_tile, col_tile)
         sch.annotate(sch.blockize(row_tile), TENSORIZE_KEY, intrinsic)
 
@@ -471,7 +481,8 @@ def lane_registers(raw: s_tir.Schedule) -> int:
     """The 32-bit registers each thread holds for fragments and register-staged copies, estimated before building.
 
     A 16x16 fragment spreads over a warp's 32 lanes: 8 registers of float32
-    or int32 accumulators, 4 of float16 operands, 2 of int8. A pipelined
+    or int32 accumulators, 4 of float16 operands, 2 of int8 (4 in a 16x32
+    tile of int8 ``mma.sync``). A pipelined
     reduction also holds its next step's operand fragments; a copy staged
     through registers holds each thread's share of the next tile.
     """
@@ -486,7 +497,7 @@ def lane_registers(raw: s_tir.Schedule) -> int:
             itemsize = tvm.DataType(str(dtype)).bits // 8
             if scope in ("wmma.matrix_a", "wmma.matrix_b") and sblock.annotations.get(TENSORIZE_KEY) and len(loops) >= 2:
                 fragments = int(loops[-2].extent) * int(loops[-1].extent) * (2 if buffers > NO_PIPELINE else 1)
-                total += fragments * itemsize * TILE * TILE // lanes // 4
+                total += fragments * itemsize * math.prod(int(r.extent) for r in sblock.writes[0].region) // lanes // 4
             elif scope.startswith("shared") and buffers == REGISTER_STAGED and COOPERATIVE_FETCH_KEY in sblock.annotations:
                 total += -(-int(loops[-1].extent) * itemsize // threads) // 4
     return total
