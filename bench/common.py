@@ -32,6 +32,19 @@ MS_FAILED_SECONDS = 1e9
 _MS_TASK_LOG = "tvm.s_tir.meta_schedule.logging.task_0_main.log"
 
 
+_KIND_MARKS = (
+    ("mma.sync", 'scope="warp"'),
+    ("cp.async", "software_pipeline_async_stages"),
+    ("register-staged", "manifest_shared_memory_local_stage"),
+)
+
+
+def program_kind(script: str) -> str:
+    """A tensor-core program's kind, as its TVM script shows it: ``warp`` fragments (``mma.sync``) and either
+    software pipeline, joined by "+"; "plain" is none of them."""
+    return "+".join(name for name, mark in _KIND_MARKS if mark in script) or "plain"
+
+
 def geomean(values: list[float]) -> float | None:
     """The geometric mean, rounded to 4 decimals (None for no values): how ratios are summarized."""
     return round(float(np.exp(np.mean(np.log(values)))), 4) if values else None

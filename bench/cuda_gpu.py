@@ -37,15 +37,17 @@ from typing import Any
 import numpy as np
 import tvm
 import tvm.s_tir.meta_schedule as ms
-from common import cpu_model
+from common import cpu_model, program_kind
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
 from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerResult
 
+from probtune import Trace
 from probtune.bundle import import_results, write_bundle, write_manifest, write_reference
 from probtune.catalog import resolve_workload
 from probtune.measure import run_bundle, timing
 from probtune.measure.runner import prepare_reference
+from probtune.space import generate_space
 from probtune.targets import resolve_target
 from probtune.workload import Workload
 
@@ -67,6 +69,8 @@ def main() -> int:
                         help="name:shape:dtype, once per workload (default: the two of WORKLOADS)")
     parser.add_argument("--candidates", type=int, default=64, help="per round, per system and workload")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
+                        help="who tunes (start, prepare, collect); the report shows every system's bundles it finds")
     sub = parser.add_subparsers(dest="command", required=True)
     start = sub.add_parser("start", help="MetaSchedule's tuners, one background process per workload")
     start.add_argument("--rounds", type=int, default=2)
@@ -102,7 +106,7 @@ def _round(root: Path, number: int) -> Path:
 
 def _start(args: argparse.Namespace) -> int:
     (args.root / "state").mkdir(parents=True, exist_ok=True)
-    for item in args.workloads:
+    for item in args.workloads if "metaschedule" in args.systems else []:
         log = _tuner_log(args.root, _workload(item))
         command = [sys.executable, __file__, "--root", str(args.root), "--target", args.target,
                    "--candidates", str(args.candidates), "--seed", str(args.seed),
@@ -116,7 +120,8 @@ def _start(args: argparse.Namespace) -> int:
 
 def _prepare(args: argparse.Namespace) -> int:
     folder = _round(args.root, args.round)
-    for item in args.workloads:
+    (args.root / "state").mkdir(parents=True, exist_ok=True)  # probtune's database; 'start' made it if MetaSchedule tunes
+    for item in args.workloads if "probtune" in args.systems else []:
         work = _workload(item)
         out = folder / f"{_slug(work)}-probtune"
         if out.exists():  # a round prepared again: what was written stands
@@ -127,7 +132,7 @@ def _prepare(args: argparse.Namespace) -> int:
         seconds = time.perf_counter() - started
         _prepared(out, "probtune", written.candidates, written.build_errors, seconds)
         print(f"{out.name}: {written.candidates} candidates, {written.build_errors} failed to build, {seconds:.0f} s")
-    for item in args.workloads:  # MetaSchedule's tuner writes its own bundle of the round
+    for item in args.workloads if "metaschedule" in args.systems else []:  # MetaSchedule's tuner writes its own
         work = _workload(item)
         out = folder / f"{_slug(work)}-metaschedule"
         while not (out / PREPARED).exists():
@@ -165,10 +170,12 @@ def _collect(args: argparse.Namespace) -> int:
     for item in args.workloads:
         slug = _slug(_workload(item))
         probtune = folder / f"{slug}-probtune"
-        done = import_results(probtune, args.root / "state" / "probtune.db")
-        print(f"{probtune.name}: {dict(done.statuses)}; best so far "
-              f"{done.best_latency * 1e3 if done.best_latency else float('nan'):.4f} ms")
-        (folder / f"{slug}-metaschedule" / COLLECTED).write_text("")  # its waiting runner goes on
+        if "probtune" in args.systems:
+            done = import_results(probtune, args.root / "state" / "probtune.db")
+            print(f"{probtune.name}: {dict(done.statuses)}; best so far "
+                  f"{done.best_latency * 1e3 if done.best_latency else float('nan'):.4f} ms")
+        if "metaschedule" in args.systems:
+            (folder / f"{slug}-metaschedule" / COLLECTED).write_text("")  # its waiting runner goes on
     return 0
 
 
@@ -275,7 +282,10 @@ def _report(args: argparse.Namespace) -> int:
             vendor, baseline = _baseline(folder, work)
             entry: dict[str, Any] = {"round": int(folder.name[5:]), "vendor": vendor, "vendor_ms": _ms(baseline)}
             for system in SYSTEMS:
-                entry[system] = _system_round(folder / f"{_slug(work)}-{system}", work, baseline)
+                bundle = folder / f"{_slug(work)}-{system}"
+                entry[system] = _system_round(bundle, work, baseline) if (bundle / PREPARED).exists() else None
+            if entry["probtune"]:
+                entry["probtune"]["best_ms_by_kind"] = _best_by_kind(folder / f"{_slug(work)}-probtune", work, args.target)
             row["rounds"].append(entry)
         row["best"] = {system: _best_so_far(row["rounds"], system) for system in SYSTEMS}
         rows.append(row)
@@ -313,19 +323,34 @@ def _system_round(bundle: Path, work: Workload, vendor: float | None) -> dict[st
             "vs_vendor": round(vendor / best, 3) if best and vendor else None}
 
 
+def _best_by_kind(bundle: Path, work: Workload, target: str) -> dict[str, list[float]]:
+    """For each kind of program in probtune's bundle (``mma.sync``, a pipeline, ...), its correct candidates' best and
+    median milliseconds, from their traces replayed here."""
+    space = generate_space(work, resolve_target(target))
+    _, results = run_bundle.read_results(bundle / run_bundle.RESULTS)
+    times: dict[str, list[float]] = {}
+    for candidate in json.loads((bundle / "manifest.json").read_text())["candidates"]:
+        row = results.get(candidate["id"])
+        if row is not None and row["status"] == "ok":
+            kind = program_kind(space.program(Trace.from_json(candidate["trace"])).script())
+            times.setdefault(kind, []).append(float(np.mean(row["latencies"])))
+    return {kind: [_ms(min(t)), _ms(float(np.median(t)))] for kind, t in sorted(times.items())}
+
+
 def _best_so_far(rounds: list[dict[str, Any]], system: str) -> dict[str, Any]:
-    found = [(entry[system]["best_ms"], entry) for entry in rounds if entry[system]["best_ms"]]
+    found = [(entry[system]["best_ms"], entry) for entry in rounds if entry[system] and entry[system]["best_ms"]]
     if not found:
         return {}
     best_ms, entry = min(found, key=lambda pair: pair[0])
     return {"best_ms": best_ms, "tflops": entry[system]["tflops"], "vs_vendor_same_round": entry[system]["vs_vendor"],
-            "trials": sum(e[system]["built"] + e[system]["build_errors"] for e in rounds)}
+            "trials": sum(e[system]["built"] + e[system]["build_errors"] for e in rounds if e[system])}
 
 
 def _print_row(row: dict[str, Any]) -> None:
     for entry in row["rounds"]:
         for system in SYSTEMS:
-            got = entry[system]
+            if (got := entry[system]) is None:
+                continue
             print(f"{row['workload']} round {entry['round']} {system}: built {got['built']} "
                   f"(+{got['build_errors']} failed), {got['statuses']}, best {got['best_ms']} ms, "
                   f"{got['tflops']} TFLOPS, {got['vs_vendor']}x {entry['vendor']} ({entry['vendor_ms']} ms)")

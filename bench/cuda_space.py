@@ -26,7 +26,7 @@ from typing import Any
 
 import tvm
 import tvm.s_tir.meta_schedule as ms
-from common import cpu_model
+from common import cpu_model, program_kind
 from tvm import s_tir
 
 from probtune import Rng
@@ -99,7 +99,7 @@ def build_and_lint(programs: list[tvm.IRModule], target: Any, limit: int) -> dic
     built = programs[:limit]
     for program in built:
         script = program.script()
-        kind = "+".join(name for name, mark in _KIND_MARKS if mark in script) or "plain"
+        kind = program_kind(script)
         tally = by_kind.setdefault(kind, {"built": 0, "lint_ok": 0})
         tally["built"] += 1
         try:
@@ -117,14 +117,6 @@ def build_and_lint(programs: list[tvm.IRModule], target: Any, limit: int) -> dic
     seconds = (time.perf_counter() - started) / max(len(built), 1)
     return {"built": len(built), "lint_ok": outcomes.get("ok", 0), **kinds, "outcomes": outcomes,
             "by_kind": dict(sorted(by_kind.items())), "seconds_per_build": round(seconds, 2)}
-
-
-_KIND_MARKS = (
-    ("mma.sync", 'scope="warp"'),
-    ("cp.async", "software_pipeline_async_stages"),
-    ("register-staged", "manifest_shared_memory_local_stage"),
-)
-"""How a program's TVM script shows its kind: ``warp`` fragments (``mma.sync``), and either pipeline; "plain" is neither."""
 
 
 def main() -> None:

@@ -68,19 +68,21 @@ def test_the_gpu_bench_tunes_both_systems_through_bundles_on_a_fake_gpu(tmp_path
         return done.stdout
 
     run([*bench, "start", "--rounds", "2"])
-    for number in (1, 2):
-        run([*bench, "prepare", str(number)])
+    for number, systems in ((1, []), (2, []), (3, ["--systems", "probtune"])):  # MetaSchedule tunes two rounds
+        run([*bench, *systems, "prepare", str(number)])
         run([sys.executable, str(ROOT / "bench" / "gpu_measure.py"), str(root / f"round{number}"), "--out", str(out)],
             PYTHONPATH=str(ROOT / "tests" / "fake_cupy"), FAKE_CUPY_LOG=str(tmp_path / "launches"),
             FAKE_CUPY_ANSWERS="bundle")
-        run([*bench, "collect", str(number), str(out / f"round{number}.tar.gz")])
+        run([*bench, *systems, "collect", str(number), str(out / f"round{number}.tar.gz")])
     run([*bench, "report", "--output", str(tmp_path / "report.json")])
     [row] = json.loads((tmp_path / "report.json").read_text())["workloads"]
-    assert [entry["round"] for entry in row["rounds"]] == [1, 2]
+    assert [entry["round"] for entry in row["rounds"]] == [1, 2, 3] and row["rounds"][2]["metaschedule"] is None
     for entry in row["rounds"]:
-        for system in ("probtune", "metaschedule"):
+        for system in ("probtune", "metaschedule")[: 1 if entry["round"] == 3 else 2]:
             assert entry[system]["built"] >= 1 and entry[system]["statuses"] == {"ok": entry[system]["built"]}
             assert entry[system]["best_ms"] > 0
+        kinds = entry["probtune"]["best_ms_by_kind"]
+        assert kinds and all(best <= median for best, median in kinds.values())
     log = root / "state" / "metaschedule-matmul-256x256x256-float16.log"
     for _ in range(120):  # MetaSchedule's tuner ends once it has the round's results
         if "tuning is done" in log.read_text():

@@ -5,7 +5,7 @@ A convolution is first rewritten as one matmul
 tiles is then padded (``pad_einsum``, an instruction this plugin adds):
 the copies into shared memory read zeros past the inputs' ends, the copy
 out skips the padding.
-Each 16x16x16 tile of the block becomes a block of its own (``blockize``),
+Each 16x16x16 tile (int8 on ``mma.sync``: 16x16x32) becomes a block (``blockize``),
 which ``rewrite-tensorize`` replaces by the WMMA multiply-accumulate after
 the search (the initialisation by the fragment fill). The tiles are then
 spread as MetaSchedule spreads them: structure ``SSRRSRS``, the first
