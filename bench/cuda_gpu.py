@@ -69,8 +69,9 @@ def main() -> int:
                         help="name:shape:dtype, once per workload (default: the two of WORKLOADS)")
     parser.add_argument("--candidates", type=int, default=64, help="per round, per system and workload")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
-                        help="who tunes (start, prepare, collect); the report shows every system's bundles it finds")
+    parser.add_argument("--systems", type=_systems, default=SYSTEMS,
+                        help="who tunes, comma-separated (start, prepare, collect: default both); "
+                             "the report shows every system's bundles it finds")
     sub = parser.add_subparsers(dest="command", required=True)
     start = sub.add_parser("start", help="MetaSchedule's tuners, one background process per workload")
     start.add_argument("--rounds", type=int, default=2)
@@ -89,6 +90,13 @@ def main() -> int:
     warnings.simplefilter("ignore")
     return {"start": _start, "metaschedule": _metaschedule, "prepare": _prepare, "collect": _collect,
             "report": _report}[args.command](args)
+
+
+def _systems(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if not names or set(names) - set(SYSTEMS):
+        raise argparse.ArgumentTypeError(f"systems are {', '.join(SYSTEMS)}, comma-separated; got {text!r}")
+    return names
 
 
 def _workload(item: str) -> Workload:
