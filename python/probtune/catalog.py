@@ -166,13 +166,19 @@ def _exact_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a.astype(wide) @ b.astype(wide)).astype(_product_dtype(a.dtype.name))
 
 
-def _build_dense(shape: Shape, dtype: str) -> tvm.tirx.PrimFunc:
+def _dense(shape: Shape, dtype: str) -> tuple[te.Tensor, te.Tensor, te.Tensor]:
+    """The inputs of ``X[M,K] @ W[N,K]^T`` and its value, in the accumulator's type (block ``T_dense``)."""
     m, n, k = shape
     x = te.placeholder((m, k), dtype, name="X")
     w = te.placeholder((n, k), dtype, name="W")
     r = te.reduce_axis((0, k), name="k")
     acc = _accumulator(dtype)
     dense = te.compute((m, n), lambda i, j: te.sum(_widened(x[i, r], acc) * _widened(w[j, r], acc), axis=r), name="T_dense")
+    return x, w, dense
+
+
+def _build_dense(shape: Shape, dtype: str) -> tvm.tirx.PrimFunc:
+    x, w, dense = _dense(shape, dtype)
     return te.create_prim_func([x, w, _rounded(dense, _product_dtype(dtype), "T_rounded")])
 
 
@@ -194,14 +200,9 @@ def _build_batch_matmul(shape: Shape, dtype: str) -> tvm.tirx.PrimFunc:
 
 def _dense_bias(shape: Shape, dtype: str) -> tuple[list[te.Tensor], te.Tensor]:
     """The inputs of ``X[M,K] @ W[N,K]^T + bias[N]`` and its value, in the accumulator's type (dense, bias add)."""
-    m, n, k = shape
-    x = te.placeholder((m, k), dtype, name="X")
-    w = te.placeholder((n, k), dtype, name="W")
-    bias = te.placeholder((n,), dtype, name="bias")
-    r = te.reduce_axis((0, k), name="k")
-    acc = _accumulator(dtype)
-    dense = te.compute((m, n), lambda i, j: te.sum(_widened(x[i, r], acc) * _widened(w[j, r], acc), axis=r), name="T_dense")
-    biased = te.compute((m, n), lambda i, j: dense[i, j] + _widened(bias[j], acc), name="T_bias_add")
+    x, w, dense = _dense(shape, dtype)
+    bias = te.placeholder((shape[1],), dtype, name="bias")
+    biased = te.compute(dense.shape, lambda i, j: dense[i, j] + _widened(bias[j], dense.dtype), name="T_bias_add")
     return [x, w, bias], biased
 
 
