@@ -482,6 +482,11 @@ def _numpy_softmax(_shape: Shape, x: np.ndarray) -> np.ndarray:
 
 
 
+def _matmul_flops(shape: Shape) -> float:
+    m, n, k = shape
+    return 2.0 * m * n * k
+
+
 def _conv2d_flops(shape: Shape) -> float:
     n, c, h, w, k, r, s, stride, pad = shape
     oh, ow = _conv_output_size(h, r, stride, pad), _conv_output_size(w, s, stride, pad)
@@ -504,7 +509,7 @@ BUILTIN_WORKLOADS: tuple[WorkloadSpec, ...] = (
         default_shape=(512, 512, 512),
         small_shape=(24, 40, 56),
         build=_build_matmul,
-        flops=lambda shape: 2.0 * shape[0] * shape[1] * shape[2],
+        flops=_matmul_flops,
         reference=_reference_matmul,
         baseline=_numpy_matmul,
         dtypes=_MATMUL_DTYPES,
@@ -528,7 +533,7 @@ BUILTIN_WORKLOADS: tuple[WorkloadSpec, ...] = (
         default_shape=(128, 3072, 768),
         small_shape=(16, 48, 40),
         build=_build_dense,
-        flops=lambda shape: 2.0 * shape[0] * shape[1] * shape[2],
+        flops=_matmul_flops,
         reference=_reference_dense,
         baseline=_numpy_dense,
         dtypes=_MATMUL_DTYPES,

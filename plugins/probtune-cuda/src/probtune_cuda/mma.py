@@ -46,11 +46,10 @@ __all__ = [
     "MMA_SYNC",
     "TILE_K_KEY",
     "WMMA",
+    "WMMA_TILE",
     "RewriteMMASync",
     "instruction_choices",
-    "mma_group",
     "mma_names",
-    "shared_tile",
     "tile_k_choices",
 ]
 
@@ -62,8 +61,11 @@ TILE_K_KEY = "probtune.tensor_core_tile_k"
 
 WMMA, MMA_SYNC = 0, 1
 
+WMMA_TILE = 16
+"""WMMA's tile: 16x16x16 for float16 and int8; ``mma.sync``'s too, but for int8's reduction (``INT8_MMA_K``)."""
+
 INT8_MMA_K = 32
-"""The reduction extent of an int8 ``mma.sync`` tile (WMMA's: 16)."""
+"""The reduction extent of an int8 ``mma.sync`` tile."""
 
 MMA_MIN_ARCH = 80
 """``mma.sync`` of 16x8x16 float16 and 16x8x32 int8 tiles needs Ampere (sm_80) or later."""
@@ -83,17 +85,17 @@ def tile_k_choices(in_dtype: str, arch: int, trans_b: bool) -> tuple[int, ...]:
     Only a B laid out ``[j, k]`` is offered to int8 ``mma.sync``: TVM loads a
     ``[k, j]`` one byte by byte into an array its index leaves in local memory.
     """
-    return (16, INT8_MMA_K) if in_dtype == "int8" and arch >= MMA_MIN_ARCH and trans_b else (16,)
+    return (WMMA_TILE, INT8_MMA_K) if in_dtype == "int8" and arch >= MMA_MIN_ARCH and trans_b else (WMMA_TILE,)
 
 
-def mma_group(in_dtype: str, out_dtype: str, trans_b: bool) -> dict[str, str]:
+def _mma_group(in_dtype: str, out_dtype: str, trans_b: bool) -> dict[str, str]:
     """The ``mma.sync`` intrinsics of one input and accumulator type, by role (``init``, ``load_a``, ...)."""
     intrinsics = load_tensor_intrinsics()
     return dict(intrinsics.get_mma_intrin_group(_SHARED, _SHARED, in_dtype, out_dtype, False, trans_b, True))
 
 
 @functools.cache
-def shared_tile(intrinsic: str) -> tuple[int, int] | None:
+def _shared_tile(intrinsic: str) -> tuple[int, int] | None:
     """The shape of the shared-memory tile a load or store intrinsic reads or writes; None if it has none."""
     from tvm.s_tir import TensorIntrin
 
@@ -117,7 +119,7 @@ def mma_names() -> dict[str, str]:
     for in_dtype, out_dtype in (("float16", "float32"), ("float16", "float16"), ("int8", "int32")):
         for trans_b in (False, True):
             wmma = intrinsics.get_wmma_intrin_group(_SHARED, _SHARED, in_dtype, out_dtype, trans_b)
-            mma = mma_group(in_dtype, out_dtype, trans_b)
+            mma = _mma_group(in_dtype, out_dtype, trans_b)
             names.update({wmma[role]: mma[role] for role in _ROLES})
     return names
 
@@ -157,8 +159,8 @@ def _sampled_instruction(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) ->
         return int(choice)
     if (k := annotations.get(TILE_K_KEY)) is not None:
         sch.unannotate(block, TILE_K_KEY)
-        if int(k) not in (16, INT8_MMA_K):
-            raise ValueError(f"an int8 tile {int(k)} deep runs on neither WMMA (16) nor mma.sync ({INT8_MMA_K})")
+        if int(k) not in (WMMA_TILE, INT8_MMA_K):
+            raise ValueError(f"an int8 tile {int(k)} deep runs on neither WMMA ({WMMA_TILE}) nor mma.sync ({INT8_MMA_K})")
         return MMA_SYNC if int(k) == INT8_MMA_K else WMMA
     return None
 
@@ -176,7 +178,7 @@ def _to_mma(sch: s_tir.Schedule, compute: s_tir.schedule.SBlockRV) -> str | None
         sch.unannotate(compute, UNROLL_KEY)  # unrolled, ldmatrix's and mma's operands end up in local memory
     for block in tiles:
         if any(str(region.source.scope()).startswith("wmma.") for region in sch.get(block).writes):
-            tile = shared_tile(names[_intrinsic(sch, block, TENSORIZE_KEY)]) or (16, 16)  # the accumulator's: 16x16
+            tile = _shared_tile(names[_intrinsic(sch, block, TENSORIZE_KEY)]) or (WMMA_TILE, WMMA_TILE)  # the accumulator's
             sch.set_scope(block, 0, "warp")
             sch.transform_layout(block, ("write", 0), functools.partial(_ldmatrix_layout, tile))
         for key in (TENSORIZE_KEY, TENSORIZE_INIT_KEY):

@@ -55,7 +55,7 @@ from probtune.tir import (
 from probtune_cuda.instructions import PAD_EINSUM
 from probtune_cuda.intrinsics import TENSORIZE_INIT_KEY, TENSORIZE_KEY, WARP_EXECUTION_KEY, load_tensor_intrinsics
 from probtune_cuda.limits import block_limit, compute_capability
-from probtune_cuda.mma import INSTRUCTION_KEY, TILE_K_KEY, instruction_choices, tile_k_choices
+from probtune_cuda.mma import INSTRUCTION_KEY, TILE_K_KEY, WMMA_TILE, instruction_choices, tile_k_choices
 from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY, SHARED, elementwise_consumer
 from probtune_cuda.reindex import TRANSFORM_TO_INTRINSIC, contiguous_widths, transform_to_intrinsic
 from probtune_cuda.software_pipeline import NO_PIPELINE, PIPELINE_KEY, REGISTER_STAGED, loop_buffers, pipeline_choices
@@ -75,8 +75,7 @@ __all__ = [
 WMMA_MIN_ARCH = 70
 """WMMA needs Volta (sm_70) or later."""
 
-TILE = 16
-"""The WMMA tile: 16x16x16 for float16 and int8 (int8 ``mma.sync``: 16x16x32)."""
+TILE = WMMA_TILE  # a tile's rows, columns and, but for int8 on mma.sync, depth
 
 _ACCUMULATORS = {"float16": ("float32", "float16"), "int8": ("int32",)}  # input dtype -> accumulator dtypes WMMA has
 _OUTER_REDUCTION_DEPTH = 2  # the outer block's loops: block, warp, then the outer reduction tile (one reduction loop)
