@@ -98,3 +98,83 @@ def test_a_call_that_only_resembles_an_operator_is_kept():
 
     mod = _module_with_call_te(max_plus_one)
     assert lift_elementwise_calls(mod) is mod
+
+
+def _save(tmp_path, name, nodes, weights, x_shape, y_shape):
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(y_shape))], weights)
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(make_model(graph), path)
+    return path
+
+
+@pytest.fixture
+def detector_onnx(tmp_path):
+    """What a mobile text detector has after its convolutions: hard-swish three ways (HardSwish; Add/Clip/Div/Mul;
+    a squeeze-excite's HardSigmoid), SiLU, nearest resize, concatenation, batch norm and a transposed convolution."""
+    rng = np.random.default_rng(0)
+    weights, nodes = [], []
+
+    def const(name, value):
+        weights.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
+        return name
+
+    def weight(name, *shape):
+        return const(name, rng.standard_normal(shape) * 0.2)
+
+    def node(op, inputs, out, **attrs):
+        nodes.append(helper.make_node(op, inputs, [out], **attrs))
+        return out
+
+    const("three", 3.0), const("six", 6.0), const("zero", 0.0), const("scales", [1, 1, 2, 2])
+    const("var", np.abs(rng.standard_normal(8)) + 0.5)
+    x = node("HardSwish", [node("Conv", ["x", weight("w1", 8, 3, 3, 3), weight("b1", 8)], "c1", pads=[1] * 4,
+                                strides=[2, 2])], "hs1")
+    c2 = node("Conv", [x, weight("w2", 16, 8, 3, 3)], "c2", pads=[1] * 4)
+    hs2 = node("Mul", [c2, node("Div", [node("Clip", [node("Add", [c2, "three"], "a"), "zero", "six"], "cl"), "six"],
+                                "d")], "hs2")
+    squeeze = node("Relu", [node("Conv", [node("GlobalAveragePool", [hs2], "gap"), weight("ws1", 4, 16, 1, 1)], "s1")],
+                   "sr")
+    gate = node("HardSigmoid", [node("Conv", [squeeze, weight("ws2", 16, 4, 1, 1)], "s2")], "hsig", alpha=0.2, beta=0.5)
+    se = node("Mul", [hs2, gate], "se")
+    c3 = node("Conv", [se, weight("w3", 16, 16, 3, 3)], "c3", pads=[1] * 4, strides=[2, 2])
+    silu = node("Mul", [c3, node("Sigmoid", [c3], "sg")], "silu")
+    cat = node("Concat", [node("Resize", [silu, "", "scales"], "up", mode="nearest"), se], "cat", axis=1)
+    bn = node("BatchNormalization", [node("Conv", [cat, weight("w4", 8, 32, 3, 3)], "c4", pads=[1] * 4),
+                                     weight("g", 8), weight("be", 8), weight("m", 8), "var"], "bn")
+    up = node("ConvTranspose", [node("Relu", [bn], "r4"), weight("wt", 8, 4, 2, 2), weight("bt", 4)], "ct",
+              strides=[2, 2])
+    node("Sigmoid", [up], "y")
+    return _save(tmp_path, "detector", nodes, weights, (1, 3, 32, 32), (1, 4, 32, 32))
+
+
+def test_a_detectors_elementwise_resize_concat_and_transposed_convolution_stay_channels_last(detector_onnx):
+    host = resolve_target("host")
+    model = load_model(detector_onnx)
+    fused = fuse(model, host)
+    names = [task.name for task in extract_tasks(fused)]
+    assert _transposes(fused) == 2, names  # into the model's NCHW input's layout and out of it; none around an operator
+    assert any("conv2d_transpose" in name for name in names)
+    assert all("conv2d_nhwc" in task.workload.mod.script() or "conv2d" not in task.name
+               for task in extract_tasks(fused) if "transpose" not in task.name)
+    check_outputs(model, _untuned(fused, host))
+
+
+@pytest.mark.parametrize(
+    "attrs, groups",
+    [({"strides": [2, 2]}, 1), ({"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]}, 1),
+     ({"strides": [3, 2], "pads": [0, 1, 2, 0], "dilations": [2, 1]}, 1), ({"strides": [2, 2], "pads": [1] * 4}, 4)],
+)
+def test_a_transposed_convolution_after_a_channels_last_convolution_compiles_and_matches(tmp_path, attrs, groups):
+    rng = np.random.default_rng(1)
+    weights = [numpy_helper.from_array(rng.standard_normal((8, 4, 3, 3)).astype(np.float32), "w"),
+               numpy_helper.from_array(rng.standard_normal((8, 8 // groups, 3, 3)).astype(np.float32), "wt"),
+               numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "bt")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1] * 4),
+             helper.make_node("ConvTranspose", ["c", "wt", "bt"], ["y"], group=groups, **attrs)]
+    path = _save(tmp_path, "deconv", nodes, weights, (1, 4, 7, 9), ("n", "c", "h", "w"))
+    host = resolve_target("host")
+    model = load_model(path)
+    fused = fuse(model, host)
+    assert "conv2d_transpose" in str(fused) and _transposes(fused) == 2
+    check_outputs(model, _untuned(fused, host))

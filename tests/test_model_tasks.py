@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
-import pytest
 from onnx import TensorProto, helper
 
-from probtune.errors import ModelImportError
-from probtune.model import extract_tasks, fuse, load_model
+from probtune.model import extract_tasks, fuse, load_model, tune_model
 from probtune.model.examples import IR_VERSION, OPSET
 from probtune.targets import resolve_target
 
@@ -30,7 +29,7 @@ def test_the_encoder_projections_are_one_task(encoder_onnx):
     assert len(hashes) == len(set(hashes))
 
 
-def test_a_model_with_no_tunable_task_is_refused(tmp_path):
+def test_a_model_with_no_tunable_task_has_none_and_compiles_as_it_is(tmp_path):
     graph = helper.make_graph(
         [helper.make_node("Identity", ["x"], ["y"])], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
@@ -39,6 +38,10 @@ def test_a_model_with_no_tunable_task_is_refused(tmp_path):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = IR_VERSION
     onnx.save(model, tmp_path / "identity.onnx")
-    fused = fuse(load_model(tmp_path / "identity.onnx"), resolve_target("host"))
-    with pytest.raises(ModelImportError, match="the model has no tunable task"):
-        extract_tasks(fused)
+    loaded = load_model(tmp_path / "identity.onnx")
+    assert extract_tasks(fuse(loaded, resolve_target("host"))) == []
+    result = tune_model(loaded, "host", trials=4, database=tmp_path / "db.sqlite")
+    assert result.tasks == [] and result.trials == 0
+    x = np.arange(4, dtype=np.float32).reshape(2, 2)
+    compiled = result.compile()
+    np.testing.assert_array_equal(compiled(x)[0], x)

@@ -97,6 +97,32 @@ def test_fewer_trials_than_tasks_leave_the_rest_on_default_programs(small_cnn_on
     assert result.compile().check is not None  # default programs compute the right thing too
 
 
+def test_zero_trials_compile_the_databases_best_programs(cnn_result, small_cnn_onnx):
+    with Database(cnn_result.database) as db:
+        before = db.count()
+    again = tune_model(small_cnn_onnx, trials=0, input_shapes=CNN_SHAPES, database=cnn_result.database, **FAST)
+    assert again.trials == 0 and all(row.trials == 0 for row in again.tasks)
+    assert [row.program for row in again.tasks] == ["tuned"] * len(cnn_result.tasks)
+    assert again.programs.keys() == cnn_result.programs.keys()
+    with Database(cnn_result.database) as db:
+        assert db.count() == before
+    assert again.compile().check is not None
+
+
+def test_a_model_tvm_cannot_compile_is_refused_before_the_first_trial(tmp_path):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 6, 6, 4), "float32"))
+    w = relax.const(np.ones((4, 4, 2, 2), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():  # nothing lowers a transposed convolution with NHWC data and an OIHW kernel
+            out = bb.emit_output(relax.op.nn.conv2d_transpose(x, w, strides=2, data_layout="NHWC", kernel_layout="OIHW"))
+        bb.emit_func_output(out)
+    seen = []
+    with pytest.raises(probtune.ModelCompileError, match=r"TVM cannot compile the model.*conv2d_transpose.*no trial was spent"):
+        tune_model(bb.get(), trials=8, database=tmp_path / "t.db", progress=seen.append, **FAST)
+    assert seen == [] and _count(tmp_path / "t.db") == 0
+
+
 def test_a_second_run_reuses_the_records_of_shared_tasks(cnn_result, small_cnn_onnx):
     with Database(cnn_result.database) as db:
         before = db.count()
@@ -163,8 +189,8 @@ def _count(database) -> int:
 
 
 def test_bad_options_are_named_before_anything_runs(small_cnn_onnx):
-    with pytest.raises(probtune.TuningConfigError, match="trials must be a positive integer"):
-        tune_model(small_cnn_onnx, trials=0, input_shapes=CNN_SHAPES)
+    with pytest.raises(probtune.TuningConfigError, match="trials must be a non-negative integer"):
+        tune_model(small_cnn_onnx, trials=-1, input_shapes=CNN_SHAPES)
     with pytest.raises(ValueError, match="unknown task scheduler"):
         tune_model(small_cnn_onnx, trials=4, input_shapes=CNN_SHAPES, scheduler="fastest")
     with pytest.raises(probtune.UnknownTargetError):

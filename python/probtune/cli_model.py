@@ -23,7 +23,8 @@ def add_model_commands(sub: Any, positive_int: Any, non_negative_int: Any, defau
     tune_p.add_argument("model", help="an ONNX file")
     _input_shape_option(tune_p)
     tune_p.add_argument("--target", default="host", help="target name (see 'probtune targets')")
-    tune_p.add_argument("--trials", type=positive_int, default=defaults.MODEL_TRIALS, help="new measurements over all tasks")
+    tune_p.add_argument("--trials", type=non_negative_int, default=defaults.MODEL_TRIALS,
+                        help="new measurements over all tasks (0: compile from the database's records)")
     tune_p.add_argument("--batch-size", type=positive_int, default=defaults.BATCH_SIZE, help="candidates measured per round")
     tune_p.add_argument("--scheduler", default=defaults.SCHEDULER, choices=["gradient", "round-robin"])
     tune_p.add_argument("--seed", type=int, default=0)

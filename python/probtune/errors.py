@@ -17,6 +17,7 @@ __all__ = [
     "DeviceError",
     "InvalidDecisionError",
     "ModelCheckError",
+    "ModelCompileError",
     "ModelImportError",
     "PluginError",
     "ProbtuneError",
@@ -108,6 +109,10 @@ class ModelImportError(ProbtuneError, ValueError):
     """A model that cannot be imported: not a file, not ONNX, an unsupported operator, an input without a shape."""
 
 
+class ModelCompileError(ProbtuneError):
+    """A model that TVM cannot compile for the target: an operator with no lowering in the layout it was given, say."""
+
+
 class ModelCheckError(ProbtuneError):
     """A compiled model whose outputs differ from the reference's (onnxruntime, or the untuned build)."""
 
@@ -116,6 +121,14 @@ NOT_REPLAYABLE = (ReplayError, InvalidDecisionError, TraceFormatError)
 """What replaying a trace raises when the trace cannot be followed: TVM refused an
 instruction, a decision does not fit, or the trace itself is malformed (a bad
 database row). Whoever replays traces it did not just make catches all three."""
+
+
+def summary(exc: BaseException, limit: int = 600) -> str:
+    """An error's class and message on one line, without TVM's printer notes ('# Metadata omitted...'), cut to ``limit``."""
+    lines = [line.strip() for line in str(exc).splitlines()]
+    text = " ".join(line for line in lines if line and not line.startswith("#")) or type(exc).__name__
+    text = f"{type(exc).__name__}: {text}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def last_line(exc: BaseException) -> str:

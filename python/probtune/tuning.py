@@ -164,10 +164,11 @@ def tune(
     )
 
 
-def check_tuning_options(trials: int, batch_size: int, confirm: int, strategy: str) -> None:
-    """Refuse option values that cannot make a run, naming the option."""
-    if not isinstance(trials, int) or trials <= 0:
-        raise TuningConfigError(f"trials must be a positive integer, got {trials!r}")
+def check_tuning_options(trials: int, batch_size: int, confirm: int, strategy: str, *, minimum_trials: int = 1) -> None:
+    """Refuse option values that cannot make a run, naming the option (a model may take 0 trials: compile only)."""
+    if not isinstance(trials, int) or trials < minimum_trials:
+        kind = "a positive integer" if minimum_trials > 0 else "a non-negative integer"
+        raise TuningConfigError(f"trials must be {kind}, got {trials!r}")
     if batch_size <= 0:
         raise TuningConfigError(f"batch_size must be positive, got {batch_size!r}")
     if not isinstance(confirm, int) or confirm < 0:

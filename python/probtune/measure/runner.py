@@ -36,6 +36,7 @@ __all__ = ["LocalRunner", "local_device_name", "prepare_reference", "save_refere
 
 _STARTUP_TIMEOUT = 120.0  # importing TVM takes about a second; minutes mean something is broken
 CPU_DEVICE = 1  # DLPack's device type of the host CPU
+NAME_CHARS = 64  # of a workload's name in its reference's file name (with the digest, far below the 255 allowed)
 
 
 def prepare_reference(
@@ -69,10 +70,12 @@ def save_reference(
     """Save ``arrays`` (``input_0``.., ``output_0``..) for the runner, in a file named by ``name`` and a digest of them.
 
     The digest in the name lets a runner that caches references by path never
-    confuse two of them; a file already there is the same content.
+    confuse two of them; a file already there is the same content. The name's
+    part is cut to :data:`NAME_CHARS`: a fused task of a real model can be named
+    by hundreds of operators, more than a file name may hold.
     """
     digest = hashlib.sha256("".join(f"{key}:{sha256(array)};" for key, array in arrays.items()).encode())
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:NAME_CHARS]
     path = Path(workdir).resolve() / f"reference-{slug}-{digest.hexdigest()[:16]}.npz"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)

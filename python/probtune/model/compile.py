@@ -14,7 +14,7 @@ from tvm import relax
 
 from probtune._core import Rng
 from probtune.codegen import compile_for, export_with
-from probtune.errors import NOT_REPLAYABLE
+from probtune.errors import NOT_REPLAYABLE, ModelCompileError, summary, warn_caller
 from probtune.interfaces import Compiler, TargetSpec
 from probtune.model.check import CheckReport, outputs_to_numpy
 from probtune.model.importer import InputSpec
@@ -23,7 +23,7 @@ from probtune.model.prepack import prepack_weights
 from probtune.model.threads import PoolThread
 from probtune.space import DesignSpace
 
-__all__ = ["CompiledModel", "checked_inputs", "compile_model", "default_program", "export_model"]
+__all__ = ["CompiledModel", "checked_inputs", "compile_model", "default_program", "default_programs", "export_model"]
 
 DEFAULT_DRAWS = 64  # draws of a task's space tried for a valid default program
 
@@ -37,14 +37,20 @@ def compile_model(
     except that a layout copy of a constant weight is made once, here (:mod:`probtune.model.prepack`), and
     an output that may overwrite an input read element for element (a residual) does so (:mod:`probtune.model.inplace`).
     Returns the executable, how many weights were packed so and how many calls write in place.
+    Raises :class:`ModelCompileError` if TVM cannot compile the result.
     """
-    mod, programs, prepacked = prepack_weights(fused, programs, tvm.target.Target(target.tvm_target))
-    functions = dict(mod.functions)
-    for name, program in programs.items():
-        func = program["main"].with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True)
-        functions[mod.get_global_var(name)] = func
-    mod, in_place = write_in_place(tvm.IRModule(functions, attrs=mod.attrs))
-    return compile_for(mod, target), prepacked, in_place
+    try:
+        mod, programs, prepacked = prepack_weights(fused, programs, tvm.target.Target(target.tvm_target))
+        functions = dict(mod.functions)
+        for name, program in programs.items():
+            func = program["main"].with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True)
+            functions[mod.get_global_var(name)] = func
+        mod, in_place = write_in_place(tvm.IRModule(functions, attrs=mod.attrs))
+        return compile_for(mod, target), prepacked, in_place
+    except Exception as exc:
+        raise ModelCompileError(
+            f"TVM cannot compile the model for target {target.name!r}: {summary(exc)}"
+        ) from exc
 
 
 def export_model(compiler: Compiler | None, executable: Any, path: str | os.PathLike[str]) -> Path:
@@ -72,6 +78,24 @@ def default_program(space: DesignSpace, seed: int = 0) -> tvm.IRModule | None:
         if rejected is None:
             return sch.mod
     return None
+
+
+def default_programs(
+    tasks: Sequence[tuple[Sequence[str], DesignSpace, tvm.IRModule]], seed: int = 0
+) -> dict[str, tvm.IRModule]:
+    """Each fused function's program when its task has no correct record: ``(functions, space, workload module)``.
+
+    A space with no valid draw falls back to the task's own unscheduled
+    program (TVM's plain loops: correct, slow), with a warning naming it.
+    """
+    programs: dict[str, tvm.IRModule] = {}
+    for functions, space, unscheduled in tasks:
+        program = default_program(space, seed)
+        if program is None:
+            warn_caller(f"no draw of the space of {functions[0]} is valid: it is compiled as TVM lowers it, untuned")
+            program = unscheduled
+        programs.update({name: program for name in functions})
+    return programs
 
 
 class CompiledModel:

@@ -6,7 +6,10 @@ the model's own layout meets them. It cannot see into a ``call_tir``: an
 importer that lowers an operator straight to TIR (the ONNX frontend does so
 for Clip, i.e. every ReLU6) would leave a transpose pair around each such
 call. A call whose PrimFunc is exactly what a Relax elementwise operator
-legalizes to is therefore first lifted back to that operator.
+legalizes to is therefore first lifted back to that operator. Likewise an
+elementwise operator that ``ConvertLayout`` has no rule for (``clip``: every
+hard-swish and hard-sigmoid; ``leakyrelu``) is first written as operators it
+converts.
 """
 
 from __future__ import annotations
@@ -29,6 +32,29 @@ def convert_layouts(mod: tvm.IRModule, layouts: Mapping[str, Sequence[str]]) -> 
         return mod
     desired = {op: list(names) for op, names in layouts.items()}
     return relax.transform.ConvertLayout(desired)(lift_elementwise_calls(mod))
+
+
+def _clip(call: relax.Call) -> relax.Expr | None:
+    """``clip(x, lo, hi)`` as ``maximum(minimum(x, hi), lo)``: TOPI's clip, in operators with a layout rule."""
+    x, lo, hi = call.args
+    dtype = x.ty.dtype
+    return relax.op.maximum(relax.op.minimum(x, relax.const(float(hi.value), dtype)), relax.const(float(lo.value), dtype))
+
+
+def _leakyrelu(call: relax.Call) -> relax.Expr | None:
+    """``leakyrelu(x, a)`` as ``maximum(x, x * a)``, equal where ``0 <= a <= 1`` (the slope every exporter writes)."""
+    alpha = float(call.attrs.alpha)
+    if not 0.0 <= alpha <= 1.0:
+        return None
+    x = call.args[0]
+    return relax.op.maximum(x, relax.op.multiply(x, relax.const(alpha, x.ty.dtype)))
+
+
+DECOMPOSED: dict[str, Callable[[relax.Call], relax.Expr | None]] = {
+    "relax.clip": _clip,
+    "relax.nn.leakyrelu": _leakyrelu,
+}
+"""Elementwise Relax operators without a ``ConvertLayout`` rule, and how each is written in operators with one."""
 
 
 def lift_elementwise_calls(mod: tvm.IRModule) -> tvm.IRModule:
@@ -81,6 +107,11 @@ class _Lift(relax.PyExprMutator):  # type: ignore[misc]
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
+        decompose = DECOMPOSED.get(call.op.name) if isinstance(call.op, tvm.ir.Op) else None
+        written = decompose(call) if decompose is not None else None
+        if written is not None:
+            self.lifted += 1
+            return written
         if not call.op.same_as(self.call_tir) or not isinstance(call.args[1], relax.Tuple):
             return call
         callee = self.mod[call.args[0]]

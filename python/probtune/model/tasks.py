@@ -17,10 +17,10 @@ import tvm_ffi
 from tvm import relax
 
 from probtune.constant_layouts import LAYOUT_FREE_ATTR, layout_free_params
-from probtune.errors import ModelImportError
 from probtune.interfaces import GraphRewrite, TargetSpec
 from probtune.model.importer import Model
 from probtune.model.layouts import convert_layouts
+from probtune.model.legalize import legalize
 from probtune.model.prepack import constant_arguments
 from probtune.model.rewrites import REWRITES_ATTR, apply_graph_rewrites
 from probtune.workload import Workload
@@ -57,19 +57,21 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
     """The model in the target's layouts (:mod:`probtune.model.layouts`), through its graph rewrites (or
     ``rewrites``; :mod:`probtune.model.rewrites`), legalized and fused by TVM's "zero" pipeline.
 
-    The pipeline legalizes, folds the transposed weights into constants, and
-    fuses operators and TIR. The fused module records what each rewrite changed.
+    The pipeline legalizes (:mod:`probtune.model.legalize` first, for what the
+    layout pass makes that TVM does not lower), folds the transposed weights
+    into constants, and fuses operators and TIR. The fused module records what
+    each rewrite changed.
     """
     mod, counts = apply_graph_rewrites(convert_layouts(model.mod, target.layouts), target, rewrites)
     with tvm.target.Target(target.tvm_target):
-        fused = relax.get_pipeline("zero")(mod)
+        fused = relax.get_pipeline("zero")(legalize(mod))
     return fused.with_attr(REWRITES_ATTR, counts) if counts else fused
 
 
 def extract_tasks(fused: tvm.IRModule) -> list[ModelTask]:
     """One task per distinct PrimFunc called from the fused module's Relax functions, heaviest first.
 
-    Raises :class:`ModelImportError` if nothing in the model is a tunable call.
+    A model with no such call (it only reshapes, say) has no task: it is compiled as it is.
     """
     calls = _call_sites(fused)
     constant = constant_arguments(fused)
@@ -85,8 +87,6 @@ def extract_tasks(fused: tvm.IRModule) -> list[ModelTask]:
         key = workload.structural_hash
         by_structure.setdefault(key, []).append(gv.name_hint)
         workloads.setdefault(key, workload)
-    if not workloads:
-        raise ModelImportError("the model has no tunable task: no operator of it becomes a TIR function")
     tasks = [
         ModelTask(workloads[key], sum(calls[name] for name in names), tuple(sorted(names)))
         for key, names in by_structure.items()

@@ -21,10 +21,10 @@ from probtune.defaults import (
     RUN_TIMEOUT,
     SCHEDULER,
 )
-from probtune.errors import warn_caller
+from probtune.errors import ModelCompileError, warn_caller
 from probtune.interfaces import Builder, CostModel, Runner, TargetSpec
 from probtune.model.check import check_outputs
-from probtune.model.compile import CompiledModel, compile_model, default_program
+from probtune.model.compile import CompiledModel, compile_model, default_programs
 from probtune.model.importer import Model, ShapeArg, load_model
 from probtune.model.remote import RemoteModel
 from probtune.model.rewrites import rewrite_counts
@@ -101,8 +101,16 @@ class ModelTuneResult:
         mismatch raises :class:`~probtune.errors.ModelCheckError`; the report is ``compiled.check``.
         ``on`` a runner with ``request_session`` (an ``RPCRunner``): the model is
         uploaded to one of its servers and runs, is checked and timed there.
+        A model TVM cannot compile raises :class:`~probtune.errors.ModelCompileError`;
+        the tuned records stay in the database.
         """
-        executable, prepacked, in_place = compile_model(self.fused, self.programs, self.target)
+        try:
+            executable, prepacked, in_place = compile_model(self.fused, self.programs, self.target)
+        except ModelCompileError as exc:
+            raise ModelCompileError(
+                f"{exc}. The tuned records are kept in {self.database}: to compile again without tuning, run "
+                f"tune_model with trials=0 (probtune tune-model ... --trials 0 --database {self.database})"
+            ) from exc
         threads = num_threads or self.target.num_cores
         compiled: CompiledModel | RemoteModel
         if on is not None:
@@ -165,8 +173,13 @@ def tune_model(
     ``builder`` and ``runner`` are as for :func:`probtune.tune`.
     ``graph_rewrites`` names the graph rewrites applied to the model before it
     is fused into tasks; None is the target's (``TargetSpec.graph_rewrites``).
+
+    Before the first trial the model is compiled once with each task's
+    default program, so that a model TVM cannot compile raises
+    :class:`~probtune.errors.ModelCompileError` before the budget is spent.
+    ``trials=0`` tunes nothing: the model takes the database's best programs.
     """
-    check_tuning_options(trials, batch_size, confirm, strategy)
+    check_tuning_options(trials, batch_size, confirm, strategy, minimum_trials=0)
     started = time.perf_counter()
     if not isinstance(model, Model):
         model = load_model(model, input_shapes)
@@ -174,6 +187,16 @@ def tune_model(
     chooser = make_scheduler(scheduler)
     fused = fuse(model, spec, graph_rewrites)
     tasks = extract_tasks(fused)
+    fallback = default_programs(
+        [(task.functions, generate_space(task.workload, spec, seed=seed), task.workload.mod) for task in tasks], seed
+    )
+    try:
+        compile_model(fused, fallback, spec)
+    except ModelCompileError as exc:
+        raise ModelCompileError(
+            f"{exc}. Found by compiling the model with default programs before tuning: no trial was spent. Replace "
+            "the operator it names in the model (or report it), or try another target"
+        ) from exc
     cost = resolve_cost_model(cost_model, seed) if strategy == "evolutionary" else None
     options = search_options or {}
     if cache_flush is None and (runner is None or isinstance(runner, str)):
@@ -189,7 +212,7 @@ def tune_model(
                 for session in sessions.opened():
                     if session.measured:
                         pipeline.confirm(session, confirm)
-            rows, programs = _results(pipeline, sessions, tasks, seed)
+            rows, programs = _results(pipeline, sessions, tasks, fallback)
         database_path = pipeline.db.path
         search_seconds = sum(s.search_seconds for s in sessions.opened())
         measure_seconds = pipeline.measure_seconds
@@ -250,7 +273,7 @@ class _Sessions:
 
 def _warn_unreached(tasks: list[ModelTask], rows: list[TaskProgress], trials: int) -> None:
     untuned = [task.name for task, row in zip(tasks, rows) if not row.rounds]
-    if len(untuned) > trials:
+    if len(untuned) > trials > 0:
         warn_caller(
             f"{trials} trials cannot reach all {len(untuned)} untuned tasks of the model: the lightest "
             f"{len(untuned) - trials} get none and are compiled with a default program (see the task table)"
@@ -258,21 +281,19 @@ def _warn_unreached(tasks: list[ModelTask], rows: list[TaskProgress], trials: in
 
 
 def _results(
-    pipeline: MeasurePipeline, sessions: _Sessions, tasks: list[ModelTask], seed: int
+    pipeline: MeasurePipeline, sessions: _Sessions, tasks: list[ModelTask], fallback: dict[str, tvm.IRModule]
 ) -> tuple[list[TaskRow], dict[str, tvm.IRModule]]:
-    """A row per task and the program of each fused PrimFunc: its best correct record's, or a default."""
+    """A row per task and the program of each fused PrimFunc: its best correct record's, or its ``fallback``."""
     db, target = pipeline.db, pipeline.target
     found: list[tuple[ModelTask, Any, int, int]] = []
     programs: dict[str, tvm.IRModule] = {}
     for index, task in enumerate(tasks):
         opened = sessions.get(index)
-        space = opened.space if opened else generate_space(task.workload, target, seed=seed)
         workload_id = sessions.workload_ids[index]
-        best = best_replayable(db, workload_id, target, space)
-        program = best.program if best else default_program(space, seed)
-        if program is None:
-            raise RuntimeError(f"task {task.name}: no record replays and no draw of its space is valid")
-        programs.update({name: program for name in task.functions})
+        best = best_replayable(db, workload_id, target, opened.space) if opened else None
+        if best is None and not opened and db.count(workload_id, target.name):
+            best = best_replayable(db, workload_id, target, generate_space(task.workload, target, seed=sessions.seed))
+        programs.update({name: best.program if best else fallback[name] for name in task.functions})
         found.append((task, best, opened.measured if opened else 0, db.count(workload_id, target.name)))
     total = sum(task.weight * best.record.mean_latency for task, best, _, _ in found if best)
     rows = [
