@@ -325,3 +325,70 @@ def test_integer_inputs_are_valid_indices_so_an_embedding_lookup_is_tuned_correc
     assert index.min() >= 0 and index.max() <= 4 and len(set(index.tolist())) > 1
     result = probtune.tune(work, trials=4, database=tmp_path / "t.db", batch_size=4, confirm=0)
     assert result.statuses["ok"] == result.measured > 0
+
+
+def _normalize_by_a_given_variance() -> Workload:
+    """What a real text recognizer's layer-norm task is: the variance comes in as an input, under a square root."""
+    from tvm import te
+
+    x = te.placeholder((4, 64), name="x")
+    mean = te.placeholder((4, 1), name="mean")
+    var = te.placeholder((4, 1), name="var")
+    y = te.compute(x.shape, lambda i, j: (x[i, j] - mean[i, 0]) / te.sqrt(var[i, 0] + 1e-5), name="y")
+    return Workload.from_module(te.create_prim_func([x, mean, var, y]), name="normalize")
+
+
+def test_a_check_draws_inputs_where_the_function_is_defined() -> None:
+    work = _normalize_by_a_given_variance()
+    assert np.isnan(work.reference_outputs(work.random_inputs(0))[0]).any()  # U(-1, 1): negative variances
+    inputs, outputs = work.reference_case(0)
+    assert inputs[2].min() >= 0 and np.isfinite(outputs[0]).all()
+    np.testing.assert_allclose(inputs[0], (work.random_inputs(0)[0] + 1) / 2, rtol=1e-6)  # the same draws, moved
+
+
+def test_a_function_defined_nowhere_on_the_ranges_keeps_the_draw_with_fewest_nans() -> None:
+    from tvm import te
+
+    x = te.placeholder((64,), name="x")
+    y = te.compute(x.shape, lambda i: te.sqrt(x[i] - 1.5), name="y")  # NaN below 1.5: half of U(1, 2) still
+    work = Workload.from_module(te.create_prim_func([x, y]), name="sqrt_shifted")
+    inputs, outputs = work.reference_case(0)
+    assert inputs[0].min() >= 1.0 and 0 < np.isnan(outputs[0]).sum() < 64
+
+
+def test_the_tolerance_admits_reordered_sums_through_an_epilogue_but_not_a_missing_term() -> None:
+    """A convolution with a hard-swish-like epilogue that zeroes most outputs (their RMS is small, but not the
+    error the epilogue carries where it is steep); a program summing in another order must pass, one that drops
+    a sliver of its sums must not."""
+    from tvm import te, topi
+
+    x = te.placeholder((1, 8, 8, 256), name="x")
+    w = te.placeholder((3, 3, 256, 16), name="w")
+    conv = topi.nn.conv2d_nhwc(x, w, 1, 1, 1)
+    out = te.compute(conv.shape, lambda *i: conv(*i) * te.min(te.max(conv(*i) - 20.0, 0.0), 6.0) / 6.0, name="hs")
+    work = Workload.from_module(te.create_prim_func([x, w, out]), name="conv_gated")
+    inputs, (want,) = work.reference_case(0)
+    rtol, atol = work.tolerance([want], work.rounding_change(inputs, [want]))
+    padded = np.pad(inputs[0], ((0, 0), (1, 1), (1, 1), (0, 0)))
+
+    def program(blocks: range) -> np.ndarray:  # float32 sums over 16-channel blocks, in the order given
+        summed = np.zeros(want.shape, np.float32)
+        for c in blocks:
+            for i in range(3):
+                for j in range(3):
+                    summed += np.einsum("nhwc,ck->nhwk", padded[:, i:i + 8, j:j + 8, c:c + 16], inputs[1][i, j, c:c + 16])
+        return summed * np.clip(summed - np.float32(20.0), 0, 6) / np.float32(6.0)
+
+    def admitted(got: np.ndarray) -> bool:
+        return bool(np.all(np.abs(got - want) <= atol + rtol * np.abs(want)))
+
+    assert admitted(program(range(240, -1, -16)))
+    assert not admitted(program(range(0, 240, 16)))  # the last 16 of 2304 terms missing
+
+
+def test_a_task_that_takes_a_variance_is_tuned_not_refused(tmp_path) -> None:
+    import probtune
+
+    result = probtune.tune(_normalize_by_a_given_variance(), trials=4, database=tmp_path / "t.db", batch_size=4,
+                           confirm=0)
+    assert result.statuses["ok"] == result.measured > 0

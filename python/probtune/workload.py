@@ -35,6 +35,19 @@ __all__ = [
 ReferenceFn = Callable[..., list[np.ndarray]]
 
 _UINT64_MASK = (1 << 64) - 1
+INPUT_RANGES = ((-1.0, 1.0), (0.0, 1.0), (1.0, 2.0))
+"""Where a check draws float inputs, in order: the first range in which the reference's outputs are all finite.
+
+U(-1, 1) leaves the domain of a square root, a logarithm or a variance; the
+same draws moved into (0, 1) or (1, 2) bring such a function (an acosh
+too) back into it."""
+REORDERING = 0.5
+"""Allowed error of an output, in units of ``sqrt(K)`` times its change when every input moves by one rounding.
+
+Reordering a sum of ``K`` rounded terms moves it by about ``eps * sqrt(K)``
+times its terms' size, and an epilogue (a hard-swish, a division) carries
+that through as it carries a change of the inputs; measuring the latter on
+the reference itself bounds the former wherever the outputs' own size does not."""
 _INTEGER_TEXT = re.compile(r"-?[0-9]+")  # signed, so a negative size gets a clear message
 _SHAPE_SEPARATORS = re.compile(r"\s*[,xX×]\s*|\s+")  # noqa: RUF001 - the multiplication sign is accepted
 
@@ -101,6 +114,42 @@ class Workload:
         """Input arrays that depend only on ``seed``: floats ~ U(-1, 1), ints in [0, 4]."""
         return random_inputs(seed, self.param_specs()[: self.num_inputs])
 
+    def reference_case(self, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Inputs of ``seed`` where the function is defined (:data:`INPUT_RANGES`), and their reference outputs.
+
+        Where no range gives all-finite outputs, the one that gives fewest
+        non-finite values; a check then expects them at the same positions.
+        """
+        drawn = self.random_inputs(seed)
+        fewest: tuple[int, list[np.ndarray], list[np.ndarray]] | None = None
+        for low, high in INPUT_RANGES:
+            inputs = [_moved(array, low, high) for array in drawn]
+            outputs = self.reference_outputs(inputs)
+            bad = sum(int(np.size(a) - np.isfinite(a).sum()) for a in outputs if np.issubdtype(a.dtype, np.floating))
+            if bad == 0:
+                return inputs, outputs
+            if fewest is None or bad < fewest[0]:
+                fewest = (bad, inputs, outputs)
+        assert fewest is not None
+        return fewest[1], fewest[2]
+
+    def rounding_change(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray], seed: int = 0) -> float:
+        """The largest change of a finite output when every float input moves by one rounding (a relative ``eps``)."""
+        rng = np.random.default_rng(seed)
+        moved = [
+            (a * (1 + np.finfo(a.dtype).eps * rng.uniform(-1.0, 1.0, a.shape))).astype(a.dtype)
+            if np.issubdtype(a.dtype, np.floating) else a
+            for a in inputs
+        ]
+        largest = 0.0
+        for before, after in zip(outputs, self.reference_outputs(moved)):
+            if np.issubdtype(np.asarray(before).dtype, np.floating):
+                with np.errstate(invalid="ignore"):
+                    change = np.abs(np.asarray(after, np.float64) - np.asarray(before, np.float64))
+                finite = change[np.isfinite(change)]
+                largest = max(largest, float(finite.max(initial=0.0)))
+        return largest
+
     def reference_outputs(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Correct outputs for ``inputs``: numpy reference, else the untuned module run by TVM."""
         self._check_inputs(inputs)
@@ -108,7 +157,9 @@ class Workload:
             return list(self.reference(*inputs))
         return self._run_untuned(inputs)
 
-    def tolerance(self, expected: Sequence[np.ndarray] | None = None) -> tuple[float, float]:
+    def tolerance(
+        self, expected: Sequence[np.ndarray] | None = None, rounding_change: float = 0.0
+    ) -> tuple[float, float]:
         """(rtol, atol) for comparing tuned outputs with ``expected`` (0, 0 for integers).
 
         Tuning reorders floating-point reductions, so the allowed error grows with the
@@ -121,7 +172,8 @@ class Workload:
         built-in workloads against float64 references. Where the reductions accumulate in
         a wider type than the outputs (float16 products summed in float32), the growth
         term takes the accumulator's ``eps`` and the final rounding adds a few of the
-        output's.
+        output's. Given :meth:`rounding_change` of the expected outputs, ``atol`` is
+        at least :data:`REORDERING` ``* sqrt(K)`` times it.
         """
         dtypes = {np.dtype(dtype) for _, dtype in self.param_specs()[self.num_inputs :]}
         float_dtypes = [dtype for dtype in dtypes if np.issubdtype(dtype, np.floating)]
@@ -133,7 +185,8 @@ class Workload:
         rounding = 4 * eps if eps > summed else 0.0
         growth = math.sqrt(longest)
         scale = self._typical_output_scale if expected is None else _rms(expected)
-        return summed * (64 + 16 * growth) + rounding, (summed * (16 + 4 * growth) + rounding) * scale
+        atol = max((summed * (16 + 4 * growth) + rounding) * scale, REORDERING * growth * rounding_change)
+        return summed * (64 + 16 * growth) + rounding, atol
 
     @classmethod
     def from_module(
@@ -322,10 +375,18 @@ def _static_param_spec(name: str, param: tvm.tirx.Var) -> tuple[tuple[int, ...],
 
 
 def _rms(arrays: Sequence[np.ndarray]) -> float:
-    """Root-mean-square magnitude of all elements of ``arrays`` together."""
-    total = sum(float(np.sum(np.square(a, dtype=np.float64))) for a in arrays)
-    count = sum(a.size for a in arrays)
+    """Root-mean-square magnitude of the finite elements of ``arrays`` together."""
+    finite = [a[np.isfinite(a)] for a in (np.asarray(a, np.float64) for a in arrays)]
+    total = sum(float(np.sum(np.square(a))) for a in finite)
+    count = sum(a.size for a in finite)
     return math.sqrt(total / count) if count else 0.0
+
+
+def _moved(array: np.ndarray, low: float, high: float) -> np.ndarray:
+    """A float ``array`` drawn from U(-1, 1) moved linearly into U(low, high); other arrays as they are."""
+    if not np.issubdtype(array.dtype, np.floating) or (low, high) == (-1.0, 1.0):
+        return array
+    return (low + (array.astype(np.float64) + 1.0) * (high - low) / 2.0).astype(array.dtype)
 
 
 def _estimate_flops(mod: tvm.IRModule) -> float | None:

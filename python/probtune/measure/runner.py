@@ -43,8 +43,8 @@ def prepare_reference(
     workload: Workload, workdir: str | os.PathLike[str], seed: int = 0
 ) -> MeasureReference:
     """Compute the reference outputs once, in the tuning process, and save them for the runner (:func:`save_reference`)."""
-    inputs = [np.asarray(array, order="C") for array in workload.random_inputs(seed)]
-    outputs = list(workload.reference_outputs(inputs))
+    drawn, outputs = workload.reference_case(seed)
+    inputs = [np.asarray(array, order="C") for array in drawn]
     output_specs = workload.param_specs()[workload.num_inputs :]
     if len(outputs) != len(output_specs):
         raise ValueError(
@@ -60,7 +60,8 @@ def prepare_reference(
                 f"the program's output has {shape}"
             )
         arrays[f"output_{i}"] = np.asarray(array, dtype=dtype, order="C")
-    rtol, atol = workload.tolerance(outputs)  # scaled by these outputs, not by those of another seed's inputs
+    # scaled by these outputs, not by those of another seed's inputs
+    rtol, atol = workload.tolerance(outputs, workload.rounding_change(inputs, outputs, seed))
     return save_reference(arrays, workload.name, workdir, workload.num_inputs, float(rtol), float(atol))
 
 

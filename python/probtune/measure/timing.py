@@ -246,7 +246,10 @@ def describe_error(error: BaseException) -> str:
 def first_mismatch(
     actual: Sequence[np.ndarray], expected: Sequence[np.ndarray | SampledOutput], rtol: float, atol: float
 ) -> str | None:
-    """Why the first wrong output is wrong, or None when all match (a NaN never matches).
+    """Why the first wrong output is wrong, or None when all match.
+
+    A NaN matches only a NaN of the reference (a function outside its domain
+    there, as onnxruntime's own tests compare); an infinity only the same one.
 
     A :class:`SampledOutput` is compared at its positions only.
     """
@@ -255,13 +258,15 @@ def first_mismatch(
             out, ref = out.reshape(-1)[known.positions], known.values
         else:
             ref = known
-        if np.allclose(out, ref, rtol=rtol, atol=atol, equal_nan=False):
+        if np.allclose(out, ref, rtol=rtol, atol=atol, equal_nan=True):
             continue
         with np.errstate(invalid="ignore"):
             error = np.abs(out.astype(np.float64) - ref.astype(np.float64))
-        nans = int(np.isnan(error).sum())
-        if nans:
-            return f"{nans} NaN value(s) in output {index}"
+        got_nan, want_nan = np.isnan(out.astype(np.float64)), np.isnan(ref.astype(np.float64))
+        if (got_nan != want_nan).any():
+            return (f"{int((got_nan & ~want_nan).sum())} NaN value(s) in output {index} where the reference has "
+                    f"numbers, {int((want_nan & ~got_nan).sum())} number(s) where it has NaN")
+        error[got_nan] = 0.0  # NaNs in the same places, or infinities of the same sign
         return (
             f"max abs error {error.max():.3g} exceeds tolerance "
             f"(rtol {rtol:g}, atol {atol:g}) in output {index}"
