@@ -18,9 +18,12 @@ def test_tune_model_exports_and_run_model_compares(small_cnn_onnx, tmp_path, cap
     output = tmp_path / "cnn.so"
     code = main(["tune-model", str(small_cnn_onnx), "--input-shape", "x=1,3,16,16", "--trials", "8",
                  "--batch-size", "4", "--confirm", "0", "--database", str(tmp_path / "t.db"), "--output", str(output)])
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert code == 0, out
     assert "outputs match onnxruntime" in out and "share" in out and f"written: {output}" in out
+    assert "compiling the model once with default programs" in captured.err  # what it does outside its trials
+    assert "checking the compiled model's outputs against onnxruntime" in captured.err
     assert output.is_file() and (tmp_path / "cnn.so.json").is_file()
 
     assert main(["run-model", str(output), "--compare-onnx", str(small_cnn_onnx), "--input-shape", "x=1,3,16,16",
@@ -58,3 +61,13 @@ def test_run_model_without_inputs_file_says_what_to_give(tmp_path, capsys):
     compiled.write_bytes(b"not a library")
     assert main(["run-model", str(compiled)]) == 2
     assert "give the model's inputs with --compare-onnx" in capsys.readouterr().err
+
+
+def test_an_unexpected_failure_is_a_sentence_not_a_traceback(small_cnn_onnx, tmp_path, capsys, monkeypatch):
+    def broken(*args, **kwargs):
+        raise KeyError(0)
+
+    monkeypatch.setattr("probtune.model.load_model", broken)
+    assert main(["tune-model", str(small_cnn_onnx), "--input-shape", "x=1,3,16,16", "--trials", "4"]) == 3
+    err = capsys.readouterr().err
+    assert "probtune failed unexpectedly (KeyError: 0); this is a bug in probtune" in err and "Traceback" not in err

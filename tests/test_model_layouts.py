@@ -178,3 +178,22 @@ def test_a_transposed_convolution_after_a_channels_last_convolution_compiles_and
     fused = fuse(model, host)
     assert "conv2d_transpose" in str(fused) and _transposes(fused) == 2
     check_outputs(model, _untuned(fused, host))
+
+
+def test_a_model_tvms_layout_pass_fails_on_keeps_its_layouts_and_compiles(tmp_path):
+    """TVM's ConvertLayout crashes on a Dropout's tuple (and a variadic Max): the model keeps NCHW, with a warning."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1] * 4),
+             helper.make_node("Dropout", ["c"], ["d"]),
+             helper.make_node("Max", ["d", "c", "x4"], ["y"])]
+    graph = helper.make_graph(nodes, "dropout", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6]),
+                                                 helper.make_tensor_value_info("x4", TensorProto.FLOAT, [1, 4, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])], weights)
+    onnx.save(make_model(graph), tmp_path / "dropout.onnx")
+    host = resolve_target("host")
+    model = load_model(tmp_path / "dropout.onnx")
+    with pytest.warns(UserWarning, match="keeps its own data layouts: TVM's ConvertLayout failed"):
+        fused = fuse(model, host)
+    assert all("conv2d_nchw" in task.workload.mod.script() for task in extract_tasks(fused) if "conv" in task.name)
+    check_outputs(model, _untuned(fused, host))

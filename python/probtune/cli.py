@@ -206,8 +206,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from probtune.errors import ProbtuneError
+    from probtune.errors import ProbtuneError, summary
 
+    _show_stages()
     formatwarning = warnings.formatwarning
     with warnings.catch_warnings():
         warnings.simplefilter("always")
@@ -217,8 +218,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ProbtuneError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        except Exception as exc:  # a user sees a sentence, not a traceback (PROBTUNE_TRACEBACK=1 shows it)
+            if os.environ.get("PROBTUNE_TRACEBACK"):
+                raise
+            print(f"error: probtune failed unexpectedly ({summary(exc)}); this is a bug in probtune: please report it "
+                  "with the command and the model (PROBTUNE_TRACEBACK=1 shows where it failed)", file=sys.stderr)
+            return 3
         finally:
             warnings.formatwarning = formatwarning  # main() may be called from a program (or a test) that goes on
+
+
+def _show_stages() -> None:
+    """Print what a model's run does between and after its trials (``probtune.model``'s INFO log), once."""
+    import logging
+
+    class ToStderr(logging.StreamHandler):  # type: ignore[type-arg]
+        """Writes to whatever ``sys.stderr`` is at the time (a test or a caller may have replaced it)."""
+
+        @property  # type: ignore[override]
+        def stream(self) -> object:
+            return sys.stderr
+
+        @stream.setter
+        def stream(self, value: object) -> None:
+            pass
+
+    stages = logging.getLogger("probtune.model")
+    if not stages.handlers:
+        handler = ToStderr()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        stages.addHandler(handler)
+        stages.setLevel(logging.INFO)
 
 
 if __name__ == "__main__":

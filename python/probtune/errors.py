@@ -124,11 +124,16 @@ database row). Whoever replays traces it did not just make catches all three."""
 
 
 def summary(exc: BaseException, limit: int = 600) -> str:
-    """An error's class and message on one line, without TVM's printer notes ('# Metadata omitted...'), cut to ``limit``."""
+    """An error's class and message on one line, without TVM's printer notes ('# Metadata omitted...').
+
+    A message longer than ``limit`` loses its middle: TVM says what failed
+    first, onnxruntime last (after the source location).
+    """
     lines = [line.strip() for line in str(exc).splitlines()]
     text = " ".join(line for line in lines if line and not line.startswith("#")) or type(exc).__name__
     text = f"{type(exc).__name__}: {text}"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    head = (limit - 5) * 2 // 5
+    return text if len(text) <= limit else f"{text[:head]} ... {text[len(text) - (limit - 5 - head):]}"
 
 
 def last_line(exc: BaseException) -> str:

@@ -20,6 +20,8 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
+from probtune.errors import summary, warn_caller
+
 __all__ = ["convert_layouts", "lift_elementwise_calls"]
 
 LIFTABLE: tuple[Callable[..., relax.Expr], ...] = (relax.op.maximum, relax.op.minimum)
@@ -27,11 +29,34 @@ LIFTABLE: tuple[Callable[..., relax.Expr], ...] = (relax.op.maximum, relax.op.mi
 
 
 def convert_layouts(mod: tvm.IRModule, layouts: Mapping[str, Sequence[str]]) -> tvm.IRModule:
-    """``mod`` with the operators named in ``layouts`` (and what lies between them) in those layouts."""
-    if not layouts:
+    """``mod`` with the operators named in ``layouts`` (and what lies between them) in those layouts.
+
+    A model without such an operator is left as it is. Where TVM's pass
+    fails on the model (its layout rules crash on some operators: a variadic
+    maximum, a dropout's tuple), the model keeps its own layouts, with a warning.
+    """
+    if not layouts or not _calls_any(mod, set(layouts)):
         return mod
     desired = {op: list(names) for op, names in layouts.items()}
-    return relax.transform.ConvertLayout(desired)(lift_elementwise_calls(mod))
+    try:
+        return relax.transform.ConvertLayout(desired)(lift_elementwise_calls(mod))
+    except Exception as exc:  # noqa: BLE001 - TVM's InternalError from an operator's layout rule
+        warn_caller(f"the model keeps its own data layouts: TVM's ConvertLayout failed on it ({summary(exc, 300)})")
+        return mod
+
+
+def _calls_any(mod: tvm.IRModule, names: set[str]) -> bool:
+    """Whether a Relax function of ``mod`` calls one of the operators ``names``."""
+    found = False
+
+    def visit(call: relax.Call) -> None:
+        nonlocal found
+        found = found or (isinstance(call.op, tvm.ir.Op) and call.op.name in names)
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            tvm_ffi.structural_walk(func, (relax.Call, visit))
+    return found
 
 
 def _clip(call: relax.Call) -> relax.Expr | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Sequence
@@ -39,6 +40,8 @@ from probtune.tuning import check_tuning_options
 __all__ = ["ModelTuneResult", "TaskRow", "tune_model"]
 
 TUNED, DEFAULT = "tuned", "default"
+log = logging.getLogger("probtune.model")
+"""What a model's run is doing outside its trials (compiling, confirming, checking), at INFO; the CLI shows it."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,7 @@ class ModelTuneResult:
         A model TVM cannot compile raises :class:`~probtune.errors.ModelCompileError`;
         the tuned records stay in the database.
         """
+        log.info("compiling the model with the programs of its %d tasks", len(self.tasks))
         try:
             executable, prepacked, in_place = compile_model(self.fused, self.programs, self.target)
         except ModelCompileError as exc:
@@ -119,6 +123,9 @@ class ModelTuneResult:
             compiled = CompiledModel(executable, self.model.inputs, threads, self.target.compiler)
         compiled.prepacked = prepacked
         compiled.in_place = in_place
+        if check:
+            log.info("checking the compiled model's outputs against %s",
+                     "onnxruntime" if self.model.onnx_model is not None else "the untuned build")
         compiled.check = check_outputs(self.model, compiled, seed=seed) if check else None
         return compiled
 
@@ -190,6 +197,8 @@ def tune_model(
     fallback = default_programs(
         [(task.functions, generate_space(task.workload, spec, seed=seed), task.workload.mod) for task in tasks], seed
     )
+    log.info("compiling the model once with default programs (%d tasks), to find what cannot compile before tuning",
+             len(tasks))
     try:
         compile_model(fused, fallback, spec)
     except ModelCompileError as exc:
@@ -208,10 +217,11 @@ def tune_model(
             progress_rows = [sessions.progress(i) for i in range(len(tasks))]
             _warn_unreached(tasks, progress_rows, trials)
             spent = spend(trials, progress_rows, chooser, sessions.run_round, batch_size)
-            if confirm:
-                for session in sessions.opened():
-                    if session.measured:
-                        pipeline.confirm(session, confirm)
+            confirmed = [session for session in sessions.opened() if session.measured] if confirm else []
+            for index, session in enumerate(confirmed):
+                log.info("timing the best %d programs of task %d of %d again: %s", confirm, index + 1,
+                         len(confirmed), session.workload.name)
+                pipeline.confirm(session, confirm)
             rows, programs = _results(pipeline, sessions, tasks, fallback)
         database_path = pipeline.db.path
         search_seconds = sum(s.search_seconds for s in sessions.opened())
