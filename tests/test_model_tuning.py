@@ -53,6 +53,12 @@ def test_a_cnn_is_tuned_compiled_and_matches_onnxruntime(cnn_result, tmp_path):
     np.testing.assert_array_equal(loaded(*inputs)[0], logits)
 
 
+def test_export_and_load_print_nothing_of_tvms_executable_scope(cnn_result, tmp_path, capfd):
+    path = cnn_result.compile(check=False).export_library(tmp_path / "cnn.so")
+    CompiledModel.load(path, cnn_result.model.inputs)
+    assert "Scope" not in capfd.readouterr().err
+
+
 def test_calls_from_several_threads_each_get_their_own_outputs(cnn_result):
     compiled = cnn_result.compile()
     inputs = [cnn_result.model.random_inputs(seed) for seed in range(4)]

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import sys
+import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +30,7 @@ from probtune.space import DesignSpace
 __all__ = ["CompiledModel", "checked_inputs", "compile_model", "default_program", "default_programs", "export_model"]
 
 DEFAULT_DRAWS = 64  # draws of a task's space tried for a valid default program
+_SCOPE_NOTE = re.compile(r"executable\.cc:\d+: Warning: Scope (Saving|Loaded):")
 
 
 def compile_model(
@@ -57,10 +62,32 @@ def export_model(compiler: Compiler | None, executable: Any, path: str | os.Path
     """Write a compiled model as a shared library, linked as the target's ``compiler`` says; OSError if it cannot."""
     path = Path(path)
     try:
-        export_with(compiler, executable, str(path))
+        with _without_scope_notes():
+            export_with(compiler, executable, str(path))
     except Exception as exc:  # noqa: BLE001 - TVM reports an unwritable path as a generic error
         raise OSError(f"cannot write the compiled model to {path}: {exc}") from None
     return path
+
+
+@contextlib.contextmanager
+def _without_scope_notes() -> Iterator[None]:
+    """Leave out the 'Scope Saving:' / 'Scope Loaded:' note TVM's runtime writes to stderr at every model export and
+    load (a leftover of its VM executable, nothing a user can act on); anything else written there is kept."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().decode(errors="replace").splitlines(keepends=True)
+                    if not _SCOPE_NOTE.search(line)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
 
 
 def default_program(space: DesignSpace, seed: int = 0) -> tvm.IRModule | None:
@@ -151,7 +178,9 @@ class CompiledModel:
         """A model exported by :meth:`export_library`."""
         if not Path(path).is_file():
             raise FileNotFoundError(f"{path}: no such compiled model")
-        return cls(tvm.runtime.load_module(str(path)), inputs, num_threads or os.cpu_count() or 1)
+        with _without_scope_notes():
+            executable = tvm.runtime.load_module(str(path))
+        return cls(executable, inputs, num_threads or os.cpu_count() or 1)
 
     def _tensors(self, inputs: Sequence[np.ndarray]) -> list[Any]:
         return [tvm.runtime.tensor(array, self._device) for array in checked_inputs(inputs, self.inputs)]

@@ -78,6 +78,7 @@ class ModelTuneResult:
     search_seconds: float
     measure_seconds: float
     programs: dict[str, tvm.IRModule]  # fused PrimFunc name -> its program
+    precompiled: tuple[Any, int, int] | None = None  # compile_model's result, where it was made of these programs
 
     @property
     def graph_rewrites(self) -> dict[str, int]:
@@ -109,7 +110,7 @@ class ModelTuneResult:
         """
         log.info("compiling the model with the programs of its %d tasks", len(self.tasks))
         try:
-            executable, prepacked, in_place = compile_model(self.fused, self.programs, self.target)
+            executable, prepacked, in_place = self.precompiled or compile_model(self.fused, self.programs, self.target)
         except ModelCompileError as exc:
             raise ModelCompileError(
                 f"{exc}. The tuned records are kept in {self.database}: to compile again without tuning, run "
@@ -200,7 +201,7 @@ def tune_model(
     log.info("compiling the model once with default programs (%d tasks), to find what cannot compile before tuning",
              len(tasks))
     try:
-        compile_model(fused, fallback, spec)
+        precompiled = compile_model(fused, fallback, spec)
     except ModelCompileError as exc:
         raise ModelCompileError(
             f"{exc}. Found by compiling the model with default programs before tuning: no trial was spent. Replace "
@@ -226,9 +227,10 @@ def tune_model(
         database_path = pipeline.db.path
         search_seconds = sum(s.search_seconds for s in sessions.opened())
         measure_seconds = pipeline.measure_seconds
+    untuned = all(programs[name] is fallback[name] for name in programs)  # the model compiled before tuning
     return ModelTuneResult(
         model, spec, database_path, fused, rows, spent, time.perf_counter() - started,
-        search_seconds, measure_seconds, programs,
+        search_seconds, measure_seconds, programs, precompiled if untuned else None,
     )
 
 

@@ -1,0 +1,200 @@
+"""The model zoo through probtune: each real architecture exported by bench/zoo_export.py, imported, tuned,
+compiled, checked against onnxruntime and timed beside it; a table of where each model got and why it stopped.
+
+    python bench/zoo.py [--only resnet50,unet] [--family cnn] [--trials 0] [--timeout 1800]
+
+Each model runs in its own process (a crash or a hang costs only that model),
+then onnxruntime and the compiled model are timed in turn, each in its own
+process (bench/isolated.py), on the same inputs. The table counts the
+transposes that remain in the model after the layout pass beside those the
+model has in its own layouts, and the outcome: a correct compiled model, a
+named probtune error (``probtune.errors``), or anything else (a bug).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from common import cpu_model, geomean, say
+from isolated import Engine, Worker, median_ratio, time_in_turn
+
+THREADS = 2
+ZOO = Path(__file__).parent / "zoo"
+RESULTS = Path(__file__).parent / "results"
+TRANSPOSE = re.compile(r"(?<!conv2d_)transpose")  # a transposition, not a transposed convolution
+
+
+def transposes(fused: Any) -> dict[str, int]:
+    """Calls of fused functions that transpose data (a transposed convolution is not one), and of those, the lone ones."""
+    callees = re.findall(r"R\.call_tir\((\w+),", str(fused["main"]))
+    moving = [name for name in callees if TRANSPOSE.search(name)]
+    return {"calls": len(moving), "lone": sum(bool(re.fullmatch(r"(fused_)?transpose\d*", name)) for name in moving)}
+
+
+def own_layout_transposes(model: Any) -> dict[str, int]:
+    """:func:`transposes` of the model fused in its own layouts (the target's layout pass switched off)."""
+    import dataclasses
+
+    from probtune.model import fuse
+    from probtune.targets import resolve_target
+
+    return transposes(fuse(model, dataclasses.replace(resolve_target("host"), layouts={})))
+
+
+def run_one(name: str, entry: dict, args: argparse.Namespace, scratch: Path) -> dict:
+    """In the worker process: import, tune, compile, check and export one model; what happened at each stage."""
+    import probtune
+    from probtune.errors import ProbtuneError
+
+    result: dict[str, Any] = {"model": name, "stage": "import", "seconds": {}}
+    started = time.perf_counter()
+    try:
+        shapes = {spec["name"]: tuple(spec["shape"]) for spec in entry["inputs"]}
+        model = probtune.load_model(args.zoo / entry["file"], shapes)
+        result["seconds"]["import"] = round(time.perf_counter() - started, 1)
+        result["stage"] = "tune"
+        tuned = probtune.tune_model(model, "host", args.trials, database=scratch / "tuning.db", seed=0)
+        result["seconds"]["tune"] = round(tuned.seconds, 1)
+        result["tasks"] = len(tuned.tasks)
+        result["default_programs"] = sum(row.program == "default" for row in tuned.tasks)
+        result["transposes"] = transposes(tuned.fused)
+        result["transposes_own_layouts"] = own_layout_transposes(model)
+        share = [row.share for row in tuned.tasks if TRANSPOSE.search(row.name) and row.share is not None]
+        result["transpose_task_share"] = round(sum(share), 4) if share else None
+        result["table"] = tuned.table()
+        result["stage"] = "compile"
+        mark = time.perf_counter()
+        compiled = tuned.compile()
+        result["seconds"]["compile_and_check"] = round(time.perf_counter() - mark, 1)
+        result["check"] = str(compiled.check)
+        compiled.export_library(scratch / "compiled.so")
+        result["stage"] = "done"
+    except Exception as exc:  # noqa: BLE001 - every failure is the table's subject
+        result["error"] = {"type": type(exc).__name__, "probtune": isinstance(exc, ProbtuneError),
+                           "message": str(exc).strip()[:2000],
+                           "where": [f"{Path(f.filename).name}:{f.lineno}" for f in traceback.extract_tb(exc.__traceback__)[-3:]]}
+    result["seconds"]["total"] = round(time.perf_counter() - started, 1)
+    return result
+
+
+def bench_model(name: str, entry: dict, args: argparse.Namespace) -> dict:
+    """One model: its worker process, then onnxruntime and the compiled model timed in turn."""
+    with tempfile.TemporaryDirectory(prefix=f"zoo-{name}-") as folder:
+        scratch = Path(folder)
+        command = [sys.executable, __file__, "--worker", name, "--trials", str(args.trials), "--zoo", str(args.zoo),
+                   "--scratch", str(scratch)]
+        say(f"[{name}] {args.trials} trials in a fresh process")
+        try:
+            done = subprocess.run(command, timeout=args.timeout, capture_output=True, text=True)
+            result = json.loads((scratch / "result.json").read_text()) if (scratch / "result.json").is_file() else {
+                "model": name, "stage": "crash", "error": {"type": "crash", "probtune": False,
+                                                           "message": f"exit {done.returncode}: {done.stderr[-1500:]}"}}
+        except subprocess.TimeoutExpired:
+            result = {"model": name, "stage": "timeout", "error": {"type": "timeout", "probtune": False,
+                                                                   "message": f"over {args.timeout} s"}}
+        result["family"] = entry.get("family")
+        if result["stage"] == "done":
+            result.update(time_against_onnxruntime(name, entry, args, scratch / "compiled.so"))
+    say(f"[{name}] {summary_line(result)}")
+    return result
+
+
+def time_against_onnxruntime(name: str, entry: dict, args: argparse.Namespace, library: Path) -> dict:
+    """Latency of onnxruntime and of the compiled model, each alone in its own process, in turns."""
+    from probtune.model import load_model
+
+    shapes = {spec["name"]: tuple(spec["shape"]) for spec in entry["inputs"]}
+    path = args.zoo / entry["file"]
+    workers = {}
+    try:
+        workers["onnxruntime"] = Worker(Engine("onnxruntime", path, shapes, THREADS))
+        workers["probtune"] = Worker(Engine("tvm", path, shapes, THREADS, library))
+        inputs = load_model(path, shapes).random_inputs(0)
+        rounds = time_in_turn(workers, inputs, args.rounds, args.round_seconds)
+    except Exception as exc:  # noqa: BLE001 - the model's row says why it has no timing
+        return {"timing_error": f"{type(exc).__name__}: {exc}"[:500]}
+    finally:
+        for worker in workers.values():
+            worker.close()
+    return {
+        "latency_ms": {k: round(float(np.median(v)) * 1e3, 3) for k, v in rounds.items()},
+        "latency_ms_per_round": {k: [round(t * 1e3, 3) for t in v] for k, v in rounds.items()},
+        "speedup_vs_onnxruntime": round(median_ratio(rounds["onnxruntime"], rounds["probtune"]), 3),
+    }
+
+
+def summary_line(result: dict) -> str:
+    if "error" in result:
+        kind = "probtune error" if result["error"]["probtune"] else "UNEXPECTED"
+        return f"stopped at {result['stage']}: {kind} {result['error']['type']}: {result['error']['message'][:300]}"
+    speed = result.get("speedup_vs_onnxruntime")
+    return (f"correct; {result.get('tasks')} tasks, transposes {result['transposes']['calls']} "
+            f"(own layouts {result['transposes_own_layouts']['calls']}); "
+            + (f"{speed:.3f}x onnxruntime" if speed else result.get("timing_error", "")))
+
+
+def table(results: list[dict]) -> str:
+    """The zoo table in markdown: one row per model, then the counts."""
+    lines = ["| model | family | outcome | tasks | transposes (own layouts) | ms probtune | ms onnxruntime | x onnxruntime |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        outcome = "correct" if r["stage"] == "done" else (
+            f"{r['stage']}: {'named' if r['error']['probtune'] else 'UNEXPECTED'} {r['error']['type']}")
+        latency = r.get("latency_ms", {})
+        moved = f"{r['transposes']['calls']} ({r['transposes_own_layouts']['calls']})" if "transposes" in r else "-"
+        speed = r.get("speedup_vs_onnxruntime")
+        lines.append(f"| {r['model']} | {r.get('family')} | {outcome} | {r.get('tasks', '-')} | {moved} | "
+                     f"{latency.get('probtune', '-')} | {latency.get('onnxruntime', '-')} | "
+                     f"{'-' if speed is None else f'{speed:.3f}'} |")
+    correct = [r for r in results if r["stage"] == "done"]
+    speeds = [r["speedup_vs_onnxruntime"] for r in correct if r.get("speedup_vs_onnxruntime")]
+    unexpected = [r["model"] for r in results if "error" in r and not r["error"]["probtune"]]
+    lines.append("")
+    lines.append(f"{len(correct)} of {len(results)} correct; {len(unexpected)} ended in an unexpected error "
+                 f"{unexpected}; onnxruntime/probtune geomean {geomean(speeds) or 0:.3f}, min {min(speeds, default=0):.3f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--zoo", type=Path, default=ZOO, help="bench/zoo_export.py's folder (its manifest.json)")
+    parser.add_argument("--only", default="", help="comma-separated model names")
+    parser.add_argument("--family", default="", help="comma-separated families (cnn, segmentation, ...)")
+    parser.add_argument("--trials", type=int, default=0, help="per model (0: default programs, compiled and checked)")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds one model's process may take")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--round-seconds", type=float, default=1.0)
+    parser.add_argument("--out", type=Path, default=RESULTS / "zoo.json")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    manifest = json.loads((args.zoo / "manifest.json").read_text())["models"]
+    if args.worker:
+        result = run_one(args.worker, manifest[args.worker], args, args.scratch)
+        (args.scratch / "result.json").write_text(json.dumps(result))
+        return
+    names = [n for n in manifest if "error" not in manifest[n]]
+    if args.only:
+        names = [n for n in names if n in args.only.split(",")]
+    if args.family:
+        names = [n for n in names if manifest[n].get("family") in args.family.split(",")]
+    results = []
+    for name in names:
+        results.append(bench_model(name, manifest[name], args))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"machine": cpu_model(), "trials": args.trials, "models": results}, indent=1))
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
