@@ -117,3 +117,44 @@ def test_random_inputs_depend_on_the_seed_only(small_cnn_onnx):
     model = load_model(small_cnn_onnx, {"x": "1,3,16,16"})
     a, b = model.random_inputs(3), model.random_inputs(3)
     assert np.array_equal(a[0], b[0]) and a[0].dtype == np.float32
+
+
+def test_a_plugin_converts_an_operator_tvms_frontend_lacks(tmp_path, monkeypatch):
+    import probtune.plugins
+    from probtune import hookimpl
+    from probtune.plugins import load_registry
+
+    class Acme:
+        @hookimpl
+        def probtune_register_onnx_converters(self, register):
+            register("Frobnicate", lambda bb, inputs, attrs, opset: relax.op.multiply(inputs[0], relax.const(2.0)))
+
+    monkeypatch.setattr(probtune.plugins, "_registry", load_registry(extra_plugins=[Acme()]))
+    path = _write(
+        tmp_path, [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Frobnicate", ["r"], ["y"], domain="acme")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])],
+    )
+    model = load_model(path)
+    vm = relax.VirtualMachine(tvm.compile(model.mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+    x = np.array([[-1.0, 2.0], [3.0, -4.0]], np.float32)
+    np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), np.maximum(x, 0) * 2)
+
+
+@pytest.mark.parametrize("linear_before_reset, direction", [(1, "forward"), (0, "bidirectional")])
+def test_a_gru_is_converted_as_onnxruntime_computes_it(tmp_path, linear_before_reset, direction):
+    """TVM 0.27's frontend has no GRU (nor LSTM): probtune converts them, unrolled over the sequence."""
+    from probtune.model import tune_model
+
+    rng = np.random.default_rng(0)
+    directions, hidden, features = (2 if direction == "bidirectional" else 1), 5, 3
+    weights = [onnx.numpy_helper.from_array((rng.standard_normal(shape) * 0.5).astype(np.float32), name)
+               for name, shape in (("W", (directions, 3 * hidden, features)), ("R", (directions, 3 * hidden, hidden)),
+                                   ("B", (directions, 6 * hidden)), ("h0", (directions, 2, hidden)))]
+    node = helper.make_node("GRU", ["x", "W", "R", "B", "", "h0"], ["y", "h"], hidden_size=hidden, direction=direction,
+                            linear_before_reset=linear_before_reset)
+    path = _write(tmp_path, [node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 2, features])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, directions, 2, hidden]),
+                   helper.make_tensor_value_info("h", TensorProto.FLOAT, [directions, 2, hidden])], initializers=weights)
+    compiled = tune_model(path, trials=0, database=tmp_path / "t.db").compile()
+    assert compiled.check.reference == "onnxruntime"

@@ -14,6 +14,7 @@ __all__ = [
     "probtune_register_builders",
     "probtune_register_instructions",
     "probtune_register_mutators",
+    "probtune_register_onnx_converters",
     "probtune_register_runners",
     "probtune_register_workloads",
 ]
@@ -41,6 +42,14 @@ def probtune_register_mutators(register: Callable[[Any], None]) -> None:
 
     for mutator in BUILTIN_MUTATORS:
         register(mutator)
+
+
+@hookimpl
+def probtune_register_onnx_converters(register: Callable[[str, Any], None]) -> None:
+    from probtune.model.onnx_ops import ONNX_CONVERTERS
+
+    for op_type, converter in ONNX_CONVERTERS.items():
+        register(op_type, converter)
 
 
 @hookimpl

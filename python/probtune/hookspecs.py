@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         CostModelFactory,
         GraphRewrite,
         Mutator,
+        OnnxConverter,
         RunnerFactory,
         SpaceModule,
         TargetSpec,
@@ -35,6 +36,7 @@ __all__ = [
     "probtune_register_graph_rewrites",
     "probtune_register_instructions",
     "probtune_register_mutators",
+    "probtune_register_onnx_converters",
     "probtune_register_runners",
     "probtune_register_space_modules",
     "probtune_register_targets",
@@ -85,6 +87,18 @@ def probtune_register_validators(register: Callable[[Validator], None]) -> None:
 @hookspec
 def probtune_register_graph_rewrites(register: Callable[[GraphRewrite], None]) -> None:
     """Register graph rewrites: whole-model rewrites a target names in ``TargetSpec.graph_rewrites``."""
+
+
+@hookspec
+def probtune_register_onnx_converters(register: Callable[[str, OnnxConverter], None]) -> None:
+    """Register converters for ONNX operators that TVM's Relax frontend lacks, by operator type.
+
+    ``converter(bb, inputs, attrs, opset)`` gets the node as the frontend
+    does (a ``relax.BlockBuilder``, its inputs as Relax expressions with None
+    for absent optional ones, its attributes, the model's opset) and returns
+    a Relax expression, or a ``relax.Tuple`` for several outputs. One of
+    TVM's own converters is never replaced.
+    """
 
 
 @hookspec

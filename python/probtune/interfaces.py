@@ -26,6 +26,7 @@ __all__ = [
     "CostModelFactory",
     "GraphRewrite",
     "Mutator",
+    "OnnxConverter",
     "Runner",
     "RunnerFactory",
     "SpaceContext",
@@ -36,6 +37,10 @@ __all__ = [
 
 
 
+
+OnnxConverter = Callable[[Any, Any, dict[str, Any], int], Any]
+"""``converter(bb, inputs, attrs, opset)``: an ONNX node TVM's Relax frontend lacks, as Relax (``relax.Tuple`` for several
+outputs); see ``probtune_register_onnx_converters``."""
 
 Compiler = Callable[["tvm.IRModule", dict[str, Any]], Any]
 """Compiles a finished program for a TVM target (dict form) into what ``tvm.compile`` returns; must pickle.

@@ -63,6 +63,7 @@ _HOOKS: dict[str, tuple[str, bool]] = {
     "probtune_register_mutators": ("mutators", False),
     "probtune_register_validators": ("validators", False),
     "probtune_register_graph_rewrites": ("graph_rewrites", False),
+    "probtune_register_onnx_converters": ("onnx_converters", True),
     "probtune_register_cost_models": ("cost_models", True),
     "probtune_register_builders": ("builders", True),
     "probtune_register_runners": ("runners", True),
@@ -80,6 +81,7 @@ class Registry:
     mutators: dict[str, Any] = field(default_factory=dict)
     validators: dict[str, Any] = field(default_factory=dict)
     graph_rewrites: dict[str, Any] = field(default_factory=dict)
+    onnx_converters: dict[str, Callable[..., Any]] = field(default_factory=dict)
     cost_models: dict[str, Callable[..., Any]] = field(default_factory=dict)
     builders: dict[str, Callable[..., Any]] = field(default_factory=dict)
     runners: dict[str, Callable[..., Any]] = field(default_factory=dict)

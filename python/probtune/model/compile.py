@@ -90,11 +90,13 @@ def _without_scope_notes() -> Iterator[None]:
                 sys.stderr.flush()
 
 
-def default_program(space: DesignSpace, seed: int = 0) -> tvm.IRModule | None:
+def default_program(space: DesignSpace, seed: int = 0, target: TargetSpec | None = None) -> tvm.IRModule | None:
     """A program for a task with no correct record: the first valid draw of its space (parallel, vectorized).
 
     Never measured, so never the best program, but never the naive loops an
-    untuned build would run either. None if no draw of the space is valid.
+    untuned build would run either. Given ``target``, the draw must also
+    compile for it alone (a validator can pass a program TVM's lowering then
+    refuses). None if no draw qualifies.
     """
     rng = Rng(seed)
     for _ in range(DEFAULT_DRAWS):
@@ -102,22 +104,31 @@ def default_program(space: DesignSpace, seed: int = 0) -> tvm.IRModule | None:
             sch, rejected = space.draw(rng)
         except NOT_REPLAYABLE:
             continue
-        if rejected is None:
+        if rejected is None and (target is None or _compiles(sch.mod, target)):
             return sch.mod
     return None
 
 
+def _compiles(program: tvm.IRModule, target: TargetSpec) -> bool:
+    try:
+        compile_for(program, target)
+    except Exception:  # noqa: BLE001 - any refusal of TVM's lowering or code generation
+        return False
+    return True
+
+
 def default_programs(
-    tasks: Sequence[tuple[Sequence[str], DesignSpace, tvm.IRModule]], seed: int = 0
+    tasks: Sequence[tuple[Sequence[str], DesignSpace, tvm.IRModule]], seed: int = 0, target: TargetSpec | None = None
 ) -> dict[str, tvm.IRModule]:
     """Each fused function's program when its task has no correct record: ``(functions, space, workload module)``.
 
-    A space with no valid draw falls back to the task's own unscheduled
-    program (TVM's plain loops: correct, slow), with a warning naming it.
+    ``target`` as for :func:`default_program`. A space with no such draw
+    falls back to the task's own unscheduled program (TVM's plain loops:
+    correct, slow), with a warning naming it.
     """
     programs: dict[str, tvm.IRModule] = {}
     for functions, space, unscheduled in tasks:
-        program = default_program(space, seed)
+        program = default_program(space, seed, target)
         if program is None:
             warn_caller(f"no draw of the space of {functions[0]} is valid: it is compiled as TVM lowers it, untuned")
             program = unscheduled

@@ -7,8 +7,9 @@ fixed, onnxslim folds those computations to constants first.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import tvm
 from tvm import relax
 
 from probtune.errors import ModelImportError, last_line, warn_caller
+from probtune.plugins import get_registry
 from probtune.workload import parse_shape
 
 __all__ = ["InputSpec", "Model", "load_model"]
@@ -141,21 +143,71 @@ def _import_onnx(model: Any, inputs: tuple[InputSpec, ...], path: Path) -> tvm.I
     shapes = {spec.name: list(spec.shape) for spec in inputs}
     dtypes = {spec.name: spec.dtype for spec in inputs}
     try:
-        mod = from_onnx(folded, shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=False)
+        with _plugin_converters():
+            mod = from_onnx(folded, shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=False)
+    except ModelImportError as exc:  # a plugin's converter refused a node's form
+        raise ModelImportError(f"{path}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - the frontend raises many kinds; each is reported with its node
         raise ModelImportError(
             f"{path}: TVM's ONNX frontend cannot import this model: {_described(exc)}. "
             "Export it again with static shapes (or a newer opset), or import it with TVM yourself and pass the "
             "Relax module to probtune"
         ) from None
+    return _with_every_input(mod, inputs)
+
+
+def _converters() -> dict[str, Any]:
+    """TVM's frontend converters, with the plugins' (``probtune_register_onnx_converters``) for what it lacks."""
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    converters = dict(onnx_frontend._get_convert_map())
+    for op_type, convert in get_registry().onnx_converters.items():
+        converters.setdefault(op_type, _Converter(convert))
+    return converters
+
+
+@contextlib.contextmanager
+def _plugin_converters() -> Iterator[None]:
+    """The frontend's converter table widened by :func:`_converters` while a model imports."""
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    original = onnx_frontend._get_convert_map
+    widened = _converters()
+    onnx_frontend._get_convert_map = lambda: widened
+    try:
+        yield
+    finally:
+        onnx_frontend._get_convert_map = original
+
+
+class _Converter:
+    """A plugin's converter function in the form TVM's frontend calls (its converter classes' ``get_converter``)."""
+
+    def __init__(self, convert: Any) -> None:
+        self.convert = convert
+
+    def get_converter(self, opset: int) -> Any:
+        return lambda bb, inputs, attrs, params: self.convert(bb, inputs, attrs, opset)
+
+
+def _with_every_input(mod: tvm.IRModule, inputs: tuple[InputSpec, ...]) -> tvm.IRModule:
+    """``mod`` whose ``main`` takes every input of the model, in order, used or not (the frontend drops unused ones,
+    but a caller passes what the model declares)."""
+    main = mod["main"]
+    have = {str(param.name): param for param in main.params}
+    if [str(param.name) for param in main.params] == [spec.name for spec in inputs]:
+        return mod
+    params = [have[spec.name] if spec.name in have else relax.Var(spec.name, relax.TensorType(spec.shape, spec.dtype))
+              for spec in inputs]
+    updated = relax.Function(params, main.body, main.ret_ty, main.is_pure, main.attrs, main.span)
+    mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    mod[mod.get_global_var("main")] = updated
     return mod
 
 
 def _check_operators(model: Any, path: Path) -> None:
-    """An operator the frontend has no converter for is named, with its node, before anything else runs."""
-    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
-
-    supported = _get_convert_map()
+    """An operator no converter takes (TVM's or a plugin's) is named, with its node, before anything else runs."""
+    supported = _converters()
     for index, node in enumerate(model.graph.node):
         if node.op_type not in supported:
             where = f"node {node.name!r}" if node.name else f"node {index}"

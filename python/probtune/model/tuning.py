@@ -195,18 +195,7 @@ def tune_model(
     chooser = make_scheduler(scheduler)
     fused = fuse(model, spec, graph_rewrites)
     tasks = extract_tasks(fused)
-    fallback = default_programs(
-        [(task.functions, generate_space(task.workload, spec, seed=seed), task.workload.mod) for task in tasks], seed
-    )
-    log.info("compiling the model once with default programs (%d tasks), to find what cannot compile before tuning",
-             len(tasks))
-    try:
-        precompiled = compile_model(fused, fallback, spec)
-    except ModelCompileError as exc:
-        raise ModelCompileError(
-            f"{exc}. Found by compiling the model with default programs before tuning: no trial was spent. Replace "
-            "the operator it names in the model (or report it), or try another target"
-        ) from exc
+    fallback, precompiled = _compile_before_tuning(fused, tasks, spec, seed)
     cost = resolve_cost_model(cost_model, seed) if strategy == "evolutionary" else None
     options = search_options or {}
     if cache_flush is None and (runner is None or isinstance(runner, str)):
@@ -232,6 +221,32 @@ def tune_model(
         model, spec, database_path, fused, rows, spent, time.perf_counter() - started,
         search_seconds, measure_seconds, programs, precompiled if untuned else None,
     )
+
+
+def _compile_before_tuning(
+    fused: tvm.IRModule, tasks: list[ModelTask], spec: TargetSpec, seed: int
+) -> tuple[dict[str, tvm.IRModule], tuple[Any, int, int]]:
+    """Each task's default program, and the model compiled with them: what cannot compile fails before any trial.
+
+    Where the model does not compile, each default program is made again from
+    draws that compile alone (or TVM's unscheduled loops), and the model once more.
+    """
+    log.info("compiling the model once with default programs (%d tasks), to find what cannot compile before tuning",
+             len(tasks))
+    entries = [(task.functions, generate_space(task.workload, spec, seed=seed), task.workload.mod) for task in tasks]
+    fallback = default_programs(entries, seed)
+    try:
+        return fallback, compile_model(fused, fallback, spec)
+    except ModelCompileError:
+        log.info("the model did not compile with them: drawing default programs that compile alone")
+    fallback = default_programs(entries, seed, spec)
+    try:
+        return fallback, compile_model(fused, fallback, spec)
+    except ModelCompileError as exc:
+        raise ModelCompileError(
+            f"{exc}. Found by compiling the model with default programs before tuning: no trial was spent. Replace "
+            "the operator it names in the model (or report it), or try another target"
+        ) from exc
 
 
 class _Sessions:

@@ -1,0 +1,194 @@
+"""ONNX operators that TVM 0.27's Relax frontend has no converter for, converted here: LSTM and GRU.
+
+A converter takes ``(bb, inputs, attrs, opset)`` as the frontend gives them
+(absent optional inputs are None, string attributes bytes) and returns a
+Relax expression, or a ``relax.Tuple`` for several outputs. Shapes are
+static, so a recurrent layer is unrolled over its sequence: the input
+projections of every step are one matrix product up front, and each step
+adds its recurrent product and applies the gates, as onnxruntime computes
+them (ONNX's default activations).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tvm import relax
+
+from probtune.errors import ModelImportError
+from probtune.interfaces import OnnxConverter
+
+__all__ = ["ONNX_CONVERTERS", "gru", "lstm"]
+
+_DEFAULT_ACTIVATIONS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh")}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _check_supported(op: str, inputs: Sequence[Any], attrs: dict[str, Any], sequence_lens: int) -> None:
+    """Refuse, by name, what the unrolled form does not compute: other activations, clipping, ragged batches."""
+    activations = tuple(_text(a) for a in attrs.get("activations", ()))
+    if activations and activations != _DEFAULT_ACTIVATIONS[op] * (len(activations) // len(_DEFAULT_ACTIVATIONS[op])):
+        raise ModelImportError(f"{op} with activations {activations} is not supported (only ONNX's defaults)")
+    if "clip" in attrs:
+        raise ModelImportError(f"{op} with a cell clip is not supported")
+    if len(inputs) > sequence_lens and inputs[sequence_lens] is not None:
+        raise ModelImportError(f"{op} with sequence_lens is not supported: export the model with full-length batches")
+
+
+class _Layer:
+    """What the LSTM and GRU converters share: the layout, directions and the unrolled steps' indexing."""
+
+    def __init__(self, bb: relax.BlockBuilder, x: relax.Expr, attrs: dict[str, Any]) -> None:
+        self.bb = bb
+        self.batch_first = int(attrs.get("layout", 0)) == 1
+        self.x = bb.emit(relax.op.permute_dims(x, [1, 0, 2])) if self.batch_first else x
+        self.steps = int(self.x.ty.shape[0])
+        self.batch = int(self.x.ty.shape[1])
+        self.hidden = int(attrs["hidden_size"])
+        direction = _text(attrs.get("direction", "forward"))
+        self.reverse = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}[direction]
+
+    def emit(self, expr: relax.Expr) -> relax.Expr:
+        return self.bb.emit(expr)
+
+    def take(self, tensor: relax.Expr, index: int, axis: int = 0) -> relax.Expr:
+        """``tensor[index]`` along ``axis``, that axis removed."""
+        part = relax.op.strided_slice(tensor, axes=[axis], begin=[index], end=[index + 1])
+        return self.emit(relax.op.squeeze(self.emit(part), axis=[axis]))
+
+    def projections(self, weight: relax.Expr, direction: int) -> relax.Expr:
+        """Every step's input times the direction's ``weight`` transposed: (steps, batch, gates x hidden)."""
+        return self.emit(relax.op.matmul(self.x, self.emit(relax.op.permute_dims(self.take(weight, direction)))))
+
+    def initial(self, state: relax.Expr | None, direction: int) -> relax.Expr:
+        """The direction's initial state, zeros where the node has none: (batch, hidden)."""
+        if state is None:
+            return self.emit(relax.op.zeros((self.batch, self.hidden), self.x.ty.dtype))
+        return self.take(state, direction)
+
+    def gates(self, projected: relax.Expr, step: int, hidden: relax.Expr, recurrent: relax.Expr,
+              bias: relax.Expr | None, count: int) -> list[relax.Expr]:
+        """The step's pre-activations, split into ``count`` gates: input projection + hidden x recurrent^T + bias."""
+        total = self.emit(relax.op.add(self.take(projected, step), self.emit(relax.op.matmul(hidden, recurrent))))
+        if bias is not None:
+            total = self.emit(relax.op.add(total, bias))
+        split = self.emit(relax.op.split(total, count, axis=-1))
+        return [self.emit(relax.TupleGetItem(split, i)) for i in range(count)]
+
+    def order(self, direction: int) -> range:
+        return range(self.steps - 1, -1, -1) if self.reverse[direction] else range(self.steps)
+
+    def outputs(self, per_direction: list[list[relax.Expr]], finals: list[list[relax.Expr]]) -> list[relax.Expr]:
+        """Y (steps, directions, batch, hidden) in step order, then each final state (directions, batch, hidden)."""
+        directions = []
+        for direction, states in enumerate(per_direction):
+            in_order = states[::-1] if self.reverse[direction] else states
+            directions.append(self.emit(relax.op.stack(in_order, axis=0)))
+        y = self.emit(relax.op.stack(directions, axis=1))
+        if self.batch_first:
+            y = self.emit(relax.op.permute_dims(y, [2, 0, 1, 3]))
+        results = [y]
+        for kind in zip(*finals):
+            final = self.emit(relax.op.stack(list(kind), axis=0))
+            results.append(self.emit(relax.op.permute_dims(final, [1, 0, 2])) if self.batch_first else final)
+        return results
+
+    def bias(self, biases: relax.Expr | None, direction: int) -> tuple[relax.Expr | None, relax.Expr | None]:
+        """The direction's input bias and recurrent bias, None where the node has none."""
+        if biases is None:
+            return None, None
+        both = self.take(biases, direction)
+        halves = self.emit(relax.op.split(both, 2, axis=-1))
+        return self.emit(relax.TupleGetItem(halves, 0)), self.emit(relax.TupleGetItem(halves, 1))
+
+
+def lstm(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], opset: int) -> relax.Expr:
+    """ONNX LSTM (gates i, o, f, c; optional biases, initial states and peepholes): (Y, Y_h, Y_c)."""
+    _check_supported("LSTM", inputs, attrs, 4)
+    if int(attrs.get("input_forget", 0)):
+        raise ModelImportError("LSTM with input_forget is not supported")
+    x, w, r = inputs[:3]
+    b, h0, c0, p = (inputs[i] if len(inputs) > i else None for i in (3, 5, 6, 7))
+    layer = _Layer(bb, x, attrs)
+    per_direction, finals = [], []
+    for d in range(len(layer.reverse)):
+        projected = layer.projections(w, d)
+        recurrent = layer.emit(relax.op.permute_dims(layer.take(r, d)))
+        wb, rb = layer.bias(b, d)
+        bias = layer.emit(relax.op.add(wb, rb)) if wb is not None else None
+        peep = [None, None, None] if p is None else [
+            layer.emit(relax.TupleGetItem(layer.emit(relax.op.split(layer.take(p, d), 3, axis=-1)), i)) for i in range(3)]
+        hidden, cell, states = layer.initial(h0, d), layer.initial(c0, d), []
+        for step in layer.order(d):
+            i, o, f, c = layer.gates(projected, step, hidden, recurrent, bias, 4)
+            if peep[0] is not None:
+                i = layer.emit(relax.op.add(i, layer.emit(relax.op.multiply(peep[0], cell))))
+                f = layer.emit(relax.op.add(f, layer.emit(relax.op.multiply(peep[2], cell))))
+            i, f = layer.emit(relax.op.sigmoid(i)), layer.emit(relax.op.sigmoid(f))
+            kept = layer.emit(relax.op.multiply(f, cell))
+            cell = layer.emit(relax.op.add(kept, layer.emit(relax.op.multiply(i, layer.emit(relax.op.tanh(c))))))
+            if peep[1] is not None:
+                o = layer.emit(relax.op.add(o, layer.emit(relax.op.multiply(peep[1], cell))))
+            hidden = layer.emit(relax.op.multiply(layer.emit(relax.op.sigmoid(o)), layer.emit(relax.op.tanh(cell))))
+            states.append(hidden)
+        per_direction.append(states)
+        finals.append([hidden, cell])
+    return relax.Tuple(layer.outputs(per_direction, finals))
+
+
+def gru(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], opset: int) -> relax.Expr:
+    """ONNX GRU (gates z, r, h; ``linear_before_reset`` either way, as PyTorch exports it): (Y, Y_h)."""
+    _check_supported("GRU", inputs, attrs, 4)
+    x, w, r = inputs[:3]
+    b, h0 = (inputs[i] if len(inputs) > i else None for i in (3, 5))
+    layer = _Layer(bb, x, attrs)
+    linear_before_reset = bool(int(attrs.get("linear_before_reset", 0)))
+    per_direction, finals = [], []
+    for d in range(len(layer.reverse)):
+        projected = layer.projections(w, d)
+        if b is not None:
+            wb, rb = layer.bias(b, d)
+            projected = layer.emit(relax.op.add(projected, wb))
+        else:
+            rb = None
+        recurrent = layer.take(r, d)  # (3 x hidden, hidden): z, r and h rows
+        split = layer.emit(relax.op.split(recurrent, 3, axis=0))
+        rz_rr = layer.emit(relax.op.permute_dims(layer.emit(relax.op.concat(
+            [layer.emit(relax.TupleGetItem(split, 0)), layer.emit(relax.TupleGetItem(split, 1))], axis=0))))
+        rh = layer.emit(relax.op.permute_dims(layer.emit(relax.TupleGetItem(split, 2))))
+        rb_parts = None if rb is None else layer.emit(relax.op.split(rb, [2 * layer.hidden], axis=-1))
+        hidden, states = layer.initial(h0, d), []
+        for step in layer.order(d):
+            xz, xr, xh = (layer.emit(relax.TupleGetItem(layer.emit(relax.op.split(layer.take(projected, step), 3,
+                                                                                  axis=-1)), i)) for i in range(3))
+            zr = layer.emit(relax.op.matmul(hidden, rz_rr))
+            if rb_parts is not None:
+                zr = layer.emit(relax.op.add(zr, layer.emit(relax.TupleGetItem(rb_parts, 0))))
+            hz, hr = (layer.emit(relax.TupleGetItem(layer.emit(relax.op.split(zr, 2, axis=-1)), i)) for i in range(2))
+            z = layer.emit(relax.op.sigmoid(layer.emit(relax.op.add(xz, hz))))
+            reset = layer.emit(relax.op.sigmoid(layer.emit(relax.op.add(xr, hr))))
+            hh_bias = None if rb_parts is None else layer.emit(relax.TupleGetItem(rb_parts, 1))
+            if linear_before_reset:
+                hh = layer.emit(relax.op.matmul(hidden, rh))
+                hh = layer.emit(relax.op.add(hh, hh_bias)) if hh_bias is not None else hh
+                hh = layer.emit(relax.op.multiply(reset, hh))
+            else:
+                hh = layer.emit(relax.op.matmul(layer.emit(relax.op.multiply(reset, hidden)), rh))
+                hh = layer.emit(relax.op.add(hh, hh_bias)) if hh_bias is not None else hh
+            candidate = layer.emit(relax.op.tanh(layer.emit(relax.op.add(xh, hh))))
+            keep = layer.emit(relax.op.multiply(z, hidden))
+            one = relax.const(1.0, x.ty.dtype)
+            hidden = layer.emit(relax.op.add(keep, layer.emit(relax.op.multiply(
+                layer.emit(relax.op.subtract(one, z)), candidate))))
+            states.append(hidden)
+        per_direction.append(states)
+        finals.append([hidden])
+    return relax.Tuple(layer.outputs(per_direction, finals))
+
+
+ONNX_CONVERTERS: dict[str, OnnxConverter] = {"LSTM": lstm, "GRU": gru}
+"""The converters the kernel registers (``probtune_register_onnx_converters``), by ONNX operator type."""
