@@ -100,7 +100,7 @@ def assert_program_correct(workload, mod: tvm.IRModule, host) -> None:
     lib = compile_for(mod, host)
     outputs = [np.zeros(shape, dtype) for shape, dtype in workload.param_specs()[workload.num_inputs :]]
     results = run_module(lib, [*inputs, *outputs])[workload.num_inputs :]
-    for got, want in zip(results, workload.reference(*inputs)):
+    for got, want in zip(results, workload.reference_outputs(inputs)):
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
 
 

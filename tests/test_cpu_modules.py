@@ -122,6 +122,21 @@ def test_auto_inline_inlines_exp_when_the_function_has_no_reduction(host):
     assert block_names(fresh_program(workload, space, 0)) == ["Out"]
 
 
+def test_auto_inline_folds_no_part_of_a_split_into_the_sum_they_all_read(host):
+    """An LSTM step: one step's input projection taken from all steps', two biases added, the gates split in four.
+    Folding the last part into the sum left the other parts reading a buffer nothing wrote."""
+    from tvm import topi
+
+    steps = te.placeholder((5, 1, 32), name="steps")
+    recurrent = te.placeholder((1, 32), name="recurrent")
+    bias = te.placeholder((32,), name="bias")
+    step = topi.squeeze(topi.strided_slice(steps, [2, 0, 0], [3, 1, 32]), axis=[0])
+    summed = topi.add(topi.add(step, recurrent), bias)
+    gates = topi.split(summed, 4, axis=1)
+    workload = Workload.from_module(tvm.IRModule({"main": te.create_prim_func([steps, recurrent, bias, *gates])}))
+    assert_samples_correct(workload, generate_space(workload, host), host, samples=6)
+
+
 # ---------------------------------------------------------------- random-compute-location
 
 

@@ -5,8 +5,8 @@ Two directions, tried in this order (MetaSchedule's AutoInline is the model):
 * ``compute_inline``: a spatial block (a bias add, a scale) is folded into the
   blocks that read it, its value recomputed where it is used;
 * ``reverse_compute_inline``: an elementwise consumer (ReLU after a bias add, a
-  cast) is folded into its only producer, so that the final value is written
-  once.
+  cast) is folded into its only producer, whose only reader it is, so that the
+  final value is written once.
 
 Whether a primitive is legal is decided by TVM itself, on a copy of the
 untraced schedule: a refused primitive never reaches the trace, and legality
@@ -95,8 +95,15 @@ class AutoInline:
             return
         if self._cheap_to_recompute(sblock, ctx) and _legal(raw, lambda s: s.compute_inline(block_rv)):
             sch.compute_inline(block)
-        elif _legal(raw, lambda s: s.reverse_compute_inline(block_rv)):
+        elif self._sole_consumer(raw, block_rv) and _legal(raw, lambda s: s.reverse_compute_inline(block_rv)):
             sch.reverse_compute_inline(block)
+
+    @staticmethod
+    def _sole_consumer(raw: s_tir.Schedule, block_rv: s_tir.SBlockRV) -> bool:
+        """Whether the block is its one producer's only reader. TVM 0.27 folds a split's last part into the sum
+        they all read, and the other parts are left reading a buffer nothing writes."""
+        producers = raw.get_producers(block_rv)
+        return len(producers) == 1 and len(raw.get_consumers(producers[0])) == 1
 
     def _cheap_to_recompute(self, sblock: s_tir.SBlock, ctx: SpaceContext) -> bool:
         body = sblock.body
