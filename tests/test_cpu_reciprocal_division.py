@@ -152,3 +152,18 @@ def test_a_division_inside_a_call_is_rewritten_and_stays_correct(host):
 
     want = np.vectorize(erf)((x / s[:, None]).astype(np.float64))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_quotient_rounded_to_an_integer_keeps_its_division(host):
+    """DynamicQuantizeLinear's ``round(x / scale)``: x = -2.5 at scale 5/255 is -127.49999 divided, -127.5 multiplied
+    by the reciprocal, and rounds one step off; a quotient that a store rounds is left a division."""
+    x = te.placeholder((2, 8), "float32", name="x")
+    scale = te.placeholder((2,), "float32", name="scale")
+    q = te.compute(x.shape, lambda i, j: te.round(x[i, j] / scale[i]).astype("int32"), name="q")
+    sch = _rewritten(te.create_prim_func([x, scale, q]), host)
+    assert _REWRITTEN not in sch.mod.script()
+    lib = tvm.compile(sch.mod, target=tvm.target.Target(host.tvm_target))
+    values = np.full((2, 8), -2.5, np.float32)
+    scales = np.full(2, np.float32(5.0) / np.float32(255.0), np.float32)
+    (got,) = run_module(lib, [values, scales, np.zeros((2, 8), np.int32)])[2:]
+    np.testing.assert_array_equal(got, np.rint(values / scales[:, None]).astype(np.int32))

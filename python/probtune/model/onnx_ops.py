@@ -1,4 +1,5 @@
-"""ONNX operators that TVM 0.27's Relax frontend has no converter for, converted here: LSTM and GRU.
+"""ONNX operators that TVM 0.27's Relax frontend has no converter for, converted here: LSTM, GRU, RNN, Celu, Swish
+and LpNormalization.
 
 A converter takes ``(bb, inputs, attrs, opset)`` as the frontend gives them
 (absent optional inputs are None, string attributes bytes) and returns a
@@ -14,14 +15,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import tvm
 from tvm import relax
 
 from probtune.errors import ModelImportError
 from probtune.interfaces import OnnxConverter
 
-__all__ = ["ONNX_CONVERTERS", "gru", "lstm"]
+__all__ = ["ONNX_CONVERTERS", "celu", "gru", "lp_normalization", "lstm", "rnn", "swish"]
 
-_DEFAULT_ACTIVATIONS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh")}
+_DEFAULT_ACTIVATIONS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh"), "RNN": ("Tanh",)}
 
 
 def _text(value: Any) -> str:
@@ -35,8 +37,13 @@ def _check_supported(op: str, inputs: Sequence[Any], attrs: dict[str, Any], sequ
         raise ModelImportError(f"{op} with activations {activations} is not supported (only ONNX's defaults)")
     if "clip" in attrs:
         raise ModelImportError(f"{op} with a cell clip is not supported")
-    if len(inputs) > sequence_lens and inputs[sequence_lens] is not None:
-        raise ModelImportError(f"{op} with sequence_lens is not supported: export the model with full-length batches")
+    lengths = inputs[sequence_lens] if len(inputs) > sequence_lens else None
+    steps = int(inputs[0].ty.shape[1 if int(attrs.get("layout", 0)) == 1 else 0])
+    if lengths is not None and not (isinstance(lengths, tvm.ir.expr.Constant) and (lengths.data.numpy() == steps).all()):
+        raise ModelImportError(
+            f"{op} with sequence_lens given at run time is not supported (only every sequence at full length, "
+            "{steps} steps): export the model without sequence_lens, or with them constant"
+        )
 
 
 class _Layer:
@@ -76,6 +83,8 @@ class _Layer:
         total = self.emit(relax.op.add(self.take(projected, step), self.emit(relax.op.matmul(hidden, recurrent))))
         if bias is not None:
             total = self.emit(relax.op.add(total, bias))
+        if count == 1:
+            return [total]
         split = self.emit(relax.op.split(total, count, axis=-1))
         return [self.emit(relax.TupleGetItem(split, i)) for i in range(count)]
 
@@ -190,5 +199,59 @@ def gru(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], op
     return relax.Tuple(layer.outputs(per_direction, finals))
 
 
-ONNX_CONVERTERS: dict[str, OnnxConverter] = {"LSTM": lstm, "GRU": gru}
+def rnn(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], opset: int) -> relax.Expr:
+    """ONNX RNN (a tanh cell; optional biases and initial state): (Y, Y_h)."""
+    _check_supported("RNN", inputs, attrs, 4)
+    x, w, r = inputs[:3]
+    b, h0 = (inputs[i] if len(inputs) > i else None for i in (3, 5))
+    layer = _Layer(bb, x, attrs)
+    per_direction, finals = [], []
+    for d in range(len(layer.reverse)):
+        projected = layer.projections(w, d)
+        recurrent = layer.emit(relax.op.permute_dims(layer.take(r, d)))
+        wb, rb = layer.bias(b, d)
+        bias = layer.emit(relax.op.add(wb, rb)) if wb is not None else None
+        hidden, states = layer.initial(h0, d), []
+        for step in layer.order(d):
+            (total,) = layer.gates(projected, step, hidden, recurrent, bias, 1)
+            hidden = layer.emit(relax.op.tanh(total))
+            states.append(hidden)
+        per_direction.append(states)
+        finals.append([hidden])
+    return relax.Tuple(layer.outputs(per_direction, finals))
+
+
+def celu(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], opset: int) -> relax.Expr:
+    """``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``."""
+    x = inputs[0]
+    alpha = relax.const(float(attrs.get("alpha", 1.0)), x.ty.dtype)
+    zero, one = relax.const(0.0, x.ty.dtype), relax.const(1.0, x.ty.dtype)
+    negative = relax.op.multiply(alpha, relax.op.subtract(relax.op.exp(relax.op.divide(x, alpha)), one))
+    return relax.op.add(relax.op.maximum(x, zero), relax.op.minimum(negative, zero))
+
+
+def swish(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], opset: int) -> relax.Expr:
+    """``x * sigmoid(alpha * x)``."""
+    x = inputs[0]
+    alpha = float(attrs.get("alpha", 1.0))
+    scaled = x if alpha == 1.0 else relax.op.multiply(x, relax.const(alpha, x.ty.dtype))
+    return relax.op.multiply(x, relax.op.sigmoid(scaled))
+
+
+def lp_normalization(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], opset: int) -> relax.Expr:
+    """``x`` divided by its L1 or L2 norm along ``axis``."""
+    x = inputs[0]
+    axis, p = int(attrs.get("axis", -1)), int(attrs.get("p", 2))
+    if p == 1:
+        norm = relax.op.sum(relax.op.abs(x), axis=[axis], keepdims=True)
+    elif p == 2:
+        norm = relax.op.sqrt(relax.op.sum(relax.op.multiply(x, x), axis=[axis], keepdims=True))
+    else:
+        raise ModelImportError(f"LpNormalization with p={p} is not defined (ONNX allows 1 or 2)")
+    return relax.op.divide(x, norm)
+
+
+ONNX_CONVERTERS: dict[str, OnnxConverter] = {
+    "LSTM": lstm, "GRU": gru, "RNN": rnn, "Celu": celu, "Swish": swish, "LpNormalization": lp_normalization,
+}
 """The converters the kernel registers (``probtune_register_onnx_converters``), by ONNX operator type."""

@@ -20,8 +20,10 @@ against 0.223 with a correctly rounded quotient (Markstein's FMA correction
 of ``a * r``, this rewrite's form before) and 0.249-0.255 with the division;
 onnxruntime 0.191 in the same run.
 
-Applied to a float32 division in a block's stored value whose divisor does
-not depend on the store's last index (the loop that is vectorized), also
+Never applied where the stored value rounds to an integer (a quantization:
+one ulp of ``x / scale`` flips a half-way rounding, as ONNX's
+DynamicQuantizeLinear case shows). Otherwise applied to a float32 division
+in a block's stored value whose divisor does not depend on the store's last index (the loop that is vectorized), also
 through the variables of ``Let`` bindings (the polynomials of
 ``rewrite-vector-math`` bind them): a divisor that varies along the vector
 would make the branch's condition a vector, and TVM then computes the whole
@@ -30,8 +32,10 @@ stored value one lane at a time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import tvm
 from tvm import s_tir, tirx
 
 from probtune import SpaceContext
@@ -70,7 +74,7 @@ class RewriteInvariantDivision:
     @staticmethod
     def _rewrite(store: tirx.BufferStore) -> tirx.Expr:
         lane_vars = variable_ids(store.indices[-1]) if store.indices else set()
-        if not lane_vars:  # one quotient per divisor: nothing to share
+        if not lane_vars or _rounds_to_integers(store.value):  # nothing to share, or an ulp would change the result
             return store.value
         lane_vars = _with_dependent_lets(store.value, lane_vars)
 
@@ -80,6 +84,36 @@ class RewriteInvariantDivision:
             return expr
 
         return map_bottom_up(store.value, replace)
+
+
+_ROUNDING = frozenset({"tirx.round", "tirx.nearbyint", "tirx.floor", "tirx.ceil", "tirx.trunc"})
+
+
+def _rounds_to_integers(value: tirx.Expr) -> bool:
+    """Whether ``value`` rounds a float32 quotient to an integer (a quantization): one ulp flips a half-way case."""
+    found = False
+
+    def visit(expr: tirx.Expr) -> tirx.Expr:
+        nonlocal found
+        rounding = (isinstance(expr, tirx.Cast) and "int" in str(expr.ty) and "float" in str(expr.value.ty)) or (
+            isinstance(expr, tvm.ir.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in _ROUNDING)
+        found = found or (rounding and _contains(expr, _is_float32_division))
+        return expr
+
+    map_bottom_up(value, visit)
+    return found
+
+
+def _contains(value: tirx.Expr, wanted: Callable[[tirx.Expr], bool]) -> bool:
+    hit = False
+
+    def visit(expr: tirx.Expr) -> tirx.Expr:
+        nonlocal hit
+        hit = hit or wanted(expr)
+        return expr
+
+    map_bottom_up(value, visit)
+    return hit
 
 
 def _with_dependent_lets(value: tirx.Expr, lane_vars: set[int]) -> set[int]:

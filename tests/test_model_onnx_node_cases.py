@@ -1,0 +1,62 @@
+"""ONNX's own backend node tests (the cases the onnx package ships) through probtune's model path: a sample for CI.
+
+Each case is imported, compiled with default programs (trials=0), checked
+against onnxruntime (or TVM's untuned build, where onnxruntime cannot run the
+case's opset) and compared with the outputs the case expects. The sample
+holds the kinds that once failed here: operators TVM's frontend lacks,
+layout rules that crashed, functions outside their domain on random inputs,
+a model with nothing to tune. ``bench/onnx_node_tests.py`` runs them all.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx.backend.test.loader import load_model_tests
+
+from probtune.errors import ModelImportError
+from probtune.model import load_model, tune_model
+
+SAMPLE = [
+    "test_lstm_defaults", "test_lstm_batchwise", "test_gru_with_initial_bias",
+    "test_gru_batchwise", "test_simple_rnn_defaults", "test_rnn_seq_length", "test_celu", "test_swish",
+    "test_lpnormalization_default", "test_max_example", "test_mean_example", "test_dropout_default", "test_sqrt_example",
+    "test_log_example", "test_pow_example", "test_acosh", "test_batchnorm_example", "test_size", "test_clip_default_inbounds",
+    "test_depthtospace_example", "test_dynamicquantizelinear", "test_optional_get_element_tensor",
+    "test_conv_with_strides_padding", "test_convtranspose_pads", "test_hardswish", "test_hardsigmoid",
+    "test_softmax_axis_1",
+]
+REFUSED = {  # inputs that decide shapes or masks at run time: a named error, before any trial
+    "test_resize_upsample_scales_nearest": "TVM's ONNX frontend cannot import this model",
+    "test_lstm_with_peepholes": "LSTM with sequence_lens given at run time is not supported",
+}
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return {case.name: case for case in load_model_tests(kind="node") if case.name in SAMPLE or case.name in REFUSED}
+
+
+def _saved(case, tmp_path):
+    if case is None:
+        pytest.skip("this onnx version ships no such case")
+    path = tmp_path / "model.onnx"
+    onnx.save(case.model, path)
+    return path
+
+
+@pytest.mark.parametrize("name", SAMPLE)
+def test_a_node_case_compiles_and_computes_what_onnx_expects(name, cases, tmp_path):
+    case = cases.get(name)
+    compiled = tune_model(load_model(_saved(case, tmp_path)), trials=0, database=tmp_path / "t.db").compile()
+    assert compiled.check is not None
+    for inputs, expected in case.data_sets:
+        for got, want in zip(compiled(*inputs), expected):
+            np.testing.assert_allclose(got, want, rtol=max(case.rtol, 1e-5), atol=max(case.atol, 1e-6), equal_nan=True)
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_a_node_case_probtune_cannot_take_is_refused_by_name(name, cases, tmp_path):
+    with pytest.raises(ModelImportError, match=REFUSED[name]):
+        load_model(_saved(cases.get(name), tmp_path))
