@@ -4,6 +4,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+ZOO_VENV := .venv-zoo
 export VIRTUAL_ENV := $(abspath $(VENV))
 
 RUST_SOURCES := Cargo.toml $(wildcard rust/*.rs rust/benches/*.rs)
@@ -19,7 +20,7 @@ TRIALS ?= 96
 DATABASE ?= probtune.db
 RPC_KEY ?= arm-neon-qemu
 
-.PHONY: setup tune tune-op test bench bench-space bench-tune bench-transfer bench-models bench-rpc bench-cuda arm-device clean
+.PHONY: setup tune tune-op test bench bench-space bench-tune bench-transfer bench-models bench-rpc bench-cuda bench-node-tests bench-zoo-export arm-device clean
 
 setup: $(VENV)/.deps $(VENV)/.core $(VENV)/.plugins
 
@@ -90,6 +91,18 @@ bench-rpc: setup
 # The CUDA space's random draws against MetaSchedule's, built to cubins and linted here (no GPU needed).
 bench-cuda: setup
 	$(BIN)/python bench/cuda_space.py $(BENCH_ARGS)
+
+# ONNX's backend node tests (one float32 case per operator) through TVM's frontend untuned and through probtune.
+bench-node-tests: setup
+	$(BIN)/python bench/onnx_node_tests.py $(BENCH_ARGS)
+
+# Real architectures (torchvision, timm, transformers; random weights) exported to ONNX in bench/zoo, with a manifest and
+# torch's outputs; torch lives in its own environment, $(ZOO_VENV), never in $(VENV). ZOO_ARGS adds options (--only NAME, --force).
+bench-zoo-export:
+	test -x $(ZOO_VENV)/bin/python || $(PYTHON) -m venv $(ZOO_VENV)
+	$(ZOO_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(ZOO_VENV)/bin/python -m pip install --quiet -r requirements-zoo.txt
+	$(ZOO_VENV)/bin/python bench/zoo_export.py --out bench/zoo --reference $(ZOO_ARGS)
 
 # An emulated AArch64 RPC server, registered with the tracker RPC_TRACKER=HOST:PORT under RPC_KEY.
 arm-device: setup
