@@ -129,6 +129,19 @@ def test_a_model_tvm_cannot_compile_is_refused_before_the_first_trial(tmp_path):
     assert seen == [] and _count(tmp_path / "t.db") == 0
 
 
+def test_only_tasks_that_weigh_in_the_model_are_confirmed(small_cnn_onnx, tmp_path, monkeypatch):
+    from probtune.defaults import CONFIRM_SHARE
+    from probtune.pipeline import MeasurePipeline
+
+    confirmed = []
+    monkeypatch.setattr(MeasurePipeline, "confirm", lambda self, session, top: confirmed.append(session.workload.name))
+    result = tune_model(small_cnn_onnx, trials=16, input_shapes=CNN_SHAPES, database=tmp_path / "t.db", batch_size=2,
+                        confirm=1)
+    shares = {row.name: row.share for row in result.tasks}
+    assert confirmed and all(shares[name] >= CONFIRM_SHARE * 0.5 for name in confirmed)
+    assert {row.name for row in result.tasks if row.share and row.share >= 2 * CONFIRM_SHARE} <= set(confirmed)
+
+
 def test_a_second_run_reuses_the_records_of_shared_tasks(cnn_result, small_cnn_onnx):
     with Database(cnn_result.database) as db:
         before = db.count()

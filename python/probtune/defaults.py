@@ -6,7 +6,7 @@ Nothing is imported here, so that the CLI can read them before TVM loads.
 from __future__ import annotations
 
 __all__ = [
-    "BATCH_SIZE", "BUILD_TIMEOUT", "BUNDLE_REFERENCE_MB", "CONFIRM", "LOCAL", "MODEL_CACHE_FLUSH", "MODEL_TRIALS",
+    "BATCH_SIZE", "BUILD_TIMEOUT", "BUNDLE_REFERENCE_MB", "CONFIRM", "CONFIRM_SHARE", "LOCAL", "MODEL_CACHE_FLUSH", "MODEL_TRIALS",
     "OPERATOR_TRIALS", "RUN_TIMEOUT", "SCHEDULER",
 ]
 
@@ -24,6 +24,9 @@ rounds of 32 with two, and the cost model learns twice as often."""
 
 CONFIRM = 4
 """Best records of a task timed again at the end of a run, so that one lucky timing does not decide."""
+
+CONFIRM_SHARE = 0.01
+"""A model's task is confirmed (``CONFIRM``) only where it is at least this part of the model's estimated latency."""
 
 BUILD_TIMEOUT = 60.0
 """Seconds one candidate may take to compile."""

@@ -17,6 +17,7 @@ from probtune.defaults import (
     BATCH_SIZE,
     BUILD_TIMEOUT,
     CONFIRM,
+    CONFIRM_SHARE,
     MODEL_CACHE_FLUSH,
     MODEL_TRIALS,
     RUN_TIMEOUT,
@@ -207,7 +208,7 @@ def tune_model(
             progress_rows = [sessions.progress(i) for i in range(len(tasks))]
             _warn_unreached(tasks, progress_rows, trials)
             spent = spend(trials, progress_rows, chooser, sessions.run_round, batch_size)
-            confirmed = [session for session in sessions.opened() if session.measured] if confirm else []
+            confirmed = sessions.worth_confirming() if confirm else []
             for index, session in enumerate(confirmed):
                 log.info("timing the best %d programs of task %d of %d again: %s", confirm, index + 1,
                          len(confirmed), session.workload.name)
@@ -292,6 +293,19 @@ class _Sessions:
 
     def opened(self) -> list[TaskSession]:
         return list(self._open.values())
+
+    def worth_confirming(self) -> list[TaskSession]:
+        """The measured tasks whose weighted best latency is at least ``CONFIRM_SHARE`` of the model's estimate.
+
+        Timing a task's best records again costs a build and a timing each; a
+        task that is a sliver of the model cannot move its latency by much.
+        """
+        weighted = {
+            index: self.tasks[index].weight * session.best_latency
+            for index, session in self._open.items() if session.measured and session.best_latency is not None
+        }
+        total = sum(weighted.values())
+        return [self._open[index] for index, value in weighted.items() if value >= CONFIRM_SHARE * total]
 
     def close(self) -> None:
         for session in self._open.values():
