@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import sys
 import tempfile
 import threading
@@ -160,6 +161,27 @@ class CompiledModel:
         self._main = self._vm["main"]
         self._staged = [tvm.runtime.empty(spec.shape, spec.dtype, self._device) for spec in self.inputs]
         self._lock = threading.Lock()  # the VM and the kept input tensors serve one call at a time
+        self._library: Path | None = None  # the shared library it runs from, if it was loaded from one
+        self._folder: tempfile.TemporaryDirectory[str] | None = None  # where :meth:`linked` wrote it
+
+    @classmethod
+    def linked(
+        cls, executable: Any, inputs: Sequence[InputSpec], num_threads: int, compiler: Compiler | None = None
+    ) -> CompiledModel:
+        """``executable`` written as a shared library once, and run from it.
+
+        TVM turns a compiled model into machine code when it first runs it and
+        again when it exports it; a large model spends most of the time after
+        tuning there. Run from its library, it does so once, and
+        :meth:`export_library` copies the file.
+        """
+        folder = tempfile.TemporaryDirectory(prefix="probtune-model-")
+        library = export_model(compiler, executable, Path(folder.name) / "model.so")
+        with _without_scope_notes():
+            loaded = tvm.runtime.load_module(str(library))
+        model = cls(loaded, inputs, num_threads, compiler)
+        model._library, model._folder = library, folder
+        return model
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
         arrays = checked_inputs(inputs, self.inputs)
@@ -181,8 +203,14 @@ class CompiledModel:
         return self._pool.workers()
 
     def export_library(self, path: str | os.PathLike[str]) -> Path:
-        """Write the model as a shared library that TVM's runtime loads (:meth:`load`)."""
-        return export_model(self.compiler, self.executable, path)
+        """Write the model as a shared library that TVM's runtime loads (:meth:`load`); OSError if it cannot."""
+        if self._library is None:
+            return export_model(self.compiler, self.executable, path)
+        try:
+            shutil.copyfile(self._library, path)
+        except OSError as exc:
+            raise OSError(f"cannot write the compiled model to {path}: {exc}") from None
+        return Path(path)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], inputs: Sequence[InputSpec], num_threads: int | None = None) -> CompiledModel:
@@ -191,7 +219,9 @@ class CompiledModel:
             raise FileNotFoundError(f"{path}: no such compiled model")
         with _without_scope_notes():
             executable = tvm.runtime.load_module(str(path))
-        return cls(executable, inputs, num_threads or os.cpu_count() or 1)
+        model = cls(executable, inputs, num_threads or os.cpu_count() or 1)
+        model._library = Path(path)
+        return model
 
     def _tensors(self, inputs: Sequence[np.ndarray]) -> list[Any]:
         return [tvm.runtime.tensor(array, self._device) for array in checked_inputs(inputs, self.inputs)]

@@ -122,7 +122,7 @@ class ModelTuneResult:
         if on is not None:
             compiled = RemoteModel(executable, self.model.inputs, self.target, on.request_session(), threads)
         else:
-            compiled = CompiledModel(executable, self.model.inputs, threads, self.target.compiler)
+            compiled = CompiledModel.linked(executable, self.model.inputs, threads, self.target.compiler)
         compiled.prepacked = prepacked
         compiled.in_place = in_place
         if check:
