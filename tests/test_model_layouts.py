@@ -197,3 +197,23 @@ def test_a_model_tvms_layout_pass_fails_on_keeps_its_layouts_and_compiles(tmp_pa
         fused = fuse(model, host)
     assert all("conv2d_nchw" in task.workload.mod.script() for task in extract_tasks(fused) if "conv" in task.name)
     check_outputs(model, _untuned(fused, host))
+
+
+def test_a_models_own_channels_last_transposes_cancel_with_the_layout_passs(tmp_path):
+    """ConvNeXt as PyTorch exports it: Conv, Transpose to NHWC, LayerNormalization over channels, Transpose back, Conv.
+    With its convolutions NHWC, the model's transposes meet the layout pass's and cancel."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name) for name, shape in
+               (("w1", (8, 3, 3, 3)), ("gamma", (8,)), ("beta", (8,)), ("w2", (8, 8, 3, 3)))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1] * 4),
+             helper.make_node("Transpose", ["c1"], ["t1"], perm=[0, 2, 3, 1]),
+             helper.make_node("LayerNormalization", ["t1", "gamma", "beta"], ["n"], axis=-1),
+             helper.make_node("Transpose", ["n"], ["t2"], perm=[0, 3, 1, 2]),
+             helper.make_node("Conv", ["t2", "w2"], ["y"], pads=[1] * 4)]
+    path = _save(tmp_path, "convnext_block", nodes, weights, (1, 3, 8, 8), (1, 8, 8, 8))
+    host = resolve_target("host")
+    model = load_model(path)
+    assert _transposes(fuse(model, dataclasses.replace(host, layouts={}))) == 2  # the model's own
+    fused = fuse(model, host)
+    assert _transposes(fused) == 2, [task.name for task in extract_tasks(fused)]  # into NHWC and out: none between
+    check_outputs(model, _untuned(fused, host))

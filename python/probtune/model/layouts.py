@@ -22,7 +22,7 @@ from tvm import relax
 
 from probtune.errors import summary, warn_caller
 
-__all__ = ["convert_layouts", "lift_elementwise_calls"]
+__all__ = ["convert_layouts", "fold_transposes", "lift_elementwise_calls"]
 
 LIFTABLE: tuple[Callable[..., relax.Expr], ...] = (relax.op.maximum, relax.op.minimum)
 """Relax operators that an importer may have lowered to TIR and that ``ConvertLayout`` converts."""
@@ -39,10 +39,60 @@ def convert_layouts(mod: tvm.IRModule, layouts: Mapping[str, Sequence[str]]) -> 
         return mod
     desired = {op: list(names) for op, names in layouts.items()}
     try:
-        return relax.transform.ConvertLayout(desired)(lift_elementwise_calls(mod))
+        converted = relax.transform.ConvertLayout(desired)(lift_elementwise_calls(mod))
     except Exception as exc:  # noqa: BLE001 - TVM's InternalError from an operator's layout rule
         warn_caller(f"the model keeps its own data layouts: TVM's ConvertLayout failed on it ({summary(exc, 300)})")
         return mod
+    return fold_transposes(converted)
+
+
+def fold_transposes(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with each transpose of a transpose made one transpose, or none where they cancel.
+
+    A model that moves its own data channels-last around an operator
+    (ConvNeXt's layer norms, as PyTorch writes them) gets, once its
+    convolutions are NHWC, a transpose back to NCHW right before its own to
+    NHWC: together they are the identity.
+    """
+    folder = _FoldTransposes(mod)
+    functions = dict(mod.functions)
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            functions[gv] = folder.visit_expr(func)
+    if not folder.folded:
+        return mod
+    return relax.transform.DeadCodeElimination()(tvm.IRModule(functions, attrs=mod.attrs))
+
+
+@relax.expr_functor.mutator
+class _FoldTransposes(relax.PyExprMutator):  # type: ignore[misc]
+    """``permute_dims(permute_dims(x, p), q)`` as ``permute_dims(x, [p[i] for i in q])``; an identity permutation as ``x``."""
+
+    def __init__(self, mod: tvm.IRModule) -> None:
+        super().__init__(mod)
+        self.permute = tvm.ir.Op.get("relax.permute_dims")
+        self.folded = 0
+
+    def axes(self, call: relax.Call) -> list[int]:
+        rank = len(call.args[0].ty.shape)
+        return list(range(rank))[::-1] if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not call.op.same_as(self.permute):
+            return call
+        if self.axes(call) == list(range(len(call.args[0].ty.shape))):  # ConvertLayout leaves identities too
+            self.folded += 1
+            return call.args[0]
+        inner = self.lookup_binding(call.args[0]) if isinstance(call.args[0], relax.Var) else None
+        if not isinstance(inner, relax.Call) or not inner.op.same_as(self.permute):
+            return call
+        first, second = self.axes(inner), self.axes(call)
+        combined = [first[axis] for axis in second]
+        self.folded += 1
+        if combined == list(range(len(combined))):
+            return inner.args[0]
+        return relax.op.permute_dims(inner.args[0], combined)
 
 
 def _calls_any(mod: tvm.IRModule, names: set[str]) -> bool:
