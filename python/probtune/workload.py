@@ -363,6 +363,8 @@ def _written_buffers(func: tvm.tirx.PrimFunc) -> list[object]:
 
 
 def _static_param_spec(name: str, param: tvm.tirx.Var) -> tuple[tuple[int, ...], str]:
+    if not isinstance(param.ty, tvm.tirx.buffer.BufferType):
+        raise WorkloadShapeError(f"workload {name!r}: parameter {param.name!r} is a scalar; probtune tunes buffers only")
     dims = []
     for dim in param.shape:
         if not isinstance(dim, tvm.tirx.IntImm):

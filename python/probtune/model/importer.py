@@ -108,11 +108,24 @@ def _onnx_inputs(model: Any, path: Path, given: dict[str, Sequence[int] | str]) 
         raise ModelImportError(f"{path}: input_shapes names {unknown}, but the model's inputs are {names}")
     specs = []
     for value in graph_inputs:
-        tensor = value.type.tensor_type
+        tensor = _tensor_type(value, path)
         dims = [dim.dim_value if dim.HasField("dim_value") and dim.dim_value > 0 else None for dim in tensor.shape.dim]
         dtype = str(helper.tensor_dtype_to_np_dtype(tensor.elem_type))
         specs.append(InputSpec(value.name, _fixed_shape(path, value.name, dims, given.get(value.name)), dtype))
     return tuple(specs)
+
+
+def _tensor_type(value: Any, path: Path) -> Any:
+    """An input's tensor type: its own, or an optional's element (present in every call); refused for a sequence."""
+    kind = value.type.WhichOneof("value")
+    if kind == "tensor_type":
+        return value.type.tensor_type
+    if kind == "optional_type" and value.type.optional_type.elem_type.WhichOneof("value") == "tensor_type":
+        return value.type.optional_type.elem_type.tensor_type
+    raise ModelImportError(
+        f"{path}: input {value.name!r} is a {kind.replace('_type', '') if kind else 'value of no type'}, not a tensor; "
+        "probtune takes tensor inputs: export the model with tensors in its place"
+    )
 
 
 def _fixed_shape(path: Path, name: str, dims: list[int | None], given: Sequence[int] | str | None) -> tuple[int, ...]:

@@ -67,6 +67,9 @@ def write_in_place(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
 
 
 def _same_tensor_type(a: tirx.Var, b: tirx.Var) -> bool:
+    """Whether both parameters are buffers of one dtype and shape (a scalar parameter is no buffer)."""
+    if not all(isinstance(v.ty, tirx.buffer.BufferType) for v in (a, b)):
+        return False
     return str(a.dtype) == str(b.dtype) and bool(tvm_ffi.structural_equal(list(a.shape), list(b.shape)))
 
 

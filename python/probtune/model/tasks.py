@@ -17,6 +17,7 @@ import tvm_ffi
 from tvm import relax
 
 from probtune.constant_layouts import LAYOUT_FREE_ATTR, layout_free_params
+from probtune.errors import ModelCompileError, WorkloadShapeError, summary, warn_caller
 from probtune.interfaces import GraphRewrite, TargetSpec
 from probtune.model.importer import Model
 from probtune.model.layouts import convert_layouts
@@ -63,8 +64,14 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
     each rewrite changed.
     """
     mod, counts = apply_graph_rewrites(convert_layouts(model.mod, target.layouts), target, rewrites)
-    with tvm.target.Target(target.tvm_target):
-        fused = relax.get_pipeline("zero")(legalize(mod))
+    try:
+        with tvm.target.Target(target.tvm_target):
+            fused = relax.get_pipeline("zero")(legalize(mod))
+    except Exception as exc:  # noqa: BLE001 - TVM's legalization or fusion refused an operator of the model
+        raise ModelCompileError(
+            f"TVM cannot lower the model for target {target.name!r}: {summary(exc)}. Nothing was tuned; replace "
+            "the operator it names in the model (or report it)"
+        ) from None
     return fused.with_attr(REWRITES_ATTR, counts) if counts else fused
 
 
@@ -83,7 +90,11 @@ def extract_tasks(fused: tvm.IRModule) -> list[ModelTask]:
             continue
         if constant.get(gv.name_hint):  # the space may then pack those weights whatever their reuse
             func = func.with_attr(LAYOUT_FREE_ATTR, sorted(constant[gv.name_hint]))
-        workload = Workload.from_module(func, name=gv.name_hint)
+        try:
+            workload = Workload.from_module(func, name=gv.name_hint)
+        except WorkloadShapeError as exc:  # a scalar parameter (a range's bounds): compiled as TVM lowers it
+            warn_caller(f"{gv.name_hint} is not tuned: {exc}")
+            continue
         key = workload.structural_hash
         by_structure.setdefault(key, []).append(gv.name_hint)
         workloads.setdefault(key, workload)
