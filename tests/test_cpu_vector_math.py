@@ -111,3 +111,18 @@ def test_a_dense_gelu_is_tuned_with_it_and_stays_correct(host):
         lib = compile_for(candidate.mod, host)
         got = run_module(lib, [*inputs, np.zeros((16, 64), "float32")])[2]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_function_of_a_rewritten_function_keeps_its_library_call(host):
+    """Mish, ``x * tanh(log(1 + exp(x)))``: TVM's lowering substitutes nested Let bindings into their uses, and three
+    nested polynomials took LLVM many minutes; the outermost keeps its call, and the program stays correct."""
+    from conftest import assert_samples_correct
+
+    x = te.placeholder((1024,), "float32", name="x")
+    y = te.compute(x.shape, lambda i: x[i] * te.tanh(te.log(1.0 + te.exp(x[i]))), name="mish")
+    workload = Workload.from_module(te.create_prim_func([x, y]))
+    sch = s_tir.Schedule(workload.mod)
+    assert RewriteVectorMath().check(sch, context_of(sch, host)) is None
+    script = sch.mod.script()
+    assert "T.tanh(" in script and "T.log(" not in script  # the log (its argument a call) became a polynomial
+    assert_samples_correct(workload, generate_space(workload, host), host, samples=2)

@@ -101,7 +101,11 @@ def rewrite_calls(
     """Replace every call that ``rewrite_of`` gives a rewrite for, in every block's stored value.
 
     ``is_rewritable`` (a module-level function: it is a cache key) first asks
-    the unscheduled workload whether there is any such call.
+    the unscheduled workload whether there is any such call. A call whose
+    argument is already a rewritten one (Mish's ``tanh(log(1 + exp(x)))``)
+    keeps its library call: TVM's lowering substitutes nested ``Let``
+    bindings into their uses, and three nested polynomials grew past what
+    LLVM compiles in minutes.
     """
     if not workload_stores_any(ctx.workload.mod, is_rewritable):
         return
@@ -109,9 +113,24 @@ def rewrite_calls(
 
     def replace(expr: tirx.Expr) -> tirx.Expr:
         rewrite = rewrite_of(expr)
-        return rewrite(expr.args[0], scale_with_ldexp) if rewrite is not None else expr
+        if rewrite is None or _holds_let(expr.args[0]):  # see the function's docstring
+            return expr
+        return rewrite(expr.args[0], scale_with_ldexp)
 
     rewrite_stored_values(sch, lambda store: map_bottom_up(store.value, replace))
+
+
+def _holds_let(expr: tirx.Expr) -> bool:
+    """Whether ``expr`` binds a ``Let`` anywhere inside (a rewritten call's polynomial)."""
+    found = False
+
+    def visit(node: tirx.Expr) -> tirx.Expr:
+        nonlocal found
+        found = found or isinstance(node, tirx.Let)
+        return node
+
+    map_bottom_up(expr, visit)
+    return found
 
 
 def _is_float32_exp(expr: tirx.Expr) -> bool:
