@@ -200,16 +200,19 @@ def test_a_model_tvms_layout_pass_fails_on_keeps_its_layouts_and_compiles(tmp_pa
 
 
 def test_a_models_own_channels_last_transposes_cancel_with_the_layout_passs(tmp_path):
-    """ConvNeXt as PyTorch exports it: Conv, Transpose to NHWC, LayerNormalization over channels, Transpose back, Conv.
-    With its convolutions NHWC, the model's transposes meet the layout pass's and cancel."""
+    """A ConvNeXt block as PyTorch exports it: Conv, Transpose to NHWC, LayerNormalization over channels, Transpose
+    back, a per-channel scale and the residual add in NCHW, Conv. With the convolutions NHWC, the model's transposes
+    are carried past the scale and the add and cancel with the layout pass's."""
     rng = np.random.default_rng(0)
     weights = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name) for name, shape in
-               (("w1", (8, 3, 3, 3)), ("gamma", (8,)), ("beta", (8,)), ("w2", (8, 8, 3, 3)))]
+               (("w1", (8, 3, 3, 3)), ("gamma", (8,)), ("beta", (8,)), ("scale", (8, 1, 1)), ("w2", (8, 8, 3, 3)))]
     nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1] * 4),
              helper.make_node("Transpose", ["c1"], ["t1"], perm=[0, 2, 3, 1]),
              helper.make_node("LayerNormalization", ["t1", "gamma", "beta"], ["n"], axis=-1),
              helper.make_node("Transpose", ["n"], ["t2"], perm=[0, 3, 1, 2]),
-             helper.make_node("Conv", ["t2", "w2"], ["y"], pads=[1] * 4)]
+             helper.make_node("Mul", ["scale", "t2"], ["s"]),
+             helper.make_node("Add", ["s", "c1"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1] * 4)]
     path = _save(tmp_path, "convnext_block", nodes, weights, (1, 3, 8, 8), (1, 8, 8, 8))
     host = resolve_target("host")
     model = load_model(path)

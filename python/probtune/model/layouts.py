@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax
@@ -47,12 +48,13 @@ def convert_layouts(mod: tvm.IRModule, layouts: Mapping[str, Sequence[str]]) -> 
 
 
 def fold_transposes(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with each transpose of a transpose made one transpose, or none where they cancel.
+    """``mod`` with transposes moved after the elementwise operators they feed, and joined where they meet.
 
     A model that moves its own data channels-last around an operator
-    (ConvNeXt's layer norms, as PyTorch writes them) gets, once its
-    convolutions are NHWC, a transpose back to NCHW right before its own to
-    NHWC: together they are the identity.
+    (ConvNeXt's layer norms, as PyTorch writes them) transposes back to NCHW
+    for a scale and a residual add; once its convolutions are NHWC, the next
+    one transposes to NHWC again. Carried past the scale and the add (with
+    the constant laid out to match), the two transposes meet and cancel.
     """
     folder = _FoldTransposes(mod)
     functions = dict(mod.functions)
@@ -64,28 +66,45 @@ def fold_transposes(mod: tvm.IRModule) -> tvm.IRModule:
     return relax.transform.DeadCodeElimination()(tvm.IRModule(functions, attrs=mod.attrs))
 
 
+_ELEMENTWISE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum")
+"""Binary elementwise operators a transpose of their operands is carried past."""
+
+
 @relax.expr_functor.mutator
 class _FoldTransposes(relax.PyExprMutator):  # type: ignore[misc]
-    """``permute_dims(permute_dims(x, p), q)`` as ``permute_dims(x, [p[i] for i in q])``; an identity permutation as ``x``."""
+    """Joins ``permute_dims(permute_dims(x, p), q)`` into one (none for the identity) and rewrites
+    ``op(permute_dims(x, p), permute_dims(y, p) or a constant)`` as ``permute_dims(op(x, y or the constant
+    transposed back), p)`` for the operators of :data:`_ELEMENTWISE`."""
 
     def __init__(self, mod: tvm.IRModule) -> None:
         super().__init__(mod)
         self.permute = tvm.ir.Op.get("relax.permute_dims")
+        self.elementwise = {tvm.ir.Op.get(name) for name in _ELEMENTWISE}
         self.folded = 0
 
     def axes(self, call: relax.Call) -> list[int]:
         rank = len(call.args[0].ty.shape)
         return list(range(rank))[::-1] if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
 
+    def transposed(self, expr: relax.Expr) -> relax.Call | None:
+        """The ``permute_dims`` call ``expr`` is bound to, if it is one."""
+        bound = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
+        return bound if isinstance(bound, relax.Call) and bound.op.same_as(self.permute) else None
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if not call.op.same_as(self.permute):
-            return call
+        if call.op.same_as(self.permute):
+            return self.join(call)
+        if any(call.op.same_as(op) for op in self.elementwise):
+            return self.carry(call)
+        return call
+
+    def join(self, call: relax.Call) -> relax.Expr:
         if self.axes(call) == list(range(len(call.args[0].ty.shape))):  # ConvertLayout leaves identities too
             self.folded += 1
             return call.args[0]
-        inner = self.lookup_binding(call.args[0]) if isinstance(call.args[0], relax.Var) else None
-        if not isinstance(inner, relax.Call) or not inner.op.same_as(self.permute):
+        inner = self.transposed(call.args[0])
+        if inner is None:
             return call
         first, second = self.axes(inner), self.axes(call)
         combined = [first[axis] for axis in second]
@@ -93,6 +112,32 @@ class _FoldTransposes(relax.PyExprMutator):  # type: ignore[misc]
         if combined == list(range(len(combined))):
             return inner.args[0]
         return relax.op.permute_dims(inner.args[0], combined)
+
+    def carry(self, call: relax.Call) -> relax.Expr:
+        """``op(a, b)`` with a transposed operand, as the transpose of ``op`` on the untransposed ones; else as it is."""
+        a, b = call.args
+        left, right = self.transposed(a), self.transposed(b)
+        axes = self.axes(left) if left is not None else self.axes(right) if right is not None else None
+        if axes is None or call.ty.shape is None or len(call.ty.shape) != len(axes):
+            return call
+        operands = [self.untransposed(arg, found, axes) for arg, found in ((a, left), (b, right))]
+        if any(operand is None for operand in operands):
+            return call
+        self.folded += 1
+        inner = self.builder_.emit(relax.Call(call.op, operands, call.attrs))
+        return relax.op.permute_dims(inner, axes)
+
+    def untransposed(self, arg: relax.Expr, found: relax.Call | None, axes: list[int]) -> relax.Expr | None:
+        """``arg`` as the operand of the untransposed operator: its transpose's input, or a constant laid out back."""
+        if found is not None:
+            return found.args[0] if self.axes(found) == axes else None
+        if not isinstance(arg, tvm.ir.expr.Constant):
+            return None
+        value = arg.value.numpy()
+        if value.ndim > len(axes):
+            return None
+        full = value.reshape((1,) * (len(axes) - value.ndim) + value.shape)
+        return relax.const(np.ascontiguousarray(full.transpose(np.argsort(axes))), str(value.dtype))
 
 
 def _calls_any(mod: tvm.IRModule, names: set[str]) -> bool:

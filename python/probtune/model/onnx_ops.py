@@ -39,7 +39,7 @@ def _check_supported(op: str, inputs: Sequence[Any], attrs: dict[str, Any], sequ
         raise ModelImportError(f"{op} with a cell clip is not supported")
     lengths = inputs[sequence_lens] if len(inputs) > sequence_lens else None
     steps = int(inputs[0].ty.shape[1 if int(attrs.get("layout", 0)) == 1 else 0])
-    if lengths is not None and not (isinstance(lengths, tvm.ir.expr.Constant) and (lengths.data.numpy() == steps).all()):
+    if lengths is not None and not (isinstance(lengths, tvm.ir.expr.Constant) and (lengths.value.numpy() == steps).all()):
         raise ModelImportError(
             f"{op} with sequence_lens given at run time is not supported (only every sequence at full length, "
             "{steps} steps): export the model without sequence_lens, or with them constant"
