@@ -115,7 +115,7 @@ def test_a_dense_gelu_is_tuned_with_it_and_stays_correct(host):
 
 def test_a_function_of_a_rewritten_function_keeps_its_library_call(host):
     """Mish, ``x * tanh(log(1 + exp(x)))``: TVM's lowering substitutes nested Let bindings into their uses, and three
-    nested polynomials took LLVM many minutes; the outermost keeps its call, and the program stays correct."""
+    nested polynomials made LLVM's build far too slow; the outermost keeps its call, and the program stays correct."""
     from conftest import assert_samples_correct
 
     x = te.placeholder((1024,), "float32", name="x")

@@ -56,14 +56,7 @@ def fold_transposes(mod: tvm.IRModule) -> tvm.IRModule:
     one transposes to NHWC again. Carried past the scale and the add (with
     the constant laid out to match), the two transposes meet and cancel.
     """
-    folder = _FoldTransposes(mod)
-    functions = dict(mod.functions)
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            functions[gv] = folder.visit_expr(func)
-    if not folder.folded:
-        return mod
-    return relax.transform.DeadCodeElimination()(tvm.IRModule(functions, attrs=mod.attrs))
+    return _mutated(mod, _FoldTransposes(mod))
 
 
 _ELEMENTWISE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum")
@@ -80,7 +73,7 @@ class _FoldTransposes(relax.PyExprMutator):  # type: ignore[misc]
         super().__init__(mod)
         self.permute = tvm.ir.Op.get("relax.permute_dims")
         self.elementwise = {tvm.ir.Op.get(name) for name in _ELEMENTWISE}
-        self.folded = 0
+        self.changed = 0
 
     def axes(self, call: relax.Call) -> list[int]:
         rank = len(call.args[0].ty.shape)
@@ -101,14 +94,14 @@ class _FoldTransposes(relax.PyExprMutator):  # type: ignore[misc]
 
     def join(self, call: relax.Call) -> relax.Expr:
         if self.axes(call) == list(range(len(call.args[0].ty.shape))):  # ConvertLayout leaves identities too
-            self.folded += 1
+            self.changed += 1
             return call.args[0]
         inner = self.transposed(call.args[0])
         if inner is None:
             return call
         first, second = self.axes(inner), self.axes(call)
         combined = [first[axis] for axis in second]
-        self.folded += 1
+        self.changed += 1
         if combined == list(range(len(combined))):
             return inner.args[0]
         return relax.op.permute_dims(inner.args[0], combined)
@@ -123,7 +116,7 @@ class _FoldTransposes(relax.PyExprMutator):  # type: ignore[misc]
         operands = [self.untransposed(arg, found, axes) for arg, found in ((a, left), (b, right))]
         if any(operand is None for operand in operands):
             return call
-        self.folded += 1
+        self.changed += 1
         inner = self.builder_.emit(relax.Call(call.op, operands, call.attrs))
         return relax.op.permute_dims(inner, axes)
 
@@ -179,12 +172,17 @@ DECOMPOSED: dict[str, Callable[[relax.Call], relax.Expr | None]] = {
 
 def lift_elementwise_calls(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with each ``call_tir`` of a PrimFunc equal to a legalized :data:`LIFTABLE` operator made that operator."""
-    lifter = _Lift(mod)
+    return _mutated(mod, _Lift(mod))
+
+
+def _mutated(mod: tvm.IRModule, mutator: relax.PyExprMutator) -> tvm.IRModule:
+    """``mod`` with ``mutator`` applied to its Relax functions and what they no longer use removed; ``mod`` itself
+    where the mutator changed nothing (it counts its changes in ``changed``)."""
     functions = dict(mod.functions)
     for gv, func in mod.functions.items():
         if isinstance(func, relax.Function):
-            functions[gv] = lifter.visit_expr(func)
-    if not lifter.lifted:
+            functions[gv] = mutator.visit_expr(func)
+    if not mutator.changed:
         return mod
     return relax.transform.DeadCodeElimination()(tvm.IRModule(functions, attrs=mod.attrs))
 
@@ -223,14 +221,14 @@ class _Lift(relax.PyExprMutator):  # type: ignore[misc]
         super().__init__(mod)
         self.mod = mod
         self.call_tir = tvm.ir.Op.get("relax.call_tir")
-        self.lifted = 0
+        self.changed = 0
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         decompose = DECOMPOSED.get(call.op.name) if isinstance(call.op, tvm.ir.Op) else None
         written = decompose(call) if decompose is not None else None
         if written is not None:
-            self.lifted += 1
+            self.changed += 1
             return written
         if not call.op.same_as(self.call_tir) or not isinstance(call.args[1], relax.Tuple):
             return call
@@ -239,6 +237,6 @@ class _Lift(relax.PyExprMutator):  # type: ignore[misc]
         for op in LIFTABLE:
             prim = _legalized(op, args)
             if prim is not None and _same_computation(prim, callee):
-                self.lifted += 1
+                self.changed += 1
                 return op(*args)
         return call

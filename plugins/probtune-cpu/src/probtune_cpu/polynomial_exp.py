@@ -104,8 +104,8 @@ def rewrite_calls(
     the unscheduled workload whether there is any such call. A call whose
     argument is already a rewritten one (Mish's ``tanh(log(1 + exp(x)))``)
     keeps its library call: TVM's lowering substitutes nested ``Let``
-    bindings into their uses, and three nested polynomials grew past what
-    LLVM compiles in minutes.
+    bindings into their uses, and three nested polynomials grew into a
+    program too large for LLVM to build in the builder's time limit.
     """
     if not workload_stores_any(ctx.workload.mod, is_rewritable):
         return
