@@ -106,6 +106,16 @@ class _Layer:
             results.append(self.emit(relax.op.permute_dims(final, [1, 0, 2])) if self.batch_first else final)
         return results
 
+    def cell_inputs(
+        self, weight: relax.Expr, recurrent: relax.Expr, biases: relax.Expr | None, direction: int
+    ) -> tuple[relax.Expr, relax.Expr, relax.Expr | None]:
+        """What an LSTM's or RNN's cell reads in ``direction``: every step's input projections, the recurrent
+        weight transposed, and the input and recurrent biases summed (None where the node has none)."""
+        projected = self.projections(weight, direction)
+        transposed = self.emit(relax.op.permute_dims(self.take(recurrent, direction)))
+        wb, rb = self.bias(biases, direction)
+        return projected, transposed, self.emit(relax.op.add(wb, rb)) if wb is not None and rb is not None else None
+
     def bias(self, biases: relax.Expr | None, direction: int) -> tuple[relax.Expr | None, relax.Expr | None]:
         """The direction's input bias and recurrent bias, None where the node has none."""
         if biases is None:
@@ -125,10 +135,7 @@ def lstm(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], o
     layer = _Layer(bb, x, attrs)
     per_direction, finals = [], []
     for d in range(len(layer.reverse)):
-        projected = layer.projections(w, d)
-        recurrent = layer.emit(relax.op.permute_dims(layer.take(r, d)))
-        wb, rb = layer.bias(b, d)
-        bias = layer.emit(relax.op.add(wb, rb)) if wb is not None else None
+        projected, recurrent, bias = layer.cell_inputs(w, r, b, d)
         peep = [None, None, None] if p is None else [
             layer.emit(relax.TupleGetItem(layer.emit(relax.op.split(layer.take(p, d), 3, axis=-1)), i)) for i in range(3)]
         hidden, cell, states = layer.initial(h0, d), layer.initial(c0, d), []
@@ -207,10 +214,7 @@ def rnn(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], op
     layer = _Layer(bb, x, attrs)
     per_direction, finals = [], []
     for d in range(len(layer.reverse)):
-        projected = layer.projections(w, d)
-        recurrent = layer.emit(relax.op.permute_dims(layer.take(r, d)))
-        wb, rb = layer.bias(b, d)
-        bias = layer.emit(relax.op.add(wb, rb)) if wb is not None else None
+        projected, recurrent, bias = layer.cell_inputs(w, r, b, d)
         hidden, states = layer.initial(h0, d), []
         for step in layer.order(d):
             (total,) = layer.gates(projected, step, hidden, recurrent, bias, 1)
