@@ -41,13 +41,15 @@ def test_a_task_named_by_a_long_chain_of_operators_is_tuned(tmp_path):
 
 
 def test_a_model_with_an_unused_input_takes_it_and_ignores_it(tmp_path):
-    nodes = [helper.make_node("Relu", ["x"], ["y"])]
-    path = _save(tmp_path, "unused", nodes, [_tensor("x", [2, 8]), _tensor("mask", [2, 8])], [_tensor("y", [2, 8])])
+    """The frontend drops the unused input and renames the other (PyTorch's ``input.1`` becomes ``input_1``)."""
+    nodes = [helper.make_node("Relu", ["input.1"], ["y"])]
+    path = _save(tmp_path, "unused", nodes, [_tensor("attention.mask", [2, 8]), _tensor("input.1", [2, 8])],
+                 [_tensor("y", [2, 8])])
     model = load_model(path)
-    assert [spec.name for spec in model.inputs] == ["x", "mask"]
+    assert [spec.name for spec in model.inputs] == ["attention.mask", "input.1"]
     compiled = tune_model(model, trials=2, database=tmp_path / "t.db", **FAST).compile()
     x = np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)
-    np.testing.assert_array_equal(compiled(x, np.zeros((2, 8), np.float32))[0], np.maximum(x, 0))
+    np.testing.assert_array_equal(compiled(np.zeros((2, 8), np.float32), x)[0], np.maximum(x, 0))
 
 
 def test_two_outputs_of_different_dtypes_are_both_checked(tmp_path):

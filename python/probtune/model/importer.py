@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,15 +208,31 @@ def _with_every_input(mod: tvm.IRModule, inputs: tuple[InputSpec, ...]) -> tvm.I
     """``mod`` whose ``main`` takes every input of the model, in order, used or not (the frontend drops unused ones,
     but a caller passes what the model declares)."""
     main = mod["main"]
-    have = {str(param.name): param for param in main.params}
-    if [str(param.name) for param in main.params] == [spec.name for spec in inputs]:
+    if len(main.params) == len(inputs):
         return mod
-    params = [have[spec.name] if spec.name in have else relax.Var(spec.name, relax.TensorType(spec.shape, spec.dtype))
-              for spec in inputs]
+    used = list(main.params)
+    params = []
+    for spec in inputs:  # the frontend keeps the used inputs in order, under its own spelling of their names
+        if used and _frontend_spelling(spec.name, str(used[0].name)):
+            params.append(used.pop(0))
+        else:
+            params.append(relax.Var(spec.name, relax.TensorType(spec.shape, spec.dtype)))
+    if used:
+        raise ModelImportError(f"the imported model's inputs {[str(p.name) for p in main.params]} do not match the "
+                               f"file's {[spec.name for spec in inputs]}")
     updated = relax.Function(params, main.body, main.ret_ty, main.is_pure, main.attrs, main.span)
     mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
     mod[mod.get_global_var("main")] = updated
     return mod
+
+
+def _frontend_spelling(name: str, imported: str) -> bool:
+    """Whether TVM's ONNX frontend may have named input ``name`` ``imported``: dots made underscores, a name that
+    does not start with a letter prefixed with ``input_``, and a ``_N`` suffix where the name was taken."""
+    base = name.replace(".", "_")
+    if not (base[:1].isalpha() or base[:1] == "_"):
+        base = f"input_{base}"
+    return imported == name or re.fullmatch(re.escape(base) + r"(_\d+)?", imported) is not None
 
 
 def _check_operators(model: Any, path: Path) -> None:
