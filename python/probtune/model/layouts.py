@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax
 
 from probtune.errors import summary, warn_caller
+from probtune.model.transposes import fold_transposes, mutated
 
-__all__ = ["convert_layouts", "fold_transposes", "lift_elementwise_calls"]
+__all__ = ["convert_layouts", "lift_elementwise_calls"]
 
 LIFTABLE: tuple[Callable[..., relax.Expr], ...] = (relax.op.maximum, relax.op.minimum)
 """Relax operators that an importer may have lowered to TIR and that ``ConvertLayout`` converts."""
@@ -45,92 +45,6 @@ def convert_layouts(mod: tvm.IRModule, layouts: Mapping[str, Sequence[str]]) -> 
         warn_caller(f"the model keeps its own data layouts: TVM's ConvertLayout failed on it ({summary(exc, 300)})")
         return mod
     return fold_transposes(converted)
-
-
-def fold_transposes(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with transposes moved after the elementwise operators they feed, and joined where they meet.
-
-    A model that moves its own data channels-last around an operator
-    (ConvNeXt's layer norms, as PyTorch writes them) transposes back to NCHW
-    for a scale and a residual add; once its convolutions are NHWC, the next
-    one transposes to NHWC again. Carried past the scale and the add (with
-    the constant laid out to match), the two transposes meet and cancel.
-    """
-    return _mutated(mod, _FoldTransposes(mod))
-
-
-_ELEMENTWISE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum")
-"""Binary elementwise operators a transpose of their operands is carried past."""
-
-
-@relax.expr_functor.mutator
-class _FoldTransposes(relax.PyExprMutator):  # type: ignore[misc]
-    """Joins ``permute_dims(permute_dims(x, p), q)`` into one (none for the identity) and rewrites
-    ``op(permute_dims(x, p), permute_dims(y, p) or a constant)`` as ``permute_dims(op(x, y or the constant
-    transposed back), p)`` for the operators of :data:`_ELEMENTWISE`."""
-
-    def __init__(self, mod: tvm.IRModule) -> None:
-        super().__init__(mod)
-        self.permute = tvm.ir.Op.get("relax.permute_dims")
-        self.elementwise = {tvm.ir.Op.get(name) for name in _ELEMENTWISE}
-        self.changed = 0
-
-    def axes(self, call: relax.Call) -> list[int]:
-        rank = len(call.args[0].ty.shape)
-        return list(range(rank))[::-1] if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
-
-    def transposed(self, expr: relax.Expr) -> relax.Call | None:
-        """The ``permute_dims`` call ``expr`` is bound to, if it is one."""
-        bound = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
-        return bound if isinstance(bound, relax.Call) and bound.op.same_as(self.permute) else None
-
-    def visit_call_(self, call: relax.Call) -> relax.Expr:
-        call = super().visit_call_(call)
-        if call.op.same_as(self.permute):
-            return self.join(call)
-        if any(call.op.same_as(op) for op in self.elementwise):
-            return self.carry(call)
-        return call
-
-    def join(self, call: relax.Call) -> relax.Expr:
-        if self.axes(call) == list(range(len(call.args[0].ty.shape))):  # ConvertLayout leaves identities too
-            self.changed += 1
-            return call.args[0]
-        inner = self.transposed(call.args[0])
-        if inner is None:
-            return call
-        first, second = self.axes(inner), self.axes(call)
-        combined = [first[axis] for axis in second]
-        self.changed += 1
-        if combined == list(range(len(combined))):
-            return inner.args[0]
-        return relax.op.permute_dims(inner.args[0], combined)
-
-    def carry(self, call: relax.Call) -> relax.Expr:
-        """``op(a, b)`` with a transposed operand, as the transpose of ``op`` on the untransposed ones; else as it is."""
-        a, b = call.args
-        left, right = self.transposed(a), self.transposed(b)
-        axes = self.axes(left) if left is not None else self.axes(right) if right is not None else None
-        if axes is None or call.ty.shape is None or len(call.ty.shape) != len(axes):
-            return call
-        operands = [self.untransposed(arg, found, axes) for arg, found in ((a, left), (b, right))]
-        if any(operand is None for operand in operands):
-            return call
-        self.changed += 1
-        inner = self.builder_.emit(relax.Call(call.op, operands, call.attrs))
-        return relax.op.permute_dims(inner, axes)
-
-    def untransposed(self, arg: relax.Expr, found: relax.Call | None, axes: list[int]) -> relax.Expr | None:
-        """``arg`` as the operand of the untransposed operator: its transpose's input, or a constant laid out back."""
-        if found is not None:
-            return found.args[0] if self.axes(found) == axes else None
-        if not isinstance(arg, tvm.ir.expr.Constant):
-            return None
-        value = arg.value.numpy()
-        if value.ndim > len(axes):
-            return None
-        full = value.reshape((1,) * (len(axes) - value.ndim) + value.shape)
-        return relax.const(np.ascontiguousarray(full.transpose(np.argsort(axes))), str(value.dtype))
 
 
 def _calls_any(mod: tvm.IRModule, names: set[str]) -> bool:
@@ -172,19 +86,7 @@ DECOMPOSED: dict[str, Callable[[relax.Call], relax.Expr | None]] = {
 
 def lift_elementwise_calls(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with each ``call_tir`` of a PrimFunc equal to a legalized :data:`LIFTABLE` operator made that operator."""
-    return _mutated(mod, _Lift(mod))
-
-
-def _mutated(mod: tvm.IRModule, mutator: relax.PyExprMutator) -> tvm.IRModule:
-    """``mod`` with ``mutator`` applied to its Relax functions and what they no longer use removed; ``mod`` itself
-    where the mutator changed nothing (it counts its changes in ``changed``)."""
-    functions = dict(mod.functions)
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            functions[gv] = mutator.visit_expr(func)
-    if not mutator.changed:
-        return mod
-    return relax.transform.DeadCodeElimination()(tvm.IRModule(functions, attrs=mod.attrs))
+    return mutated(mod, _Lift(mod))
 
 
 def _legalized(op: Callable[..., relax.Expr], args: Sequence[relax.Expr]) -> tvm.tirx.PrimFunc | None:
