@@ -69,11 +69,12 @@ def _permutes(mod: tvm.IRModule) -> list[list[int]]:
 
 def test_a_channel_shuffle_is_done_channels_last_and_matches_onnxruntime(tmp_path):
     """ShuffleNet's unit as torchvision exports it: Concat, Reshape into groups, Transpose, Reshape back, then
-    Slices that feed a convolution and the next Concat. With the convolutions NHWC, the shuffle is a transpose of
+    Slices that feed a convolution and the next Concat, and a convolution. With the convolutions NHWC, the shuffle is a transpose of
     the channels' groups in NHWC, and no transpose is left between the convolutions."""
     rng = np.random.default_rng(0)
     weights = [_const("w1", rng.standard_normal((4, 4, 3, 3)).astype(np.float32)),
                _const("w2", rng.standard_normal((4, 4, 1, 1)).astype(np.float32)),
+               _const("w3", rng.standard_normal((8, 8, 1, 1)).astype(np.float32)),
                _const("shape5", np.array([1, 2, 4, 6, 6])), _const("shape4", np.array([1, 8, 6, 6])),
                _const("zero", np.array([0])), _const("four", np.array([4])), _const("eight", np.array([8])),
                _const("one", np.array([1]))]
@@ -87,7 +88,8 @@ def test_a_channel_shuffle_is_done_channels_last_and_matches_onnxruntime(tmp_pat
              helper.make_node("Slice", ["s", "zero", "four", "one"], ["left"]),
              helper.make_node("Slice", ["s", "four", "eight", "one"], ["right"]),
              helper.make_node("Conv", ["right", "w2"], ["c2"]),
-             helper.make_node("Concat", ["left", "c2"], ["y"], axis=1)]
+             helper.make_node("Concat", ["left", "c2"], ["cat2"], axis=1),
+             helper.make_node("Conv", ["cat2", "w3"], ["y"])]
     model = _model(tmp_path, "shuffle", nodes, weights, [("x", (1, 4, 6, 6))], [("y", (1, 8, 6, 6))])
     host = resolve_target("host")
     shapes = _permutes(convert_layouts(model.mod, host.layouts))

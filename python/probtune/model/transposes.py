@@ -35,12 +35,15 @@ def fold_transposes(mod: tvm.IRModule) -> tvm.IRModule:
     layout pass's transposes). Past the other operators only where that
     moves fewer elements in all (:func:`transposed_elements`): a transpose
     carried past a slice with other readers, or past a reshape that merges
-    axes it has reordered (part of it is done first), pays only where it
-    meets another transpose.
+    axes it has reordered (part of it is then done first), pays only where
+    it meets another transpose.
     """
-    basic = mutated(mod, _FoldTransposes(mod, wide=False))
-    wide = mutated(mod, _FoldTransposes(mod, wide=True))
-    return wide if transposed_elements(wide) < transposed_elements(basic) else basic
+    variants = [mutated(mod, _FoldTransposes(mod, wide, split)) for wide, split in FOLDS]
+    return min(variants, key=transposed_elements)  # the first of the cheapest: the narrower rewrite on a tie
+
+
+FOLDS = ((False, False), (True, False), (True, True))
+"""The rewrites tried, narrowest first: ``(wide, split)`` of :class:`_FoldTransposes`."""
 
 
 def mutated(mod: tvm.IRModule, mutator: relax.PyExprMutator) -> tvm.IRModule:
@@ -116,11 +119,12 @@ class _FoldTransposes(relax.PyExprMutator):  # type: ignore[misc]
     """Joins ``permute_dims(permute_dims(x, p), q)`` into one (none for the identity), and writes an operator on
     transposed operands as the transpose of the operator on the untransposed ones: binary elementwise operators
     (a constant operand is laid out back), and if ``wide``, unary elementwise ones, slices, concatenations and
-    reshapes."""
+    reshapes: with ``split``, also a reshape that merges axes the transpose has reordered."""
 
-    def __init__(self, mod: tvm.IRModule, wide: bool) -> None:
+    def __init__(self, mod: tvm.IRModule, wide: bool, split: bool) -> None:
         super().__init__(mod)
         self.permute = tvm.ir.Op.get("relax.permute_dims")
+        self.split = split
         self.rules = {"relax.permute_dims": self.join, **{name: self.carry for name in _ELEMENTWISE}}
         if wide:
             self.rules.update({name: self.carry_unary for name in _UNARY})
@@ -224,6 +228,8 @@ class _FoldTransposes(relax.PyExprMutator):  # type: ignore[misc]
         sources = [[axes[i] for i in before] for before, _ in groups]
         first = [axis for group in sorted(sources, key=min) for axis in group]  # each group's axes together, in order
         if first != list(range(len(first))):
+            if not self.split:
+                return call
             source = self.builder_.emit(relax.op.permute_dims(source, first))
         order = sorted(range(len(groups)), key=lambda g: min(sources[g]))  # the groups as they lie in ``source``
         reshaped: list[int] = []
