@@ -19,6 +19,7 @@ TARGET ?= host
 TRIALS ?= 96
 DATABASE ?= probtune.db
 RPC_KEY ?= arm-neon-qemu
+TEST_WORKERS ?= 2
 
 .PHONY: setup tune tune-op test bench bench-space bench-tune bench-transfer bench-models bench-rpc bench-cuda bench-node-tests bench-zoo-export arm-device clean
 
@@ -56,7 +57,7 @@ test: setup
 	$(BIN)/python -m mypy.stubtest probtune._core
 	cargo clippy --release --all-targets --quiet -- -D warnings
 	cargo test --release
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --numprocesses $(TEST_WORKERS)
 
 bench: setup
 	$(BIN)/python -m pip install --quiet -r requirements-bench.txt

@@ -64,3 +64,10 @@ def test_a_node_case_probtune_cannot_take_is_refused_by_name(name, cases, tmp_pa
     with pytest.raises(ProbtuneError, match=REFUSED[name]):
         tune_model(load_model(path), trials=4, database=tmp_path / "t.db")
     assert not (tmp_path / "t.db").exists()  # refused before anything was recorded
+
+
+def test_the_operator_tvms_frontend_failed_on_is_named_and_nothing_is_printed(cases, tmp_path, capsys):
+    path = _saved(cases.get("test_resize_upsample_scales_nearest"), tmp_path)
+    with pytest.raises(ProbtuneError, match=r"cannot import this model \(converting a Resize node\)"):
+        load_model(path)
+    assert "Error converting" not in capsys.readouterr().out

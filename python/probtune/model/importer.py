@@ -8,6 +8,7 @@ fixed, onnxslim folds those computations to constants first.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -156,17 +157,21 @@ def _import_onnx(model: Any, inputs: tuple[InputSpec, ...], path: Path) -> tvm.I
     folded = _fold_shapes(model, inputs, path)
     shapes = {spec.name: list(spec.shape) for spec in inputs}
     dtypes = {spec.name: spec.dtype for spec in inputs}
+    printed = io.StringIO()  # the frontend prints the operator it failed on (with every input) before raising
     try:
-        with _plugin_converters():
+        with _plugin_converters(), contextlib.redirect_stdout(printed):
             mod = from_onnx(folded, shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=False)
     except ModelImportError as exc:  # a plugin's converter refused a node's form
         raise ModelImportError(f"{path}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - the frontend raises many kinds; each is reported with its node
+        failed = re.search(r"Error converting operator (\w+)", printed.getvalue())
+        where = f" (converting a {failed.group(1)} node)" if failed else ""
         raise ModelImportError(
-            f"{path}: TVM's ONNX frontend cannot import this model: {_described(exc)}. "
+            f"{path}: TVM's ONNX frontend cannot import this model{where}: {_described(exc)}. "
             "Export it again with static shapes (or a newer opset), or import it with TVM yourself and pass the "
             "Relax module to probtune"
         ) from None
+    print(printed.getvalue(), end="")
     return _with_every_input(mod, inputs)
 
 
