@@ -71,7 +71,7 @@ def transposed_elements(mod: tvm.IRModule) -> int:
                 if _of_constants(value, constant):
                     constant.add(binding.var)
                 elif isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.permute_dims":
-                    total += int(np.prod([int(d) for d in value.ty.shape]))
+                    total += _elements(value.ty.shape)
     return total
 
 
@@ -239,6 +239,12 @@ class _FoldTransposes(relax.PyExprMutator):  # type: ignore[misc]
             reshaped.extend(shape[k] for k in groups[g][1])
         moved = [start[g] + k for g in range(len(groups)) for k in range(len(groups[g][1]))]
         return self.moved(relax.op.reshape(source, reshaped), moved)
+
+
+def _elements(shape: relax.Expr | None) -> int:
+    """The elements of a tensor of ``shape``, a symbolic dimension (a dynamic batch) counted as 1."""
+    dims = [int(d) if isinstance(d, tvm.tirx.IntImm) else 1 for d in shape] if shape is not None else []
+    return int(np.prod(dims))
 
 
 def _static(shape: relax.Expr | None) -> list[int] | None:
