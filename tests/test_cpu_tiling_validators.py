@@ -14,7 +14,7 @@ from conftest import assert_program_correct, matmul_module, run_module
 from tvm import te
 from tvm.script import tirx as T
 
-from probtune import Rng, Trace, generate_space
+from probtune import Rng, SpaceContext, Trace, generate_space
 from probtune.catalog import BUILTIN_WORKLOADS
 from probtune.constant_layouts import LAYOUT_FREE_ATTR
 from probtune.schedule import BlockRV, Schedule
@@ -29,10 +29,10 @@ from probtune_cpu.multi_level_tiling import (
     MultiLevelTiling,
     accumulator_bytes,
 )
-from probtune_cpu.validators import estimate_unrolled_size
+from probtune_cpu.validators import VerifyNoRecompute, estimate_unrolled_size
 from probtune_cpu.vector_unit import vector_register_bytes, vector_width
 
-VERIFIERS = ["verify-static-loops", "verify-vectorize", "verify-parallel", "verify-unroll-size"]
+VERIFIERS = ["verify-static-loops", "verify-vectorize", "verify-parallel", "verify-unroll-size", "verify-no-recompute"]
 CATALOG = {spec.name: spec for spec in BUILTIN_WORKLOADS}
 
 
@@ -503,6 +503,20 @@ def test_normal_samples_pass_every_validator(host, two_cores, name):
     # the space's own output, and rarely.
     assert set(space.rejections) <= {"verify-unroll-size", "rewrite-parallel-vectorize-unroll"}
     assert sum(s is None for s in samples) == sum(space.rejections.values()) <= 6
+
+
+def test_a_producer_redone_for_each_element_of_its_consumer_is_rejected(host):
+    """A softmax's exponentials and their sum computed under the loop over the row's outputs: each output redoes
+    the row's work."""
+    workload = CATALOG["softmax"].instantiate((16, 256))
+    context = SpaceContext(workload=workload, target=host)
+    sch = Schedule(workload.mod)
+    assert VerifyNoRecompute().check(sch, context) is None
+    _, j = sch.get_loops(sch.get_sblock("T_softmax_norm"))
+    sch.compute_at(sch.get_sblock("T_softmax_expsum"), j)
+    sch.compute_at(sch.get_sblock("T_softmax_exp"), j)
+    reason = VerifyNoRecompute().check(sch, context)
+    assert reason is not None and "a block is recomputed" in reason
 
 
 def test_unroll_estimate_follows_tvm_unroll_rule(host):

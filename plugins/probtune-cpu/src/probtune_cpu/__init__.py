@@ -20,7 +20,13 @@ from probtune_cpu.parallel_vectorize import (
 from probtune_cpu.polynomial_exp import RewriteExpPolynomial
 from probtune_cpu.random_compute_location import RandomComputeLocation
 from probtune_cpu.reciprocal_division import RewriteInvariantDivision
-from probtune_cpu.validators import VerifyParallel, VerifyStaticLoops, VerifyUnrollSize, VerifyVectorize
+from probtune_cpu.validators import (
+    VerifyNoRecompute,
+    VerifyParallel,
+    VerifyStaticLoops,
+    VerifyUnrollSize,
+    VerifyVectorize,
+)
 from probtune_cpu.vector_math import RewriteVectorMath
 from probtune_cpu.winograd import WinogradConv2D
 
@@ -68,6 +74,7 @@ def probtune_register_validators(register: Callable[[Any], None]) -> None:
     register(VerifyVectorize())
     register(VerifyParallel())
     register(VerifyUnrollSize())
+    register(VerifyNoRecompute())
 
 
 @hookimpl

@@ -32,6 +32,7 @@ DEFAULT_VALIDATORS = (
     "verify-vectorize",
     "verify-parallel",
     "verify-unroll-size",
+    "verify-no-recompute",
 )
 
 DEFAULT_MUTATORS = {"tile_size": 0.9, "categorical": 0.05, "compute_location": 0.05}

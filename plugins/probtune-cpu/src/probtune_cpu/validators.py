@@ -19,7 +19,10 @@ from probtune_cpu.parallel_vectorize import MAX_VECTORS_PER_LOOP
 from probtune_cpu.stored_values import map_bottom_up
 from probtune_cpu.vector_unit import vector_width
 
-__all__ = ["VerifyParallel", "VerifyStaticLoops", "VerifyUnrollSize", "VerifyVectorize", "estimate_unrolled_size"]
+__all__ = [
+    "VerifyNoRecompute", "VerifyParallel", "VerifyStaticLoops", "VerifyUnrollSize", "VerifyVectorize",
+    "block_executions", "estimate_unrolled_size",
+]
 
 _UNROLL_STEP_KEY = "pragma_auto_unroll_max_step"  # what TVM's UnrollLoop pass reads
 
@@ -212,4 +215,36 @@ class VerifyUnrollSize:
         size = estimate_unrolled_size(sch.mod["main"].body, vector_width(ctx.target))
         if size > self.max_vector_ops:
             return f"about {size} vector operations once unrolled, more than {self.max_vector_ops}"
+        return None
+
+
+def block_executions(stmt: tirx.Stmt, times: int = 1) -> int:
+    """How many times the blocks under ``stmt`` run, all together (a loop of unknown extent counted once)."""
+    if isinstance(stmt, tirx.For):
+        times *= _constant(stmt.extent) or 1
+    own = times if isinstance(stmt, s_tir.SBlockRealize) and stmt.block.name_hint != "root" else 0
+    return own + sum(block_executions(child, times) for child in child_stmts(stmt))
+
+
+@dataclass(frozen=True)
+class VerifyNoRecompute:
+    """Reject a program whose blocks run many times more often than the workload's: one computed inside a loop
+    its values do not depend on, redone on every iteration.
+
+    A compute location inside a consumer's loop over elements that all read
+    the same producer values (a softmax's exponentials and their sum under
+    the loop over the row's outputs) is valid, and redoes the producer's work
+    once per element: a 1500-wide softmax ran 1500 times slower. A reduction
+    factored out, a write-back through a cache or a tile's copy adds at most
+    a few runs of each block to the workload's own.
+    """
+
+    name: str = "verify-no-recompute"
+    max_ratio: int = 8
+
+    def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
+        own = block_executions(ctx.workload.mod["main"].body)
+        runs = block_executions(sch.mod["main"].body)
+        if own and runs > self.max_ratio * own:
+            return f"its blocks run {runs} times, {runs / own:.0f}x the workload's {own}: a block is recomputed"
         return None
