@@ -9,7 +9,8 @@ call. A call whose PrimFunc is exactly what a Relax elementwise operator
 legalizes to is therefore first lifted back to that operator. Likewise an
 elementwise operator that ``ConvertLayout`` has no rule for (``clip``: every
 hard-swish and hard-sigmoid; ``leakyrelu``) is first written as operators it
-converts.
+converts. The transposes the pass leaves are then carried forward and joined
+(:mod:`probtune.model.transposes`).
 """
 
 from __future__ import annotations
