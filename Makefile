@@ -57,7 +57,7 @@ test: setup
 	$(BIN)/python -m mypy.stubtest probtune._core
 	cargo clippy --release --all-targets --quiet -- -D warnings
 	cargo test --release
-	$(BIN)/python -m pytest --numprocesses $(TEST_WORKERS)
+	$(BIN)/python -m pytest --numprocesses $(TEST_WORKERS) --dist worksteal --durations 15
 
 bench: setup
 	$(BIN)/python -m pip install --quiet -r requirements-bench.txt

@@ -331,7 +331,9 @@ def unroll_limits(func: tirx.PrimFunc) -> dict[str, int]:
 def test_max_reductions_unroll_no_more_than_their_own_limit(host):
     """LLVM takes exponential time on long unrolled chains of float max updates; the rest of the nest keeps the sampled step."""
     workload = catalog_workload("softmax", (4, 256))
-    space = generate_space(workload, host)
+    # The steps hold whatever compute locations are drawn; some of those draws recompute a block and are refused.
+    validators = [name for name in host.validators if name != "verify-no-recompute"]
+    space = generate_space(workload, host, validators=validators)
     steps = AutoUnroll().max_steps
     unrolls = [i for i, inst in enumerate(space.trace.instructions)
                if inst.kind == "sample_categorical" and list(inst.attrs["candidates"]) == list(steps)]
