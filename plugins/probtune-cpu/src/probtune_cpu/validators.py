@@ -234,9 +234,9 @@ class VerifyNoRecompute:
     A compute location inside a consumer's loop over elements that all read
     the same producer values (a softmax's exponentials and their sum under
     the loop over the row's outputs) is valid, and redoes the producer's work
-    once per element: a 1500-wide softmax ran 1500 times slower. A reduction
-    factored out, a write-back through a cache or a tile's copy adds at most
-    a few runs of each block to the workload's own.
+    once per element: the softmax then costs its row's width times over. A
+    reduction factored out, a write-back through a cache or a tile's copy
+    adds at most a few runs of each block to the workload's own.
     """
 
     name: str = "verify-no-recompute"
