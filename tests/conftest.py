@@ -131,3 +131,15 @@ def encoder_onnx(tmp_path_factory):
 def host_key(name: str = "host") -> str:
     """The key under which this machine's records of a target are kept in a database (the target at this CPU)."""
     return f"{name}@{cpu_model()}"
+
+
+def untuned_runner(fused: tvm.IRModule, target):
+    """A fused model built by TVM as it is (no tuned programs), as a function of numpy inputs to numpy outputs."""
+    executable = tvm.compile(fused, tvm.target.Target(target.tvm_target))
+    vm = tvm.relax.VirtualMachine(executable, tvm.cpu())
+
+    def run(*arrays):
+        result = vm["main"](*[tvm.runtime.tensor(a) for a in arrays])
+        return [r.numpy() for r in result] if isinstance(result, tvm.ir.Array) else [result.numpy()]
+
+    return run

@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import pytest
 import tvm
+from conftest import untuned_runner
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax, te, topi
 
@@ -43,12 +44,6 @@ def _transposes(fused: tvm.IRModule) -> int:
     return sum("transpose" in name and "conv" not in name for name in callees)
 
 
-def _untuned(fused: tvm.IRModule, target):
-    executable = tvm.compile(fused, tvm.target.Target(target.tvm_target))
-    vm = relax.VirtualMachine(executable, tvm.cpu())
-    return lambda *arrays: [vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()]
-
-
 def test_cpu_convolutions_are_channels_last_and_match_onnxruntime(small_cnn_onnx):
     host = resolve_target("host")
     model = load_model(small_cnn_onnx, {"x": (1, 3, 16, 16)})
@@ -56,7 +51,7 @@ def test_cpu_convolutions_are_channels_last_and_match_onnxruntime(small_cnn_onnx
     convs = [task for task in extract_tasks(fused) if "conv2d" in task.name]
     assert convs and all("conv2d_nhwc" in task.workload.mod.script() for task in convs)
     assert _transposes(fused) <= 2  # the input into NHWC, and once before the classifier
-    check_outputs(model, _untuned(fused, host))
+    check_outputs(model, untuned_runner(fused, host))
 
 
 def test_a_target_without_layouts_keeps_the_models(small_cnn_onnx):
@@ -74,7 +69,7 @@ def test_a_relu6_is_fused_into_its_channels_last_convolution(relu6_onnx):
     names = [task.name for task in extract_tasks(fused)]
     assert any("conv2d" in name and "maximum" in name and "minimum" in name for name in names), names
     assert _transposes(fused) == 2  # in and out of the model; none around the clip
-    check_outputs(model, _untuned(fused, host))
+    check_outputs(model, untuned_runner(fused, host))
 
 
 def _module_with_call_te(compute) -> tvm.IRModule:
@@ -157,7 +152,7 @@ def test_a_detectors_elementwise_resize_concat_and_transposed_convolution_stay_c
     assert any("conv2d_transpose" in name for name in names)
     assert all("conv2d_nhwc" in task.workload.mod.script() or "conv2d" not in task.name
                for task in extract_tasks(fused) if "transpose" not in task.name)
-    check_outputs(model, _untuned(fused, host))
+    check_outputs(model, untuned_runner(fused, host))
 
 
 @pytest.mark.parametrize(
@@ -177,7 +172,7 @@ def test_a_transposed_convolution_after_a_channels_last_convolution_compiles_and
     model = load_model(path)
     fused = fuse(model, host)
     assert "conv2d_transpose" in str(fused) and _transposes(fused) == 2
-    check_outputs(model, _untuned(fused, host))
+    check_outputs(model, untuned_runner(fused, host))
 
 
 def test_a_model_tvms_layout_pass_fails_on_keeps_its_layouts_and_compiles(tmp_path):
@@ -196,7 +191,7 @@ def test_a_model_tvms_layout_pass_fails_on_keeps_its_layouts_and_compiles(tmp_pa
     with pytest.warns(UserWarning, match="keeps its own data layouts: TVM's ConvertLayout failed"):
         fused = fuse(model, host)
     assert all("conv2d_nchw" in task.workload.mod.script() for task in extract_tasks(fused) if "conv" in task.name)
-    check_outputs(model, _untuned(fused, host))
+    check_outputs(model, untuned_runner(fused, host))
 
 
 def test_a_models_own_channels_last_transposes_cancel_with_the_layout_passs(tmp_path):
@@ -219,4 +214,4 @@ def test_a_models_own_channels_last_transposes_cancel_with_the_layout_passs(tmp_
     assert _transposes(fuse(model, dataclasses.replace(host, layouts={}))) == 2  # the model's own
     fused = fuse(model, host)
     assert _transposes(fused) == 2, [task.name for task in extract_tasks(fused)]  # into NHWC and out: none between
-    check_outputs(model, _untuned(fused, host))
+    check_outputs(model, untuned_runner(fused, host))

@@ -45,7 +45,11 @@ def convert_layouts(mod: tvm.IRModule, layouts: Mapping[str, Sequence[str]]) -> 
     except Exception as exc:  # noqa: BLE001 - TVM's InternalError from an operator's layout rule
         warn_caller(f"the model keeps its own data layouts: TVM's ConvertLayout failed on it ({summary(exc, 300)})")
         return mod
-    return fold_transposes(converted)
+    try:
+        return fold_transposes(converted)
+    except Exception as exc:  # noqa: BLE001 - TVM's checks refused a rewritten call; the pass's own output is correct
+        warn_caller(f"the model's transposes are left where the layout pass put them ({summary(exc, 300)})")
+        return converted
 
 
 def _calls_any(mod: tvm.IRModule, names: set[str]) -> bool:

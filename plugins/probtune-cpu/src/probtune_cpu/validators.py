@@ -7,6 +7,7 @@ of a second or more, or the whole build timeout, and give no measurement.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -226,6 +227,12 @@ def block_executions(stmt: tirx.Stmt, times: int = 1) -> int:
     return own + sum(block_executions(child, times) for child in child_stmts(stmt))
 
 
+@functools.lru_cache(maxsize=256)
+def _workload_executions(body: tirx.Stmt) -> int:
+    """:func:`block_executions` of a workload's own program, counted once for all of its candidates."""
+    return block_executions(body)
+
+
 @dataclass(frozen=True)
 class VerifyNoRecompute:
     """Reject a program whose blocks run many times more often than the workload's: one computed inside a loop
@@ -243,7 +250,7 @@ class VerifyNoRecompute:
     max_ratio: int = 8
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
-        own = block_executions(ctx.workload.mod["main"].body)
+        own = _workload_executions(ctx.workload.mod["main"].body)
         runs = block_executions(sch.mod["main"].body)
         if own and runs > self.max_ratio * own:
             return f"its blocks run {runs} times, {runs / own:.0f}x the workload's {own}: a block is recomputed"
