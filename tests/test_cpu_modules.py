@@ -137,6 +137,20 @@ def test_auto_inline_folds_no_part_of_a_split_into_the_sum_they_all_read(host):
     assert_samples_correct(workload, generate_space(workload, host), host, samples=6)
 
 
+def test_auto_inline_folds_no_crop_into_the_wider_block_it_reads(host):
+    """A convolution to 64 channels, ReLU, the first 58 kept (pad-channels' crop): folded into the ReLU, the crop
+    kept its 64 iterations and wrote past its 58 channels. The ReLU is inlined into the crop instead."""
+    from tvm import topi
+
+    data = te.placeholder((1, 6, 6, 16), name="data")
+    kernel = te.placeholder((1, 1, 16, 64), name="kernel")
+    relu = topi.nn.relu(topi.nn.conv2d_nhwc(data, kernel, 1, 0, 1))
+    crop = topi.strided_slice(relu, [0, 0, 0, 0], [1, 6, 6, 58])
+    workload = Workload.from_module(tvm.IRModule({"main": te.create_prim_func([data, kernel, crop])}))
+    assert "compute" not in block_names(fresh_program(workload, generate_space(workload, host, modules=["auto-inline"]), 0))
+    assert_samples_correct(workload, generate_space(workload, host), host, samples=6)
+
+
 # ---------------------------------------------------------------- random-compute-location
 
 

@@ -10,6 +10,7 @@ from probtune_cpu.add_rfactor import AddRFactor
 from probtune_cpu.auto_inline import AutoInline
 from probtune_cpu.multi_level_tiling import MultiLevelTiling, RewritePackedLayout, RewriteWriteBackLocation
 from probtune_cpu.output_reuse import RewriteOutputReuse
+from probtune_cpu.pad_channels import PadChannels
 from probtune_cpu.parallel_vectorize import (
     AutoUnroll,
     ParallelVectorize,
@@ -35,6 +36,7 @@ __all__ = [
     "AutoInline",
     "AutoUnroll",
     "MultiLevelTiling",
+    "PadChannels",
     "ParallelVectorize",
     "RandomComputeLocation",
     "RewriteExpPolynomial",
@@ -79,4 +81,5 @@ def probtune_register_validators(register: Callable[[Any], None]) -> None:
 
 @hookimpl
 def probtune_register_graph_rewrites(register: Callable[[Any], None]) -> None:
+    register(PadChannels())
     register(WinogradConv2D())

@@ -69,6 +69,18 @@ def _legal(sch: s_tir.Schedule, primitive: Callable[[s_tir.Schedule], None]) -> 
     return True
 
 
+def _iterations(sblock: s_tir.SBlock) -> int | None:
+    """How many elements a block writes: the product of its spatial iterators' extents (None if one is symbolic)."""
+    total = 1
+    for iv in sblock.iter_vars:
+        if int(iv.iter_type) != tirx.IterVar.DataPar:
+            continue
+        if not isinstance(iv.dom.extent, tirx.IntImm):
+            return None
+        total *= int(iv.dom.extent)
+    return total
+
+
 @dataclass(frozen=True)
 class AutoInline:
     """Inline a spatial block into its consumers, else fold it into its only producer.
@@ -100,10 +112,17 @@ class AutoInline:
 
     @staticmethod
     def _sole_consumer(raw: s_tir.Schedule, block_rv: s_tir.SBlockRV) -> bool:
-        """Whether the block is its one producer's only reader. TVM 0.27 folds a split's last part into the sum
-        they all read, and the other parts are left reading a buffer nothing writes."""
+        """Whether the block is its one producer's only reader, and reads all of it.
+
+        TVM 0.27 folds a split's last part into the sum they all read, and the
+        other parts are left reading a buffer nothing writes; and it folds a
+        crop (the first 58 of 64 channels) into its producer keeping the
+        producer's iterations, which then write past the end of the crop.
+        """
         producers = raw.get_producers(block_rv)
-        return len(producers) == 1 and len(raw.get_consumers(producers[0])) == 1
+        if len(producers) != 1 or len(raw.get_consumers(producers[0])) != 1:
+            return False
+        return _iterations(raw.get(block_rv)) == _iterations(raw.get(producers[0]))  # None == None: TVM decides
 
     def _cheap_to_recompute(self, sblock: s_tir.SBlock, ctx: SpaceContext) -> bool:
         body = sblock.body
