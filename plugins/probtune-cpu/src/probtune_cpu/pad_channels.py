@@ -1,11 +1,11 @@
 """Channels padded to whole vectors: a convolution with 58 or 116 output channels computes 64 or 128.
 
 A channels-last convolution vectorizes its output channels. Where their
-number is a multiple of neither the target's vector nor half of it (58, 116,
-36), every tiling of that loop leaves vectors partly empty or the loop
-scalar: a 1x1 convolution with 116 channels ran at half the speed of one
-with 128, which does 22% more work. Vendor libraries pad channels to blocks
-of the vector width for this reason (onnxruntime's NCHWc layout).
+number is not a multiple of the target's vector (58, 116, 232; 72 for
+16-lane vectors), every tiling of that loop leaves vectors partly empty or
+the loop scalar, which costs more than computing a few added channels.
+Vendor libraries pad channels to blocks of the vector width for this reason
+(onnxruntime's NCHWc layout).
 
 The rewrite gives such a convolution a kernel with zero output channels
 added up to a whole number of vectors (:func:`padded_channels`), and takes
@@ -15,10 +15,11 @@ ones). The crop is then carried forward, as the transposes are
 alike (elementwise operators with constants or other padded tensors,
 pooling, resizing, reductions over other axes) and into the next
 convolution: a kernel with zero input channels added reads the padded
-tensor whole, and a depthwise convolution gets zero channels of its own.
-The padded channels hold finite values (zero through these operators), so
-the zero weights that read them add nothing; a crop is left where any other
-operator reads the tensor (a concatenation, a reshape), and fuses into it.
+tensor whole, and a depthwise (grouped) convolution gets zero groups of its
+own. The padded channels hold finite values (each of these operators keeps
+a finite value finite), so the zero weights that read them add nothing. A
+crop is left where any other operator reads the tensor (a concatenation, a
+reshape) and fuses into it or into the operator before it.
 """
 
 from __future__ import annotations
