@@ -31,6 +31,7 @@ from tvm.ir.expr import Constant
 
 from probtune import TargetSpec
 from probtune.model.transposes import mutated
+from probtune_cpu.relax_calls import has_call
 from probtune_cpu.vector_unit import vector_width
 
 __all__ = ["MAX_EXTRA_WORK", "PadChannels", "padded_channels"]
@@ -66,6 +67,19 @@ def padded_channels(channels: int, lanes: int) -> int:
         if padded - channels <= channels * MAX_EXTRA_WORK:
             return padded
     return channels
+
+
+def _pads(call: relax.Call, lanes: int) -> bool:
+    """Whether ``call`` is a channels-last, ungrouped convolution whose output channels the rewrite pads."""
+    if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.conv2d":
+        return False
+    attrs, shape = call.attrs, _static(call.ty.shape)
+    return (
+        (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) == ("NHWC", "HWIO", "NHWC")
+        and int(attrs.groups) == 1
+        and shape is not None
+        and padded_channels(shape[-1], lanes) != shape[-1]
+    )
 
 
 def _static(shape: relax.Expr | None) -> list[int] | None:
@@ -209,7 +223,10 @@ class PadChannels:
 
     def rewrite(self, mod: tvm.IRModule, target: TargetSpec) -> tuple[tvm.IRModule, int]:
         """``mod`` with its convolutions padded and the crops carried, and how many operators now run padded."""
+        lanes = vector_width(target)
+        if not has_call(mod, lambda call: _pads(call, lanes)):
+            return mod, 0  # nothing to fold the kernels for
         folded = relax.transform.FoldConstant()(mod)  # kernels the layout pass transposes become constants
-        mutator = _PadChannels(folded, vector_width(target))
+        mutator = _PadChannels(folded, lanes)
         rewritten = mutated(folded, mutator)
         return (rewritten, mutator.changed) if mutator.changed else (mod, 0)

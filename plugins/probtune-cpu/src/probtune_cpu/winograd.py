@@ -31,17 +31,16 @@ multiplies (product and transforms) must also be at most
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 import tvm
-import tvm_ffi
 from tvm import relax, te, topi
 from tvm.ir.expr import Constant
 
 from probtune import TargetSpec
+from probtune_cpu.relax_calls import has_call
 
 __all__ = ["MAX_WORK_RATIO", "MIN_TILES", "TILE_SIZES", "WinogradConv2D", "winograd_matrices"]
 
@@ -169,15 +168,6 @@ def _static(dim: tvm.ir.PrimExpr) -> int:
     return int(dim) if isinstance(dim, tvm.tirx.IntImm) else -1
 
 
-def _has_call(mod: tvm.IRModule, wanted: Callable[[relax.Call], bool]) -> bool:
-    """Whether a Relax function of ``mod`` makes a call that ``wanted`` accepts."""
-    found: list[relax.Call] = []
-    for func in mod.functions.values():
-        if isinstance(func, relax.Function):
-            tvm_ffi.structural_walk(func, (relax.Call, lambda call: found.append(call) if wanted(call) else None))
-    return bool(found)
-
-
 def _const(array: np.ndarray, dtype: str) -> relax.Constant:
     return relax.const(np.ascontiguousarray(array).astype(dtype))
 
@@ -260,7 +250,7 @@ class WinogradConv2D:
     def rewrite(self, mod: tvm.IRModule, target: TargetSpec) -> tuple[tvm.IRModule, int]:
         """``mod`` with its eligible convolutions rewritten, and how many there were."""
         del target  # the form suits every CPU target; which convolutions pay is a matter of their shapes
-        if not _has_call(mod, _is_winograd_kind):
+        if not has_call(mod, _is_winograd_kind):
             return mod, 0  # nothing to fold the kernels for
         folded = relax.transform.FoldConstant()(mod)  # kernels an importer transposes become constants
         rewriter = _Rewrite(folded)
