@@ -73,5 +73,6 @@ def test_a_rewrite_that_fails_is_named(host):
         def rewrite(self, mod, target):
             raise RuntimeError("cannot")
 
-    with pytest.raises(ModelImportError, match="graph rewrite 'broken' failed on the model: RuntimeError: cannot"):
+    with pytest.raises(ModelImportError, match="graph rewrite 'broken' failed on the model: RuntimeError: cannot") as info:
         fuse(relu_model(), host, rewrites=[Broken()])
+    assert "--graph-rewrites" in str(info.value)

@@ -31,7 +31,10 @@ def apply_graph_rewrites(
         try:
             mod, counts[rewrite.name] = rewrite.rewrite(mod, target)
         except Exception as exc:
-            raise ModelImportError(f"graph rewrite {rewrite.name!r} failed on the model: {type(exc).__name__}: {exc}") from exc
+            raise ModelImportError(
+                f"graph rewrite {rewrite.name!r} failed on the model: {type(exc).__name__}: {exc}. Leave it out to go "
+                "on without it (tune-model --graph-rewrites with the others' names; Python: graph_rewrites=[...])"
+            ) from exc
     return mod, counts
 
 
