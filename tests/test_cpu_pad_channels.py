@@ -40,7 +40,7 @@ def _rng_const(rng: np.random.Generator, shape: tuple[int, ...]) -> relax.Consta
     return relax.const((rng.standard_normal(shape) * 0.2).astype("float32"))
 
 
-def shuffle_unit(channels: int = 58, *, layout_ok: bool = True) -> tvm.IRModule:
+def shuffle_unit(channels: int = 58) -> tvm.IRModule:
     """ShuffleNet's branch, channels-last: 1x1 conv, ReLU, 3x3 depthwise conv, 1x1 conv, ReLU, a squeeze-excite
     scale, a residual add and a concatenation with the input."""
     rng = np.random.default_rng(0)
