@@ -15,7 +15,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-__all__ = ["fold_transposes", "mutated", "reshape_groups", "transposed_elements"]
+__all__ = ["fold_transposes", "mutated", "reshape_groups", "static_shape", "transposed_elements"]
 
 _ELEMENTWISE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum")
 """Binary elementwise operators a transpose of their operands is carried past."""
@@ -220,7 +220,7 @@ class _FoldTransposes(relax.PyExprMutator):  # type: ignore[misc]
     def carry_reshape(self, call: relax.Call) -> relax.Expr:
         """``reshape(permute_dims(x, p))`` as a reshape of ``x`` (after what of ``p`` must be done first), transposed."""
         found = self.transposed(call.args[0])
-        before, shape = (_static(found.ty.shape), _static(call.ty.shape)) if found is not None else (None, None)
+        before, shape = (static_shape(found.ty.shape), static_shape(call.ty.shape)) if found is not None else (None, None)
         groups = reshape_groups(before, shape) if before is not None and shape is not None else None
         if found is None or shape is None or groups is None:
             return call
@@ -247,7 +247,7 @@ def _elements(shape: relax.Expr | None) -> int:
     return int(np.prod(dims))
 
 
-def _static(shape: relax.Expr | None) -> list[int] | None:
+def static_shape(shape: relax.Expr | None) -> list[int] | None:
     """``shape`` as integers, or None if it is unknown or symbolic."""
     if shape is None or not all(isinstance(d, tvm.tirx.IntImm) for d in shape):
         return None

@@ -30,7 +30,7 @@ from tvm import relax
 from tvm.ir.expr import Constant
 
 from probtune import TargetSpec
-from probtune.model.transposes import mutated
+from probtune.model.transposes import mutated, static_shape
 from probtune_cpu.relax_calls import has_call
 from probtune_cpu.vector_unit import vector_width
 
@@ -73,19 +73,13 @@ def _pads(call: relax.Call, lanes: int) -> bool:
     """Whether ``call`` is a channels-last, ungrouped convolution whose output channels the rewrite pads."""
     if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.conv2d":
         return False
-    attrs, shape = call.attrs, _static(call.ty.shape)
+    attrs, shape = call.attrs, static_shape(call.ty.shape)
     return (
         (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) == ("NHWC", "HWIO", "NHWC")
         and int(attrs.groups) == 1
         and shape is not None
         and padded_channels(shape[-1], lanes) != shape[-1]
     )
-
-
-def _static(shape: relax.Expr | None) -> list[int] | None:
-    if shape is None or not all(isinstance(d, tvm.tirx.IntImm) for d in shape):
-        return None
-    return [int(d) for d in shape]
 
 
 def _channels(expr: relax.Expr) -> int:
@@ -120,7 +114,7 @@ class _PadChannels(relax.PyExprMutator):  # type: ignore[misc]
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         rule = self.rules.get(call.op.name) if isinstance(call.op, tvm.ir.Op) else None
-        if rule is None or _static(call.ty.shape) is None or not str(call.ty.dtype).startswith("float"):
+        if rule is None or static_shape(call.ty.shape) is None or not str(call.ty.dtype).startswith("float"):
             return call
         return rule(call)
 
@@ -198,7 +192,7 @@ class _PadChannels(relax.PyExprMutator):  # type: ignore[misc]
         found = self.cropped(arg)
         if found is not None:  # never a divisor: its padded channels may be zero
             return found[0] if _channels(found[0]) == width and not divisor else None
-        shape = _static(getattr(arg.ty, "shape", None))
+        shape = static_shape(getattr(arg.ty, "shape", None))
         if shape is None or len(shape) > rank or (divisor and not isinstance(arg, Constant)):
             return None
         if not shape or shape[-1] == 1:
