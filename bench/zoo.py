@@ -63,7 +63,9 @@ def run_one(name: str, entry: dict, args: argparse.Namespace, scratch: Path) -> 
         model = probtune.load_model(args.zoo / entry["file"], shapes)
         result["seconds"]["import"] = round(time.perf_counter() - started, 1)
         result["stage"] = "tune"
-        tuned = probtune.tune_model(model, "host", args.trials, database=scratch / "tuning.db", seed=0)
+        rewrites = None if args.graph_rewrites is None else [n for n in args.graph_rewrites.split(",") if n]
+        tuned = probtune.tune_model(model, "host", args.trials, database=scratch / "tuning.db", seed=0,
+                                    graph_rewrites=rewrites)
         result["seconds"]["tune"] = round(tuned.seconds, 1)
         result["tasks"] = len(tuned.tasks)
         result["default_programs"] = sum(row.program == "default" for row in tuned.tasks)
@@ -93,6 +95,8 @@ def bench_model(name: str, entry: dict, args: argparse.Namespace) -> dict:
         scratch = Path(folder)
         command = [sys.executable, __file__, "--worker", name, "--trials", str(args.trials), "--zoo", str(args.zoo),
                    "--scratch", str(scratch)]
+        if args.graph_rewrites is not None:
+            command.append(f"--graph-rewrites={args.graph_rewrites}")
         say(f"[{name}] {args.trials} trials in a fresh process")
         try:
             done = subprocess.run(command, timeout=args.timeout, capture_output=True, text=True)
@@ -172,6 +176,7 @@ def main() -> None:
     parser.add_argument("--family", default="", help="comma-separated families (cnn, segmentation, ...)")
     parser.add_argument("--trials", type=int, default=0, help="per model (0: default programs, compiled and checked)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds one model's process may take")
+    parser.add_argument("--graph-rewrites", help="comma-separated graph rewrites instead of the target's ('' for none)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--round-seconds", type=float, default=1.0)
     parser.add_argument("--out", type=Path, default=RESULTS / "zoo.json")
@@ -192,7 +197,8 @@ def main() -> None:
     for name in names:
         results.append(bench_model(name, manifest[name], args))
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"machine": cpu_model(), "trials": args.trials, "models": results}, indent=1))
+        args.out.write_text(json.dumps({"machine": cpu_model(), "trials": args.trials, "graph_rewrites": args.graph_rewrites,
+                                        "models": results}, indent=1))
     print(table(results))
 
 

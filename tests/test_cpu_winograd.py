@@ -68,9 +68,9 @@ def test_too_large_a_tile_is_refused():
 @pytest.mark.parametrize(
     ("shape", "cout", "padding", "tile"),
     [
-        ((1, 16, 16, 32), 48, (1, 1, 1, 1), 4),  # sixteen whole 4x4 tiles
-        ((1, 14, 14, 64), 64, (1, 1, 1, 1), 4),  # 4x4 tiles cropped at the edges
-        ((2, 7, 9, 64), 64, (1, 0, 2, 1), 2),  # two images, uneven padding: 4x4 tiles would be too few
+        ((1, 16, 16, 64), 64, (1, 1, 1, 1), 4),  # sixteen whole 4x4 tiles
+        ((1, 14, 14, 128), 96, (1, 1, 1, 1), 4),  # 4x4 tiles cropped at the edges
+        ((2, 7, 9, 256), 256, (1, 0, 2, 1), 2),  # two images, uneven padding: 4x4 tiles would be too few
     ],
 )
 def test_rewritten_convolutions_give_the_direct_results(shape, cout, padding, tile, host):
@@ -98,18 +98,25 @@ def test_rewritten_convolutions_give_the_direct_results(shape, cout, padding, ti
     ],
 )
 def test_convolutions_it_does_not_apply_to_are_kept(options, host):
-    shape = (1, 64, 14, 14) if options.get("layout") == "NCHW" else (1, 14, 14, 64)
+    assert WinogradConv2D().rewrite(conv_module((1, 16, 16, 64), 64), host)[1] == 1  # as it is, it would be rewritten
+    shape = (1, 64, 16, 16) if options.get("layout") == "NCHW" else (1, 16, 16, 64)
     mod = conv_module(shape, 64, **options)
     rewritten, count = WinogradConv2D().rewrite(mod, host)
     assert count == 0
     assert tvm_ffi.structural_equal(rewritten, mod)
 
 
-def test_convolutions_with_few_channels_or_small_outputs_are_kept(host):
-    """Sixteen channels: the dense transforms would cost about what the product saves; a 4x4 output: four 2x2 tiles,
-    too few to read the transformed kernel for."""
-    for mod in (conv_module((1, 56, 56, 16), 16), conv_module((1, 4, 4, 256), 256)):
-        assert WinogradConv2D().rewrite(mod, host)[1] == 0
+@pytest.mark.parametrize(
+    ("shape", "cout"),
+    [
+        ((1, 56, 56, 16), 16),  # the dense transforms would cost about what the product saves
+        ((1, 56, 56, 16), 64),  # few channels in: the passes over the transformed tensors cost more than it saves
+        ((1, 13, 13, 64), 256),  # 4x4 tiles over a 13x13 output compute 256 outputs for 169
+        ((1, 4, 4, 256), 256),  # four 2x2 tiles, too few to read the transformed kernel for
+    ],
+)
+def test_convolutions_with_few_channels_or_small_outputs_are_kept(shape, cout, host):
+    assert WinogradConv2D().rewrite(conv_module(shape, cout), host)[1] == 0
 
 
 def _model(mod: tvm.IRModule) -> Model:
@@ -118,7 +125,7 @@ def _model(mod: tvm.IRModule) -> Model:
 
 
 def test_a_rewritten_convolution_is_three_tasks_with_the_epilogue_fused(host):
-    fused = fuse(_model(conv_module((1, 14, 14, 64), 64)), host)
+    fused = fuse(_model(conv_module((1, 16, 16, 64), 64)), host)
     assert rewrite_counts(fused) == {"pad-channels": 0, "winograd-conv2d": 1}
     names = sorted(task.name for task in extract_tasks(fused))
     assert len(names) == 3, names
@@ -128,20 +135,20 @@ def test_a_rewritten_convolution_is_three_tasks_with_the_epilogue_fused(host):
 
 
 def test_it_can_be_turned_off(host):
-    kept = fuse(_model(conv_module((1, 14, 14, 64), 64)), host, rewrites=())
+    kept = fuse(_model(conv_module((1, 16, 16, 64), 64)), host, rewrites=())
     assert rewrite_counts(kept) == {}
     assert [task.name for task in extract_tasks(kept)] == ["fused_conv2d_add_relu"]
 
 
 @pytest.fixture
 def conv_onnx(tmp_path):
-    """Conv 3x3 (64 -> 64, with bias) -> Relu on an 8x8 image: a convolution the rewrite takes."""
+    """Conv 3x3 (64 -> 64, with bias) -> Relu on a 16x16 image: a convolution the rewrite takes."""
     rng = np.random.default_rng(0)
     weights = [numpy_helper.from_array((rng.standard_normal((64, 64, 3, 3)) * 0.05).astype(np.float32), "w"),
                numpy_helper.from_array(rng.standard_normal(64).astype(np.float32), "b")]
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])]
-    graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 8, 8])], weights)
+    graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 16, 16])], weights)
     path = tmp_path / "conv.onnx"
     onnx.save(make_model(graph), path)
     return path

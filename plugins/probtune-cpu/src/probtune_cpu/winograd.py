@@ -25,7 +25,9 @@ convolution's scale), or 2 x 2 where 4 x 4 tiles would be fewer than
 kernel is n²/9 times the kernel's size, and each of its elements is used
 once per tile: with few tiles, the product waits on memory for it. The form's
 multiplies (product and transforms) must also be at most
-:data:`MAX_WORK_RATIO` of the direct ones.
+:data:`MAX_WORK_RATIO` of the direct ones, and the convolution must have
+channels enough (:data:`MIN_CHANNEL_MEAN`) for the product's multiplies to
+outweigh the passes over the transformed tensors between the three tasks.
 """
 
 from __future__ import annotations
@@ -42,12 +44,17 @@ from tvm.ir.expr import Constant
 from probtune import TargetSpec
 from probtune_cpu.relax_calls import has_call
 
-__all__ = ["MAX_WORK_RATIO", "MIN_TILES", "TILE_SIZES", "WinogradConv2D", "winograd_matrices"]
+__all__ = ["MAX_WORK_RATIO", "MIN_CHANNEL_MEAN", "MIN_TILES", "TILE_SIZES", "WinogradConv2D", "winograd_matrices"]
 
 KERNEL = 3
-MAX_WORK_RATIO = 2 / 3
+MAX_WORK_RATIO = 1 / 2
 """Rewrite only where the Winograd form's multiplies are at most this share of the direct convolution's: the rest
-of its cost (three passes over memory instead of one) must be paid for."""
+of its cost (three tasks instead of one, a transformed kernel n²/9 times the size) must be paid for."""
+
+MIN_CHANNEL_MEAN = 64
+"""Least harmonic mean of the input and output channels. Per tile position the transformed input and product
+(written, then read back by the next task) hold ``cin + cout`` values against the product's ``cin x cout``
+multiplies: ``1/cin + 1/cout`` values moved per multiply, which the direct convolution does not pay."""
 
 MIN_TILES = 16
 """Fewest output tiles (rows of the batched product) a Winograd form may have: each element of the transformed kernel
@@ -121,6 +128,15 @@ class _Conv:
         rows, cols = self.tiles
         return self.batch * rows * cols
 
+    @property
+    def channel_mean(self) -> float:
+        """Harmonic mean of the input and output channels (see :data:`MIN_CHANNEL_MEAN`)."""
+        return 2 * self.cin * self.cout / (self.cin + self.cout)
+
+    def pays(self) -> bool:
+        """Whether the Winograd form is expected to run faster than the direct convolution (module docstring)."""
+        return self.work_ratio() <= MAX_WORK_RATIO and self.channel_mean >= MIN_CHANNEL_MEAN
+
     def work_ratio(self) -> float:
         """Multiplies of the Winograd form (product and both dense transforms) over the direct convolution's."""
         per_tile = self.alpha**2 * (self.cin * self.cout + self.alpha**2 * self.cin + self.tile**2 * self.cout)
@@ -143,7 +159,7 @@ def _eligible(call: relax.Call) -> _Conv | None:
     for tile in TILE_SIZES:
         conv = _Conv(batch, height, width, (top, left, bottom, right), cin, cout, out_h, out_w, tile)
         if conv.tile_count >= MIN_TILES:
-            return conv if conv.work_ratio() <= MAX_WORK_RATIO else None
+            return conv if conv.pays() else None
     return None
 
 
