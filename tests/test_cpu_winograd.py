@@ -119,6 +119,15 @@ def test_convolutions_with_few_channels_or_small_outputs_are_kept(shape, cout, h
     assert WinogradConv2D().rewrite(conv_module(shape, cout), host)[1] == 0
 
 
+def test_lifted_limits_rewrite_what_the_rule_keeps(host):
+    """A benchmark times the Winograd form where the rule would not take it: the limits are the rewrite's own."""
+    mod = conv_module((1, 56, 56, 16), 64)
+    assert WinogradConv2D().rewrite(mod, host)[1] == 0
+    assert WinogradConv2D(max_work_ratio=1.0, min_channel_mean=0).rewrite(mod, host)[1] == 1
+    too_few_tiles = conv_module((1, 4, 4, 256), 256)
+    assert WinogradConv2D(max_work_ratio=1.0, min_channel_mean=0).rewrite(too_few_tiles, host)[1] == 0
+
+
 def _model(mod: tvm.IRModule) -> Model:
     shape = tuple(int(d) for d in mod["main"].params[0].ty.shape)
     return Model("conv", mod, (InputSpec("x", shape, "float32"),))

@@ -24,7 +24,7 @@ from probtune.defaults import (
     SCHEDULER,
 )
 from probtune.errors import ModelCompileError, warn_caller
-from probtune.interfaces import Builder, CostModel, Runner, TargetSpec
+from probtune.interfaces import Builder, CostModel, GraphRewrite, Runner, TargetSpec
 from probtune.model.check import check_outputs
 from probtune.model.compile import CompiledModel, compile_model, default_programs
 from probtune.model.importer import Model, ShapeArg, load_model
@@ -165,7 +165,7 @@ def tune_model(
     progress: Progress | None = None,
     builder: str | Builder | None = None,
     runner: str | Runner | None = None,
-    graph_rewrites: Sequence[str] | None = None,
+    graph_rewrites: Sequence[str | GraphRewrite] | None = None,
 ) -> ModelTuneResult:
     """Tune every task of ``model`` for ``target`` with ``trials`` new measurements in all, recorded in ``database``.
 
@@ -181,7 +181,8 @@ def tune_model(
     None is ``MODEL_CACHE_FLUSH``, or a runner object's own setting.
     ``builder`` and ``runner`` are as for :func:`probtune.tune`.
     ``graph_rewrites`` names the graph rewrites applied to the model before it
-    is fused into tasks; None is the target's (``TargetSpec.graph_rewrites``).
+    is fused into tasks (registered names or rewrite objects); None is the
+    target's (``TargetSpec.graph_rewrites``).
 
     Before the first trial the model is compiled once with each task's
     default program, so that a model TVM cannot compile raises

@@ -133,9 +133,9 @@ class _Conv:
         """Harmonic mean of the input and output channels (see :data:`MIN_CHANNEL_MEAN`)."""
         return 2 * self.cin * self.cout / (self.cin + self.cout)
 
-    def pays(self) -> bool:
+    def pays(self, max_work_ratio: float, min_channel_mean: float) -> bool:
         """Whether the Winograd form is expected to run faster than the direct convolution (module docstring)."""
-        return self.work_ratio() <= MAX_WORK_RATIO and self.channel_mean >= MIN_CHANNEL_MEAN
+        return self.work_ratio() <= max_work_ratio and self.channel_mean >= min_channel_mean
 
     def work_ratio(self) -> float:
         """Multiplies of the Winograd form (product and both dense transforms) over the direct convolution's."""
@@ -144,7 +144,7 @@ class _Conv:
         return self.tile_count * per_tile / direct
 
 
-def _eligible(call: relax.Call) -> _Conv | None:
+def _eligible(call: relax.Call, max_work_ratio: float, min_channel_mean: float) -> _Conv | None:
     """The convolution's shapes, if this call is one the rewrite applies to and pays on; else None."""
     if not _is_winograd_kind(call) or not isinstance(call.args[1], Constant):
         return None
@@ -159,7 +159,7 @@ def _eligible(call: relax.Call) -> _Conv | None:
     for tile in TILE_SIZES:
         conv = _Conv(batch, height, width, (top, left, bottom, right), cin, cout, out_h, out_w, tile)
         if conv.tile_count >= MIN_TILES:
-            return conv if conv.pays() else None
+            return conv if conv.pays(max_work_ratio, min_channel_mean) else None
     return None
 
 
@@ -223,13 +223,14 @@ def _output_transform(conv: _Conv, product: te.Tensor, kron_a: te.Tensor) -> te.
 class _Rewrite(relax.PyExprMutator):  # type: ignore[misc]
     """Replaces each eligible ``relax.nn.conv2d`` by input transform, batch matmul and output transform."""
 
-    def __init__(self, mod: tvm.IRModule) -> None:
+    def __init__(self, mod: tvm.IRModule, max_work_ratio: float, min_channel_mean: float) -> None:
         super().__init__(mod)
         self.count = 0
+        self.limits = (max_work_ratio, min_channel_mean)
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        conv = _eligible(call)
+        conv = _eligible(call, *self.limits)
         if conv is None:
             return call
         self.count += 1
@@ -263,13 +264,18 @@ class WinogradConv2D:
 
     name = "winograd-conv2d"
 
+    def __init__(self, max_work_ratio: float = MAX_WORK_RATIO, min_channel_mean: float = MIN_CHANNEL_MEAN) -> None:
+        """The registered rewrite uses the module's limits; others (a benchmark forcing the form) may be given."""
+        self.max_work_ratio = max_work_ratio
+        self.min_channel_mean = min_channel_mean
+
     def rewrite(self, mod: tvm.IRModule, target: TargetSpec) -> tuple[tvm.IRModule, int]:
         """``mod`` with its eligible convolutions rewritten, and how many there were."""
         del target  # the form suits every CPU target; which convolutions pay is a matter of their shapes
         if not has_call(mod, _is_winograd_kind):
             return mod, 0  # nothing to fold the kernels for
         folded = relax.transform.FoldConstant()(mod)  # kernels an importer transposes become constants
-        rewriter = _Rewrite(folded)
+        rewriter = _Rewrite(folded, self.max_work_ratio, self.min_channel_mean)
         for gv, func in list(folded.functions.items()):
             if isinstance(func, relax.Function):
                 rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
