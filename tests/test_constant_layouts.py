@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tvm import s_tir
 
 from probtune import Rng
 from probtune.constant_layouts import MeasuredForm, layout_copies, read_constants_packed
@@ -45,6 +46,19 @@ def test_the_copy_of_a_constant_is_folded_into_the_parameter(dense_task):
     assert len(program["main"].params[WEIGHT].shape) == 3  # panels: [j // w, k, j % w]
     unchanged, none = read_constants_packed(copying.mod, set())  # not a constant: its copy stays
     assert none == {} and unchanged.same_as(copying.mod)
+
+
+def test_a_copy_tvm_cannot_fold_is_left_as_it_is(dense_task, monkeypatch):
+    """TVM's schedule refuses with a ScheduleError (a GPU program's copy, read through an opaque access, say)."""
+    from tvm.s_tir.schedule.schedule import ScheduleError
+
+    def refuse(self, block):
+        raise ScheduleError("The buffer to be inlined has opaque access")
+
+    _, copying, _ = dense_task
+    monkeypatch.setattr(s_tir.Schedule, "compute_inline", refuse)
+    program, layouts = read_constants_packed(copying.mod, {WEIGHT})
+    assert layouts == {} and program.same_as(copying.mod)
 
 
 def test_without_constants_every_program_is_timed_as_it_is(dense_task, tmp_path):

@@ -216,3 +216,15 @@ def test_bad_options_are_named_before_anything_runs(small_cnn_onnx):
         tune_model(small_cnn_onnx, "z80", trials=4, input_shapes=CNN_SHAPES)
     with pytest.raises(probtune.ModelImportError, match="dynamic shape"):
         tune_model(small_cnn_onnx, trials=4)
+    with pytest.raises(probtune.TuningConfigError, match="unknown precision 'int4'"):
+        tune_model(small_cnn_onnx, trials=4, input_shapes=CNN_SHAPES, precision="int4")
+
+
+def test_an_fp16_model_computes_in_float16_and_matches_onnxruntime_within_float16s_tolerance(encoder_onnx, tmp_path):
+    result = tune_model(encoder_onnx, "host", trials=0, database=tmp_path / "t.db", precision="fp16", **FAST)
+    halves = [name for name, program in result.programs.items()
+              if any(str(param.dtype) == "float16" for param in program["main"].params)]
+    assert halves and any("matmul" in name for name in halves)  # the matrix products take float16 operands
+    compiled = result.compile()
+    assert compiled.check is not None and compiled.check.rtol == 1e-2
+    assert 0 < compiled.check.max_rel_error < 1e-2  # float16's rounding shows, within its tolerance

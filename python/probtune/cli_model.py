@@ -37,6 +37,8 @@ def add_model_commands(sub: Any, positive_int: Any, non_negative_int: Any, defau
     tune_p.add_argument("--graph-rewrites", type=name_list, metavar="NAMES",
                         help="comma-separated graph rewrites to apply instead of the target's ('' for none; "
                              "see 'probtune plugins')")
+    tune_p.add_argument("--precision", choices=defaults.PRECISIONS, default="fp32",
+                        help="fp16: convert a float32 model to float16 with float32 sums, checked with float16's tolerance")
     add_rpc_options(tune_p)
     tune_p.set_defaults(run=_cmd_tune_model)
 
@@ -88,7 +90,7 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
         result = tune_model(
             model, target, args.trials, database=args.database, seed=args.seed,
             batch_size=args.batch_size, scheduler=args.scheduler, confirm=args.confirm, cache_flush=args.cache_flush,
-            progress=bar.update, runner=runner, graph_rewrites=args.graph_rewrites,
+            progress=bar.update, runner=runner, graph_rewrites=args.graph_rewrites, precision=args.precision,
         )
     for name, count in result.graph_rewrites.items():
         print(f"graph rewrite {name}: {count} operators rewritten")

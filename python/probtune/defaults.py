@@ -50,3 +50,5 @@ BUNDLE_REFERENCE_MB = 16.0
 """The largest reference (inputs and outputs, MB) a measurement bundle carries whole.
 
 A larger one travels as its inputs' seed and its outputs at sampled positions."""
+PRECISIONS = ("fp32", "fp16")
+"""What a model can be compiled in (:mod:`probtune.model.precision`): as its file has it, or converted to float16."""

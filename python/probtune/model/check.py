@@ -17,16 +17,17 @@ from tvm import relax
 
 from probtune.errors import ModelCheckError, summary
 from probtune.model.importer import Model
+from probtune.model.precision import TOLERANCES
 
 __all__ = ["CheckReport", "check_outputs", "onnxruntime_runner", "outputs_to_numpy", "reference_outputs"]
 
-RTOL = 1e-3
+RTOL, ATOL_SCALE = TOLERANCES["fp32"]
 """Outputs agree when ``|got - want| <= RTOL * |want| + ATOL_SCALE * rms(want)``, per output.
 
 Tuned kernels reorder floating-point sums, and a model chains many of them
 (onnxslim also folds batch norms into convolutions): errors of 1e-5 relative
-per layer add up over tens of layers. A wrong program is off by far more."""
-ATOL_SCALE = 1e-3
+per layer add up over tens of layers. A wrong program is off by far more.
+A model compiled in float16 is checked with that precision's tolerance."""
 
 
 @dataclass(frozen=True)
@@ -62,13 +63,17 @@ def reference_outputs(model: Model, inputs: Sequence[np.ndarray]) -> tuple[str, 
     return "untuned build", _untuned_outputs(model, inputs)
 
 
-def check_outputs(model: Model, run: Callable[..., list[np.ndarray]], seed: int = 0) -> CheckReport:
+def check_outputs(
+    model: Model, run: Callable[..., list[np.ndarray]], seed: int = 0, tolerance: tuple[float, float] = (RTOL, ATOL_SCALE)
+) -> CheckReport:
     """Run ``run`` (a compiled model) and the reference on random inputs; raise if any output differs.
 
+    ``tolerance`` is (rtol, atol as a share of the output's RMS): a precision's ``TOLERANCES``.
     NaNs must come where the reference has them (random inputs may leave a
     function's domain, as a square root's), infinities equal; the rest is
     compared within the tolerance, scaled by the finite outputs' RMS.
     """
+    rtol, atol_scale = tolerance
     inputs = model.random_inputs(seed)
     reference, want = reference_outputs(model, inputs)
     got = run(*inputs)
@@ -84,18 +89,18 @@ def check_outputs(model: Model, run: Callable[..., list[np.ndarray]], seed: int 
         scale = math.sqrt(float(np.mean(np.square(w64[finite])))) if finite.any() else 0.0
         with np.errstate(invalid="ignore"):
             error = np.where(finite, np.abs(g64 - w64), 0.0)
-        bad = (error > RTOL * np.abs(np.where(finite, w64, 0.0)) + ATOL_SCALE * scale) | np.isnan(error)
+        bad = (error > rtol * np.abs(np.where(finite, w64, 0.0)) + atol_scale * scale) | np.isnan(error)
         bad |= ~finite & ~((g64 == w64) | (np.isnan(g64) & np.isnan(w64)))
         if bad.any():
             where = tuple(int(i) for i in np.argwhere(bad)[0])
             raise ModelCheckError(
                 f"output {index} of the compiled model differs from {reference}'s in {int(bad.sum())} of {w.size} "
-                f"elements (first at {where}: {g[where]!r} against {w[where]!r}; tolerance rtol {RTOL:g}, "
-                f"atol {ATOL_SCALE:g} x RMS {scale:.3g})"
+                f"elements (first at {where}: {g[where]!r} against {w[where]!r}; tolerance rtol {rtol:g}, "
+                f"atol {atol_scale:g} x RMS {scale:.3g})"
             )
         worst_abs = max(worst_abs, float(error.max(initial=0.0)))
         worst_rel = max(worst_rel, float(error.max(initial=0.0)) / scale if scale else 0.0)
-    return CheckReport(reference, worst_abs, worst_rel, RTOL, ATOL_SCALE)
+    return CheckReport(reference, worst_abs, worst_rel, rtol, atol_scale)
 
 
 def onnxruntime_runner(model: Model, threads: int | None = None) -> Callable[..., list[np.ndarray]]:

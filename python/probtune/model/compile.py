@@ -28,7 +28,10 @@ from probtune.model.prepack import prepack_weights
 from probtune.model.threads import PoolThread
 from probtune.space import DesignSpace
 
-__all__ = ["CompiledModel", "checked_inputs", "compile_model", "default_program", "default_programs", "export_model"]
+__all__ = [
+    "CompiledModel", "checked_inputs", "compile_model", "default_program", "default_programs", "export_model",
+    "place_programs",
+]
 
 DEFAULT_DRAWS = 64  # draws of a task's space tried for a valid default program
 _SCOPE_NOTE = re.compile(r"executable\.cc:\d+: Warning: Scope (Saving|Loaded):")
@@ -46,17 +49,31 @@ def compile_model(
     Raises :class:`ModelCompileError` if TVM cannot compile the result.
     """
     try:
-        mod, programs, prepacked = prepack_weights(fused, programs, tvm.target.Target(target.tvm_target))
-        functions = dict(mod.functions)
-        for name, program in programs.items():
-            func = program["main"].with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True)
-            functions[mod.get_global_var(name)] = func
-        mod, in_place = write_in_place(tvm.IRModule(functions, attrs=mod.attrs))
+        mod, prepacked, in_place = place_programs(fused, programs, target)
         return compile_for(mod, target), prepacked, in_place
     except Exception as exc:
         raise ModelCompileError(
             f"TVM cannot compile the model for target {target.name!r}: {summary(exc)}"
         ) from exc
+
+
+def place_programs(
+    fused: tvm.IRModule, programs: Mapping[str, tvm.IRModule], target: TargetSpec, *, prepack: bool = True
+) -> tuple[tvm.IRModule, int, int]:
+    """``fused`` with the programs in place, weights packed and outputs written in place, as :func:`compile_model`
+    compiles it; with how many weights were packed and how many calls write in place.
+
+    ``prepack`` False keeps every constant as ``fused`` has it (the programs then make their layout copies per call).
+    """
+    prepacked = 0
+    if prepack:
+        fused, programs, prepacked = prepack_weights(fused, programs, tvm.target.Target(target.tvm_target))
+    functions = dict(fused.functions)
+    for name, program in programs.items():
+        func = program["main"].with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True)
+        functions[fused.get_global_var(name)] = func
+    mod, in_place = write_in_place(tvm.IRModule(functions, attrs=fused.attrs))
+    return mod, prepacked, in_place
 
 
 def export_model(compiler: Compiler | None, executable: Any, path: str | os.PathLike[str]) -> Path:

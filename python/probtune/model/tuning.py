@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -28,6 +29,7 @@ from probtune.interfaces import Builder, CostModel, GraphRewrite, Runner, Target
 from probtune.model.check import check_outputs
 from probtune.model.compile import CompiledModel, compile_model, default_programs
 from probtune.model.importer import Model, ShapeArg, load_model
+from probtune.model.precision import TOLERANCES, convert_precision
 from probtune.model.remote import RemoteModel
 from probtune.model.rewrites import rewrite_counts
 from probtune.model.tasks import ModelTask, extract_tasks, fuse
@@ -80,6 +82,7 @@ class ModelTuneResult:
     measure_seconds: float
     programs: dict[str, tvm.IRModule]  # fused PrimFunc name -> its program
     precompiled: tuple[Any, int, int] | None = None  # compile_model's result, where it was made of these programs
+    precision: str = "fp32"  # what the model was compiled in (probtune.model.precision)
 
     @property
     def graph_rewrites(self) -> dict[str, int]:
@@ -128,7 +131,7 @@ class ModelTuneResult:
         if check:
             log.info("checking the compiled model's outputs against %s",
                      "onnxruntime" if self.model.onnx_model is not None else "the untuned build")
-        compiled.check = check_outputs(self.model, compiled, seed=seed) if check else None
+        compiled.check = check_outputs(self.model, compiled, seed=seed, tolerance=TOLERANCES[self.precision]) if check else None
         return compiled
 
     def table(self) -> str:
@@ -166,6 +169,7 @@ def tune_model(
     builder: str | Builder | None = None,
     runner: str | Runner | None = None,
     graph_rewrites: Sequence[str | GraphRewrite] | None = None,
+    precision: str = "fp32",
 ) -> ModelTuneResult:
     """Tune every task of ``model`` for ``target`` with ``trials`` new measurements in all, recorded in ``database``.
 
@@ -182,7 +186,9 @@ def tune_model(
     ``builder`` and ``runner`` are as for :func:`probtune.tune`.
     ``graph_rewrites`` names the graph rewrites applied to the model before it
     is fused into tasks (registered names or rewrite objects); None is the
-    target's (``TargetSpec.graph_rewrites``).
+    target's (``TargetSpec.graph_rewrites``). ``precision`` "fp16" converts a
+    float32 model to float16 with float32 sums (:mod:`probtune.model.precision`);
+    its outputs are then checked with float16's tolerance.
 
     Before the first trial the model is compiled once with each task's
     default program, so that a model TVM cannot compile raises
@@ -195,7 +201,7 @@ def tune_model(
         model = load_model(model, input_shapes)
     spec = resolve_target(target)
     chooser = make_scheduler(scheduler)
-    fused = fuse(model, spec, graph_rewrites)
+    fused = fuse(dataclasses.replace(model, mod=convert_precision(model.mod, precision)), spec, graph_rewrites)
     tasks = extract_tasks(fused)
     fallback, precompiled = _compile_before_tuning(fused, tasks, spec, seed)
     cost = resolve_cost_model(cost_model, seed) if strategy == "evolutionary" else None
@@ -221,7 +227,7 @@ def tune_model(
     untuned = all(programs[name] is fallback[name] for name in programs)  # the model compiled before tuning
     return ModelTuneResult(
         model, spec, database_path, fused, rows, spent, time.perf_counter() - started,
-        search_seconds, measure_seconds, programs, precompiled if untuned else None,
+        search_seconds, measure_seconds, programs, precompiled if untuned else None, precision,
     )
 
 

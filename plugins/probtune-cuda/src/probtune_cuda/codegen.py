@@ -63,7 +63,7 @@ class NVRTCCompiler:
         with build_options(mod):
             executable = tvm.compile(mod, target=tvm.target.Target(tvm_target))
         if self.lint_cubin:
-            for device_module in executable.mod.imports:
+            for device_module in _cuda_modules(executable.mod):
                 self.check(device_module.inspect_source(), tvm_target)
         return executable
 
@@ -77,7 +77,7 @@ class NVRTCCompiler:
         with build_options(mod):
             executable = tvm.compile(mod, target=tvm.target.Target(tvm_target))
             launches, scratch = kernel_launches(mod, tvm_target)
-        sources = [device_module.inspect_source() for device_module in executable.mod.imports]
+        sources = [device_module.inspect_source() for device_module in _cuda_modules(executable.mod)]
         if len(sources) != 1:
             raise UnsupportedLaunch(f"the program has {len(sources)} device modules; a bundle carries one cubin")
         cubin = self.check(sources[0], tvm_target)
@@ -92,6 +92,14 @@ class NVRTCCompiler:
         if problems:
             raise CUDALintError("; ".join(problems))
         return cubin
+
+
+def _cuda_modules(module: Any) -> list[Any]:
+    """The CUDA modules among ``module``'s imports, at any depth (a model's sit under its host code's module)."""
+    found = []
+    for imported in module.imports:
+        found.extend([imported] if imported.kind == "cuda" else _cuda_modules(imported))
+    return found
 
 
 def _launch_bounds(source: str) -> dict[str, int]:
