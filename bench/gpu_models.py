@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tarfile
 import time
@@ -37,6 +38,9 @@ def main() -> int:
     prepare.add_argument("--database", default=".gpu/models.db")
     prepare.add_argument("--candidates", type=int, default=0, help="new candidates per task (0: model bundles only)")
     prepare.add_argument("--seed", type=int, default=0)
+    prepare.add_argument("--max-tasks", type=int, default=None, help="candidates for this many tasks at most")
+    prepare.add_argument("--profiled-round", help="a measured round: its models' per-function times order the tasks")
+    prepare.add_argument("--reference-mb", type=float, default=16.0, help="a task's larger reference travels as a seed")
     collect = sub.add_parser("collect", help="record the tasks' results of a measured round")
     collect.add_argument("round")
     collect.add_argument("results", help="the packed results gpu_models_measure.py wrote")
@@ -63,7 +67,7 @@ def _prepare(args: argparse.Namespace) -> int:
     spec = resolve_target(TARGET)
     root = Path(args.round)
     written: dict[str, Any] = {"models": {}, "tasks": {}}
-    tasks: dict[str, Any] = {}
+    by_model: list[list[Any]] = []
     for name, batch in _specs(args.models):
         started = time.perf_counter()
         model, fused, model_tasks, programs, tuned = _model(name, batch, spec, args.database, args.seed)
@@ -78,14 +82,14 @@ def _prepare(args: argparse.Namespace) -> int:
                                    "seeded_mb": result.seeded_bytes / 1e6, "seconds": time.perf_counter() - started,
                                    "task_weights": {t.name: t.weight for t in model_tasks}}
         print(f"{slug}: {written['models'][slug]}", flush=True)
-        for task in model_tasks:
-            tasks.setdefault(task.workload.key, task)
-    for index, task in enumerate(tasks.values() if args.candidates else []):
+        by_model.append(model_tasks)
+    order = _by_profile(by_model, Path(args.profiled_round)) if args.profiled_round else _interleaved(by_model)
+    for index, task in enumerate(order[: args.max_tasks] if args.candidates else []):
         started = time.perf_counter()
         folder = root / "tasks" / f"{index:03d}_{task.name[:60]}"
         try:
             done = write_bundle(task.workload, folder, device=DEVICE, target=spec, database=args.database,
-                                candidates=args.candidates, seed=args.seed)
+                                candidates=args.candidates, seed=args.seed, reference_mb=args.reference_mb)
         except Exception as exc:  # noqa: BLE001 - a task whose space is exhausted or cannot build: named, the rest go on
             print(f"{folder.name}: no bundle ({exc})", flush=True)
             continue
@@ -96,49 +100,56 @@ def _prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _interleaved(by_model: list[list[Any]]) -> list[Any]:
+    """The models' tasks, each model's heaviest first, taken in turns (a round cut short has measured each model's
+    heaviest tasks); a task two models share, once."""
+    seen: set[str] = set()
+    order = []
+    for rank in range(max((len(tasks) for tasks in by_model), default=0)):
+        for tasks in by_model:
+            if rank < len(tasks) and tasks[rank].workload.key not in seen:
+                seen.add(tasks[rank].workload.key)
+                order.append(tasks[rank])
+    return order
+
+
+def _by_profile(by_model: list[list[Any]], measured: Path) -> list[Any]:
+    """The tasks by the GPU time their functions took in a measured round's models, the most first."""
+    seconds: dict[str, float] = {}
+    for result in measured.glob("models/*/results.json"):
+        for function, timing in json.loads(result.read_text()).get("functions", {}).items():
+            base = re.sub(r"_inplace\d*$", "", function)
+            seconds[base] = seconds.get(base, 0.0) + timing["seconds"]
+    tasks = {task.workload.key: task for tasks in by_model for task in tasks}
+    return sorted(tasks.values(), key=lambda task: -sum(seconds.get(name, 0.0) for name in task.functions))
+
+
 def _model(name: str, batch: int, spec: Any, database: str, seed: int) -> tuple[Any, Any, list[Any], dict[str, Any], int]:
     """The model in float16, fused for ``spec``; its tasks, each function's program, and how many tasks are tuned."""
     import dataclasses
 
-    from probtune.database import Database
-    from probtune.model.compile import default_programs
     from probtune.model.importer import load_model
     from probtune.model.precision import convert_precision
+    from probtune.model.rounds import model_programs
     from probtune.model.tasks import extract_tasks, fuse
-    from probtune.session import best_replayable
-    from probtune.space import generate_space
 
     manifest = json.loads((ZOO / "manifest.json").read_text())["models"][name]
     shapes = {item["name"]: ",".join(str(d) for d in [batch, *item["shape"][1:]]) for item in manifest["inputs"]}
     model = load_model(ZOO / manifest["file"], shapes)
     fused = fuse(dataclasses.replace(model, mod=convert_precision(model.mod, "fp16")), spec)
     tasks = extract_tasks(fused)
-    spaces = [(task.functions, generate_space(task.workload, spec, seed=seed), task.workload.mod) for task in tasks]
-    programs = default_programs(spaces, seed, spec)
-    tuned = 0
-    with Database(database) as db:
-        keyed = dataclasses.replace(spec, name=db.measured_on(spec.name, spec.tvm_target, DEVICE))
-        for task, (functions, space, _) in zip(tasks, spaces):
-            best = best_replayable(db, db.commit_workload(task.workload.key, task.workload.mod), keyed, space)
-            if best is not None:
-                programs.update({function: best.program for function in functions})
-                tuned += 1
+    programs, tuned = model_programs(fused, tasks, spec, database, DEVICE, seed)
     return model, fused, tasks, programs, tuned
 
 
 def _collect(args: argparse.Namespace) -> int:
-    from probtune.bundle import import_results
+    from probtune.model.rounds import import_model_round
 
     root = Path(args.round)
     with tarfile.open(args.results) as packed:
         packed.extractall(root.parent, filter="data")
-    for folder in sorted((root / "tasks").glob("*/")) if (root / "tasks").is_dir() else []:
-        try:
-            done = import_results(folder, args.database)
-        except Exception as exc:  # noqa: BLE001 - a bundle the device did not reach: named, the rest recorded
-            print(f"{folder.name}: not recorded ({exc})", flush=True)
-            continue
-        print(f"{folder.name}: {dict(done.statuses)}, best {done.best_latency}", flush=True)
+    for folder, done in import_model_round(root, args.database).items():
+        print(f"{folder}: {dict(done.statuses)}, best {done.best_latency}", flush=True)
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -21,27 +22,25 @@ from probtune.space import generate_space
 from probtune.targets import resolve_target
 
 FAKE_CUPY = Path(__file__).resolve().parent / "fake_cupy"
+SEEDED = 256  # elements from which the small CNN's weights travel as seeds
 NO_TVM = ("import runpy, sys; sys.modules['probtune'] = sys.modules['tvm'] = None; sys.argv = sys.argv[1:]; "
           "runpy.run_path(sys.argv[0], run_name='__main__')")
 
 
 def _fused(onnx_path: Path, target, precision: str = "fp16"):
-    model = load_model(onnx_path)
-    import dataclasses
-
+    model = load_model(onnx_path, {"x": (1, 3, 16, 16)})
     fused = fuse(dataclasses.replace(model, mod=convert_precision(model.mod, precision)), target)
     entries = [(t.functions, generate_space(t.workload, target), t.workload.mod) for t in extract_tasks(fused)]
     return model, fused, default_programs(entries, 0, target)
 
 
 @pytest.fixture(scope="module")
-def encoder_bundle(encoder_onnx, tmp_path_factory):
+def cnn_bundle(small_cnn_onnx, tmp_path_factory):
     target = resolve_target("cuda-sm90")
-    model, fused, programs = _fused(encoder_onnx, target)
-    out = tmp_path_factory.mktemp("bundles") / "encoder"
-    written = write_model_bundle(fused, programs, target, out, name="encoder:1", inputs=model.inputs,
-                                 tolerance=Tolerance(*TOLERANCES["fp16"]), seeded_elements=1024)
-    return written
+    model, fused, programs = _fused(small_cnn_onnx, target)
+    out = tmp_path_factory.mktemp("bundles") / "cnn"
+    return write_model_bundle(fused, programs, target, out, name="cnn:1", inputs=model.inputs,
+                              tolerance=Tolerance(*TOLERANCES["fp16"]), seeded_elements=SEEDED)
 
 
 def _run(bundle: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
@@ -51,38 +50,38 @@ def _run(bundle: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=300, check=False, env=env)
 
 
-def test_a_model_bundle_launches_every_kernel_of_its_plan_in_order_and_reports_per_function(encoder_bundle, tmp_path):
-    manifest = json.loads((encoder_bundle.path / MANIFEST).read_text())
-    ran = _run(encoder_bundle.path, tmp_path)
+def test_a_model_bundle_launches_every_kernel_of_its_plan_in_order_and_reports_per_function(cnn_bundle, tmp_path):
+    manifest = json.loads((cnn_bundle.path / MANIFEST).read_text())
+    ran = _run(cnn_bundle.path, tmp_path)
     assert ran.returncode == 0, ran.stderr + ran.stdout
-    result = json.loads((encoder_bundle.path / RESULTS).read_text())
+    result = json.loads((cnn_bundle.path / RESULTS).read_text())
     assert result["status"] == "ok" and result["device"] == "Fake GPU"
-    assert result["launches"] == encoder_bundle.launches and len(result["latency_s"]) == 10
+    assert result["launches"] == cnn_bundle.launches and len(result["latency_s"]) == 10
     assert set(result["functions"]) == {call["function"] for call in manifest["plan"]["calls"]}
     expected = [launch["kernel"] for call in manifest["plan"]["calls"]
                 for launch in manifest["functions"][call["function"]]["launches"]]
     logged = [json.loads(line)["kernel"] for line in (tmp_path / "launches").read_text().splitlines()]
     assert logged[: len(expected)] == expected  # the checked call, before any timing
     for function in manifest["functions"].values():
-        assert (encoder_bundle.path / function["cubin"]).read_bytes()[:4] == b"\x7fELF"
+        assert (cnn_bundle.path / function["cubin"]).read_bytes()[:4] == b"\x7fELF"
 
 
-def test_large_weights_travel_as_seeds_that_make_the_same_bits(encoder_bundle):
-    manifest = json.loads((encoder_bundle.path / MANIFEST).read_text())
+def test_large_weights_travel_as_seeds_that_make_the_same_bits(cnn_bundle):
+    manifest = json.loads((cnn_bundle.path / MANIFEST).read_text())
     seeded = manifest["constants"]["seeded"]
-    assert seeded and encoder_bundle.seeded_bytes > 0
+    assert seeded and cnn_bundle.seeded_bytes > 0
     for spec in seeded.values():
-        assert int(np.prod(spec["shape"])) >= 1024
+        assert int(np.prod(spec["shape"])) >= SEEDED
         assert digest(seeded_array(spec["seed"], spec["shape"], spec["dtype"], spec["mean"], spec["std"])) == spec["digest"]
-    with np.load(encoder_bundle.path / manifest["constants"]["file"]) as carried:
+    with np.load(cnn_bundle.path / manifest["constants"]["file"]) as carried:
         assert not set(carried.files) & set(seeded)
 
 
-def test_a_seed_that_makes_other_weights_is_refused_before_anything_runs(encoder_bundle, tmp_path):
+def test_a_seed_that_makes_other_weights_is_refused_before_anything_runs(cnn_bundle, tmp_path):
     import shutil
 
     copy = tmp_path / "tampered"
-    shutil.copytree(encoder_bundle.path, copy)
+    shutil.copytree(cnn_bundle.path, copy)
     manifest = json.loads((copy / MANIFEST).read_text())
     name = next(iter(manifest["constants"]["seeded"]))
     manifest["constants"]["seeded"][name]["seed"] += 1
@@ -112,3 +111,23 @@ def test_a_target_without_launch_tables_writes_no_model_bundle(small_cnn_onnx, h
     fused = fuse(model, host)
     with pytest.raises(TuningConfigError, match="CUDA"):
         write_model_bundle(fused, {}, host, tmp_path / "b", name="cnn", inputs=model.inputs, tolerance=Tolerance(1e-3, 1e-3))
+
+
+def test_the_cli_writes_a_model_round_and_imports_what_the_device_measured(small_cnn_onnx, tmp_path, capsys):
+    from probtune.cli import main
+    from probtune.database import Database
+
+    round_, db = tmp_path / "round1", str(tmp_path / "t.db")
+    assert main(["bundle", str(round_), "--device", "h200", "--model", str(small_cnn_onnx), "--input-shape", "x=1,3,16,16",
+                 "--target", "cuda-sm90", "--precision", "fp16", "--candidates", "1", "--database", db]) == 0
+    assert "0 of" in capsys.readouterr().out  # no task tuned on the device yet
+    tasks = sorted((round_ / "tasks").glob("*/run_bundle.py"))
+    assert tasks and (round_ / "model" / "run_model_bundle.py").is_file()
+    env = {**os.environ, "PYTHONPATH": str(FAKE_CUPY), "FAKE_CUPY_LOG": str(tmp_path / "log"), "FAKE_CUPY_ANSWERS": "bundle"}
+    ran = subprocess.run([sys.executable, str(tasks[0]), "--runtime", "cupy"], capture_output=True, text=True,
+                         timeout=300, check=False, env=env)
+    assert ran.returncode == 0, ran.stderr
+    assert main(["import-results", str(round_), "--database", db]) == 0
+    assert "1 task bundles recorded" in capsys.readouterr().out
+    with Database(db) as database:
+        assert database.count() >= 1

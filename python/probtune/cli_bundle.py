@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from probtune.defaults import BATCH_SIZE, BUNDLE_REFERENCE_MB
+from probtune.defaults import BATCH_SIZE, BUNDLE_REFERENCE_MB, MODEL_ROUND_CANDIDATES, PRECISIONS
+from probtune.errors import TuningConfigError
 
 __all__ = ["add_bundle_commands"]
 
@@ -18,10 +20,17 @@ def add_bundle_commands(sub: Any, positive_int: Callable[[str], int], default_da
     bundle_p.add_argument("output", help="the bundle's folder (new or empty)")
     bundle_p.add_argument("--device", required=True, help="the device it is for: records are kept under TARGET@DEVICE")
     bundle_p.add_argument("--workload", default="matmul", help="catalog name (see 'probtune workloads')")
+    bundle_p.add_argument("--model", help="an ONNX model instead of a workload: one round of it (a model bundle, and "
+                                          "with --candidates new candidates of each task)")
+    bundle_p.add_argument("--input-shape", action="append", default=[], metavar="NAME=DIMS",
+                          help="a model input's shape, e.g. input_ids=1,128 (repeat for several)")
+    bundle_p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="a model's precision (see tune-model)")
     bundle_p.add_argument("--shape", default=None, help="shape parameters, e.g. 512,512,512 (default: the workload's)")
     bundle_p.add_argument("--dtype", default="float32")
     bundle_p.add_argument("--target", default="host", help="target name (see 'probtune targets')")
-    bundle_p.add_argument("--candidates", type=positive_int, default=BATCH_SIZE, help="how many (default: one search round's)")
+    bundle_p.add_argument("--candidates", type=int, default=None,
+                          help=f"how many (default: one search round's); of a model, per task (default "
+                               f"{MODEL_ROUND_CANDIDATES}; 0: the model bundle alone)")
     bundle_p.add_argument("--cost-model", default="xgb")
     bundle_p.add_argument("--seed", type=int, default=0)
     bundle_p.add_argument("--cache-flush", action="store_true", help="time each call with cold caches")
@@ -40,9 +49,13 @@ def add_bundle_commands(sub: Any, positive_int: Callable[[str], int], default_da
 def _cmd_bundle(args: argparse.Namespace) -> int:
     from probtune.bundle import write_bundle
 
+    if args.model:
+        return _model_round(args)
+    if args.candidates is not None and args.candidates < 1:
+        raise TuningConfigError(f"candidates must be at least 1, got {args.candidates}")
     written = write_bundle(
         args.workload, args.output, device=args.device, target=args.target, database=args.database,
-        candidates=args.candidates, shape=args.shape, dtype=args.dtype, seed=args.seed,
+        candidates=args.candidates or BATCH_SIZE, shape=args.shape, dtype=args.dtype, seed=args.seed,
         cost_model=args.cost_model, cache_flush=args.cache_flush, reference_mb=args.reference_mb,
     )
     failed = f"; {written.build_errors} failed to build (recorded)" if written.build_errors else ""
@@ -51,9 +64,29 @@ def _cmd_bundle(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_round(args: argparse.Namespace) -> int:
+    from probtune.model.rounds import write_model_round
+
+    shapes = dict(item.split("=", 1) for item in args.input_shape)
+    done = write_model_round(args.model, args.output, device=args.device, target=args.target, database=args.database,
+                             candidates=MODEL_ROUND_CANDIDATES if args.candidates is None else args.candidates,
+                             precision=args.precision, input_shapes=shapes,
+                             seed=args.seed)
+    print(f"{done.path}: the model ({done.model.functions} functions, {done.model.launches} launches; "
+          f"{done.tuned_tasks} of {done.tasks} tasks tuned on {args.device})"
+          + (f", and {sum(done.task_bundles.values())} candidates of {len(done.task_bundles)} tasks" if done.task_bundles else ""))
+    for task, why in done.refused.items():
+        print(f"no candidates of {task}: {why}")
+    print(f"on the device: python {done.path}/model/run_model_bundle.py, and python run_bundle.py in each of "
+          f"{done.path}/tasks/*; then here: probtune import-results {done.path}")
+    return 0
+
+
 def _cmd_import(args: argparse.Namespace) -> int:
     from probtune.bundle import import_results
 
+    if Path(args.bundle, "tasks").is_dir() or Path(args.bundle, "model").is_dir():
+        return _import_round(args)
     done = import_results(args.bundle, args.database, cost_model=args.cost_model)
     counts = ", ".join(f"{count} {status}" for status, count in sorted(done.statuses.items())) or "nothing new"
     print(f"{args.bundle}: measured on {done.device}; recorded under {done.measured_on}: {counts}"
@@ -61,4 +94,15 @@ def _cmd_import(args: argparse.Namespace) -> int:
           + (f"; {done.unmeasured} not measured" if done.unmeasured else ""))
     if done.best_latency is not None:
         print(f"best so far: {done.best_latency * 1e3:.4f} ms")
+    return 0
+
+
+def _import_round(args: argparse.Namespace) -> int:
+    from probtune.model.rounds import import_model_round
+
+    found = import_model_round(args.bundle, args.database, cost_model=args.cost_model)
+    for name, done in found.items():
+        counts = ", ".join(f"{count} {status}" for status, count in sorted(done.statuses.items())) or "nothing new"
+        print(f"{name}: {counts}")
+    print(f"{args.bundle}: {len(found)} task bundles recorded" if found else f"{args.bundle}: no task bundle has results")
     return 0

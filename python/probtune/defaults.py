@@ -52,3 +52,5 @@ BUNDLE_REFERENCE_MB = 16.0
 A larger one travels as its inputs' seed and its outputs at sampled positions."""
 PRECISIONS = ("fp32", "fp16")
 """What a model can be compiled in (:mod:`probtune.model.precision`): as its file has it, or converted to float16."""
+MODEL_ROUND_CANDIDATES = 16
+"""New candidates of each task in one round of a model tuned through bundles (:mod:`probtune.model.rounds`)."""

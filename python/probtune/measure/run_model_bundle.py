@@ -80,14 +80,17 @@ def _run(cupy: Any, bundle: Path, manifest: dict[str, Any], repeat: int, min_rep
     except _BundleError as exc:
         return {**result, "status": "bad_bundle", "error": str(exc)}
     reference = np.load(bundle / manifest["reference"])
-    outputs = model.run([reference[f"input_{i}"] for i in range(len(manifest["plan"]["inputs"]))])
+    try:
+        outputs = model.run([reference[f"input_{i}"] for i in range(len(manifest["plan"]["inputs"]))])
+    except Exception as exc:  # noqa: BLE001 - a launch CUDA refused, or a fault: recorded, not a traceback
+        return {**result, "status": "run_error", "error": f"{type(exc).__name__}: {exc}"}
     tolerance = manifest["tolerance"]
     errors = [_error(got, reference[f"output_{i}"], tolerance["rtol"]) for i, got in enumerate(outputs)]
     result["check"] = {"errors": errors, **tolerance}
     if any(error["excess"] > tolerance["atol_scale"] for error in errors):
         return {**result, "status": "wrong_result"}
-    result["latency_s"] = model.time(repeat, min_repeat_ms)
     result["launches"] = len(model.launches)
+    result["latency_s"] = model.time(repeat, min_repeat_ms)
     if profile:
         result["functions"] = model.profile(min_repeat_ms / 10)
     return {**result, "status": "ok"}

@@ -16,7 +16,7 @@ from probtune import TargetSpec
 from probtune_cuda.codegen import NVRTCCompiler
 from probtune_cuda.device import CUDARequirement
 
-__all__ = ["DEFAULT_MODULES", "DEFAULT_MUTATORS", "DEFAULT_VALIDATORS", "cuda_target", "make_targets"]
+__all__ = ["DEFAULT_LAYOUTS", "DEFAULT_MODULES", "DEFAULT_MUTATORS", "DEFAULT_VALIDATORS", "cuda_target", "make_targets"]
 
 DEFAULT_MODULES = (
     "auto-inline",
@@ -45,6 +45,10 @@ DEFAULT_VALIDATORS = (
 threads, every block bound, unrolling, tensor intrinsics in place of the tiles marked for them, the sampled software
 pipelines), then check it fits."""
 
+DEFAULT_LAYOUTS = {"relax.nn.conv2d": ("NHWC", "HWIO")}
+"""A model's convolutions run channels-last: the channels are a matmul's reduction, contiguous for the tensor cores'
+operand tiles (NCHW would gather them with strided scalar copies)."""
+
 DEFAULT_MUTATORS = {"tile_size": 0.9, "categorical": 0.1}
 """Mutators by probability, after TVM MetaSchedule's CUDA defaults (tile sizes 0.9; unroll and fetch widths share 0.1)."""
 
@@ -68,6 +72,7 @@ def cuda_target(name: str, description: str, arch: str, max_shared_memory_per_bl
         modules=DEFAULT_MODULES,
         validators=DEFAULT_VALIDATORS,
         mutators=DEFAULT_MUTATORS,
+        layouts=DEFAULT_LAYOUTS,
         compiler=NVRTCCompiler(),
         runs_here=CUDARequirement(),
     )

@@ -1,0 +1,121 @@
+"""A model tuned on a device reached only by files, in rounds: each round one folder, brought back and imported.
+
+:func:`write_model_round` fuses the model for the target (in its precision),
+writes a model bundle of it compiled with each task's best record measured on
+the device so far (a default program where none is), and, with
+``candidates``, a bundle of that many new candidates of every task (the
+search and cost model as in :func:`probtune.bundle.write_bundle`), each
+model's heaviest tasks first. On the device, each task bundle's
+``run_bundle.py`` and the model's ``run_model_bundle.py`` run; back here
+:func:`import_model_round` records the tasks' results, and the next round goes
+on from there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tvm
+
+from probtune.bundle import BundleImport, import_results, write_bundle
+from probtune.database import Database
+from probtune.defaults import MODEL_ROUND_CANDIDATES
+from probtune.errors import TuningConfigError
+from probtune.interfaces import TargetSpec
+from probtune.measure import run_bundle
+from probtune.model.bundle import ModelBundleWritten, Tolerance, write_model_bundle
+from probtune.model.compile import default_programs
+from probtune.model.importer import Model, ShapeArg, load_model
+from probtune.model.precision import TOLERANCES, convert_precision
+from probtune.model.tasks import ModelTask, extract_tasks, fuse
+from probtune.session import best_replayable
+from probtune.space import generate_space
+from probtune.targets import resolve_target
+
+__all__ = ["ModelRound", "import_model_round", "model_programs", "write_model_round"]
+
+MODEL, TASKS = "model", "tasks"  # a round's folders
+
+
+@dataclass
+class ModelRound:
+    """What :func:`write_model_round` wrote: the model bundle, the tasks tuned so far, and the task bundles by folder."""
+
+    path: Path
+    model: ModelBundleWritten
+    tasks: int
+    tuned_tasks: int
+    task_bundles: dict[str, int] = field(default_factory=dict)  # folder name -> candidates in it
+    refused: dict[str, str] = field(default_factory=dict)  # task -> why it has no bundle this round
+
+
+def model_programs(
+    fused: tvm.IRModule, tasks: list[ModelTask], target: TargetSpec, database: str | Path, device: str, seed: int = 0
+) -> tuple[dict[str, tvm.IRModule], int]:
+    """Each fused function's program: its task's best record measured on ``device``, else a default program that
+    compiles; and how many tasks have such a record."""
+    spaces = [(task.functions, generate_space(task.workload, target, seed=seed), task.workload.mod) for task in tasks]
+    programs = default_programs(spaces, seed, target)
+    tuned = 0
+    with Database(database) as db:
+        keyed = dataclasses.replace(target, name=db.measured_on(target.name, target.tvm_target, device))
+        for task, (functions, space, _) in zip(tasks, spaces):
+            best = best_replayable(db, db.commit_workload(task.workload.key, task.workload.mod), keyed, space)
+            if best is not None:
+                programs.update({function: best.program for function in functions})
+                tuned += 1
+    return programs, tuned
+
+
+def write_model_round(
+    model: Model | str | os.PathLike[str],
+    output: str | Path,
+    *,
+    device: str,
+    target: str | TargetSpec,
+    database: str | Path,
+    candidates: int = MODEL_ROUND_CANDIDATES,
+    precision: str = "fp32",
+    input_shapes: ShapeArg | None = None,
+    seed: int = 0,
+) -> ModelRound:
+    """Write one round of ``model`` for ``device`` into the new folder ``output`` (see the module's docstring)."""
+    out = Path(output)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise TuningConfigError(f"{out} exists and is not an empty folder: a round is written into a new one")
+    if not isinstance(model, Model):
+        model = load_model(model, input_shapes)
+    spec = resolve_target(target)
+    fused = fuse(dataclasses.replace(model, mod=convert_precision(model.mod, precision)), spec)
+    tasks = extract_tasks(fused)
+    programs, tuned = model_programs(fused, tasks, spec, database, device, seed)
+    written = write_model_bundle(fused, programs, spec, out / MODEL, name=model.name, inputs=model.inputs,
+                                 tolerance=Tolerance(*TOLERANCES[precision]), seed=seed)
+    done = ModelRound(out, written, len(tasks), tuned)
+    for index, task in enumerate(tasks if candidates else []):
+        folder = out / TASKS / f"{index:03d}_{task.name[:60]}"
+        try:
+            bundle = write_bundle(task.workload, folder, device=device, target=spec, database=database,
+                                  candidates=candidates, seed=seed)
+        except TuningConfigError as exc:  # a task whose space the device has measured through: the rest go on
+            done.refused[task.name] = str(exc)
+            continue
+        done.task_bundles[folder.name] = bundle.candidates
+    return done
+
+
+def import_model_round(output: str | Path, database: str | Path, **options: Any) -> dict[str, BundleImport]:
+    """Record the results of every task bundle of a round that its device measured; by folder name.
+
+    A task bundle without results (the device did not reach it) is left out:
+    its candidates are drawn again in a later round.
+    """
+    found = {}
+    for folder in sorted((Path(output) / TASKS).glob("*/")):
+        if (folder / run_bundle.RESULTS).is_file():
+            found[folder.name] = import_results(folder, database, **options)
+    return found
