@@ -162,11 +162,15 @@ def _report(args: argparse.Namespace) -> int:
         result = json.loads(result_file.read_text()) if result_file.is_file() else {"status": "not run"}
         model, batch = json.loads((folder / "manifest.json").read_text())["model"].split(":")
         ours = _median(result.get("latency_s"))
+        spread = [min(result["latency_s"]) * 1e3, max(result["latency_s"]) * 1e3] if result.get("latency_s") else None
+        prepared = _prepared(root)["models"].get(folder.name, {})
         row: dict[str, Any] = {"model": model, "batch": int(batch), "status": result["status"],
-                               "probtune_ms": ours, "check": result.get("check")}
+                               "probtune_ms": ours, "probtune_range_ms": spread, "tuned_tasks": prepared.get("tuned_tasks"),
+                               "tasks": prepared.get("tasks"), "launches": result.get("launches"), "check": result.get("check")}
         for baseline in torch["results"]:
             if baseline["model"] == model and baseline["batch"] == int(batch) and "median_ms" in baseline:
                 row[f"torch_{baseline['mode']}_ms"] = baseline["median_ms"]
+                row[f"torch_{baseline['mode']}_range_ms"] = [baseline["min_ms"], baseline["max_ms"]]
                 row[f"speedup_vs_{baseline['mode']}"] = baseline["median_ms"] / ours if ours else None
         row["heaviest"] = sorted(result.get("functions", {}).items(), key=lambda kv: -kv[1]["seconds"])[:5]
         rows.append(row)
@@ -175,6 +179,12 @@ def _report(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"device": torch.get("device"), "rows": rows}, indent=1))
     return 0
+
+
+def _prepared(root: Path) -> dict[str, Any]:
+    """What ``prepare`` wrote of the round (nothing, where it was stopped before the end)."""
+    path = root / "prepared.json"
+    return json.loads(path.read_text()) if path.is_file() else {"models": {}, "tasks": {}}
 
 
 def _median(values: list[float] | None) -> float | None:
