@@ -131,3 +131,24 @@ def test_the_cli_writes_a_model_round_and_imports_what_the_device_measured(small
     assert "1 task bundles recorded" in capsys.readouterr().out
     with Database(db) as database:
         assert database.count() >= 1
+
+
+def test_a_model_that_cannot_become_a_bundle_is_a_named_error_and_nothing_is_written(small_cnn_onnx, tmp_path):
+    from probtune.errors import ModelCompileError
+
+    target = resolve_target("cuda-sm90")
+    model = load_model(small_cnn_onnx, {"x": (1, 3, 16, 16)})
+    fused = fuse(model, target)  # no programs: TVM's unscheduled loops bind no GPU thread
+    with pytest.raises(ModelCompileError, match="cannot be written as a bundle for target 'cuda-sm90'"):
+        write_model_bundle(fused, {}, target, tmp_path / "b", name="cnn", inputs=model.inputs,
+                           tolerance=Tolerance(*TOLERANCES["fp16"]))
+    assert not (tmp_path / "b" / "manifest.json").exists()
+
+
+def test_a_malformed_input_shape_is_named_before_anything_runs(small_cnn_onnx, tmp_path, capsys):
+    from probtune.cli import main
+
+    assert main(["bundle", str(tmp_path / "r"), "--device", "h200", "--model", str(small_cnn_onnx),
+                 "--input-shape", "1,3,16,16", "--target", "cuda-sm90"]) != 0
+    assert "expected NAME=DIMS" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

@@ -189,7 +189,7 @@ def _parser() -> argparse.ArgumentParser:
     tune_p.set_defaults(run=_cmd_tune)
 
     add_model_commands(sub, _positive_int, _non_negative_int, DEFAULT_DATABASE)
-    add_bundle_commands(sub, _positive_int, DEFAULT_DATABASE)
+    add_bundle_commands(sub, _non_negative_int, DEFAULT_DATABASE)
 
     best_p = sub.add_parser("best", help="show the best record per workload and target")
     best_p.add_argument("--database", default=DEFAULT_DATABASE)

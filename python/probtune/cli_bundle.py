@@ -7,13 +7,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from probtune.cli_model import input_shape_option, input_shapes
 from probtune.defaults import BATCH_SIZE, BUNDLE_REFERENCE_MB, MODEL_ROUND_CANDIDATES, PRECISIONS
 from probtune.errors import TuningConfigError
 
 __all__ = ["add_bundle_commands"]
 
 
-def add_bundle_commands(sub: Any, positive_int: Callable[[str], int], default_database: str) -> None:
+def add_bundle_commands(sub: Any, non_negative_int: Callable[[str], int], default_database: str) -> None:
     bundle_p = sub.add_parser(
         "bundle", help="write new candidates of a workload, built, with a script that measures them on another machine"
     )
@@ -22,13 +23,12 @@ def add_bundle_commands(sub: Any, positive_int: Callable[[str], int], default_da
     bundle_p.add_argument("--workload", default="matmul", help="catalog name (see 'probtune workloads')")
     bundle_p.add_argument("--model", help="an ONNX model instead of a workload: one round of it (a model bundle, and "
                                           "with --candidates new candidates of each task)")
-    bundle_p.add_argument("--input-shape", action="append", default=[], metavar="NAME=DIMS",
-                          help="a model input's shape, e.g. input_ids=1,128 (repeat for several)")
+    input_shape_option(bundle_p)
     bundle_p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="a model's precision (see tune-model)")
     bundle_p.add_argument("--shape", default=None, help="shape parameters, e.g. 512,512,512 (default: the workload's)")
     bundle_p.add_argument("--dtype", default="float32")
     bundle_p.add_argument("--target", default="host", help="target name (see 'probtune targets')")
-    bundle_p.add_argument("--candidates", type=int, default=None,
+    bundle_p.add_argument("--candidates", type=non_negative_int, default=None,
                           help=f"how many (default: one search round's); of a model, per task (default "
                                f"{MODEL_ROUND_CANDIDATES}; 0: the model bundle alone)")
     bundle_p.add_argument("--cost-model", default="xgb")
@@ -67,11 +67,9 @@ def _cmd_bundle(args: argparse.Namespace) -> int:
 def _model_round(args: argparse.Namespace) -> int:
     from probtune.model.rounds import write_model_round
 
-    shapes = dict(item.split("=", 1) for item in args.input_shape)
     done = write_model_round(args.model, args.output, device=args.device, target=args.target, database=args.database,
                              candidates=MODEL_ROUND_CANDIDATES if args.candidates is None else args.candidates,
-                             precision=args.precision, input_shapes=shapes,
-                             seed=args.seed)
+                             precision=args.precision, input_shapes=input_shapes(args.input_shape), seed=args.seed)
     print(f"{done.path}: the model ({done.model.functions} functions, {done.model.launches} launches; "
           f"{done.tuned_tasks} of {done.tasks} tasks tuned on {args.device})"
           + (f", and {sum(done.task_bundles.values())} candidates of {len(done.task_bundles)} tasks" if done.task_bundles else ""))

@@ -21,7 +21,7 @@ def add_model_commands(sub: Any, positive_int: Any, non_negative_int: Any, defau
     """Register ``tune-model`` and ``run-model`` on the ``probtune`` parser's subcommands."""
     tune_p = sub.add_parser("tune-model", help="tune every task of a model, compile it, check it, export it")
     tune_p.add_argument("model", help="an ONNX file")
-    _input_shape_option(tune_p)
+    input_shape_option(tune_p)
     tune_p.add_argument("--target", default="host", help="target name (see 'probtune targets')")
     tune_p.add_argument("--trials", type=non_negative_int, default=defaults.MODEL_TRIALS,
                         help="new measurements over all tasks (0: compile from the database's records)")
@@ -51,19 +51,19 @@ def add_model_commands(sub: Any, positive_int: Any, non_negative_int: Any, defau
     run_p.add_argument("compiled", help="a model written by 'probtune tune-model --output'")
     run_p.add_argument("--compare-onnx", help="the ONNX model it came from: outputs checked, onnxruntime timed too "
                        "(at the input shapes in COMPILED.json unless --input-shape is given)")
-    _input_shape_option(run_p)
+    input_shape_option(run_p)
     run_p.add_argument("--threads", type=positive_int, default=os.cpu_count() or 1,
                        help="threads of the compiled model and of onnxruntime beside it")
     run_p.add_argument("--repeat", type=positive_int, default=10)
     run_p.set_defaults(run=_cmd_run_model)
 
 
-def _input_shape_option(parser: argparse.ArgumentParser) -> None:
+def input_shape_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME=DIMS",
                         help="an input's shape, e.g. input=1,3,224,224 (repeat for each input)")
 
 
-def _input_shapes(items: list[str]) -> dict[str, str]:
+def input_shapes(items: list[str]) -> dict[str, str]:
     from probtune.errors import ModelImportError
 
     shapes = {}
@@ -80,7 +80,7 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
     from probtune.targets import resolve_target
 
     target = resolve_target(args.target)
-    model = load_model(args.model, _input_shapes(args.input_shape))
+    model = load_model(args.model, input_shapes(args.input_shape))
     runner = rpc_runner(args, cache_flush=args.cache_flush)
     if args.output:
         _check_writable(Path(args.output))
@@ -127,7 +127,7 @@ def _cmd_example_model(args: argparse.Namespace) -> int:
 def _cmd_run_model(args: argparse.Namespace) -> int:
     from probtune.model import CompiledModel, InputSpec, check_outputs, load_model
 
-    shapes = _input_shapes(args.input_shape)
+    shapes = input_shapes(args.input_shape)
     if args.compare_onnx and not shapes and Path(f"{args.compiled}.json").is_file():  # the shapes it was tuned at
         shapes = {spec.name: spec.shape for spec in _read_inputs(Path(args.compiled), InputSpec)}
     model = load_model(args.compare_onnx, shapes) if args.compare_onnx else None

@@ -27,7 +27,7 @@ import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
 
-from probtune.errors import TuningConfigError
+from probtune.errors import ModelCompileError, TuningConfigError, summary
 from probtune.interfaces import TargetSpec
 from probtune.measure import run_model_bundle
 from probtune.model.check import outputs_to_numpy
@@ -84,12 +84,18 @@ def write_model_bundle(
     seeded_mod, seeded = seed_constants(fused, seed, seeded_elements)
     arrays = [spec.random(np.random.default_rng(seed)) for spec in inputs]
     expected = _untuned_outputs(seeded_mod, arrays)
-    mod, _, _ = place_programs(seeded_mod, programs, target, prepack=False)
-    plan = plan_model(mod, target.tvm_target)
+    try:
+        mod, _, _ = place_programs(seeded_mod, programs, target, prepack=False)
+        plan = plan_model(mod, target.tvm_target)
+        tables = {function: kernels(module, target.tvm_target) for function, module in plan.functions.items()}
+    except Exception as exc:  # TVM's lowering, a plan it cannot say, or a kernel the lint refuses
+        raise ModelCompileError(
+            f"the model cannot be written as a bundle for target {target.name!r}: {summary(exc)}. Nothing was "
+            "written; the tuned records are kept"
+        ) from exc
     (out / "kernels").mkdir(parents=True)
     functions = {}
-    for function, module in plan.functions.items():
-        cubin, table = kernels(module, target.tvm_target)
+    for function, (cubin, table) in tables.items():
         (out / "kernels" / f"{function}.cubin").write_bytes(cubin)
         functions[function] = {"cubin": f"kernels/{function}.cubin", **table}
     carried, by_seed = _split_constants(plan, seeded)
