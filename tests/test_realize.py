@@ -263,3 +263,29 @@ def test_search_is_the_same_with_and_without_helpers(host):
         # the programs the helper realized come back as text, not realized again here
         assert any(isinstance(c.program, str) for c in candidates) == (workers == 1)
     assert runs[0] == runs[1]
+
+
+def test_a_helper_is_sent_its_next_chunk_only_after_it_answered_the_last(host, monkeypatch):
+    """Both ends write without reading otherwise: a large reply and a large next chunk then block each other."""
+    space = _space(host)
+    owed: dict[int, int] = {}
+    send, receive = Realizer._send, Realizer._receive
+
+    def sending(self, helper, chunk):
+        assert owed.get(id(helper), 0) == 0, "a chunk was sent to a helper that still owed a reply"
+        owed[id(helper)] = 1
+        send(self, helper, chunk)
+
+    def receiving(self, helper, chunk):
+        owed[id(helper)] = 0
+        return receive(self, helper, chunk)
+
+    monkeypatch.setattr(Realizer, "_send", sending)
+    monkeypatch.setattr(Realizer, "_receive", receiving)
+    realizer = Realizer(space, XGBCostModel(), workers=1)
+    try:
+        outcomes = realizer.realize(_jobs(space, count=24))
+    finally:
+        realizer.close()
+    assert owed, "no chunk went to the helper"
+    assert _summary(outcomes) == _summary(Realizer(space, XGBCostModel()).realize(_jobs(space, count=24)))

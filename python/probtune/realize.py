@@ -31,7 +31,9 @@ from probtune.workload import Workload
 __all__ = ["REPLAY_FAILED", "Realized", "Realizer", "Rejected"]
 
 _MIN_CHUNK = 2  # jobs: a candidate takes ~10 ms to realize, a round trip through the pipe well under 1 ms
-_CHUNKS_IN_FLIGHT = 2  # per helper: the next chunk waits in its pipe while it realizes one
+# Per helper. With two, a helper writing a large reply and this process writing the next large chunk (a design
+# space of many blocks) each waited for the other to read: both blocked for good.
+_CHUNKS_IN_FLIGHT = 1
 _MAX_KEPT = 512  # programs a helper keeps for :meth:`Realizer.programs`: a batch's share is about 100
 
 ProgramFeatures = Callable[[tvm.IRModule], np.ndarray]

@@ -1,16 +1,19 @@
-"""Lowerings for the operator forms that the layout pass produces and TVM 0.27 cannot legalize.
+"""Lowerings that TVM 0.27's legalization lacks or does less well, passed to its ``LegalizeOps`` before its own.
 
 ``ConvertLayout`` moves a transposed convolution that follows a channels-last
 convolution to NHWC too, but TVM legalizes ``conv2d_transpose`` only in
-NCHW/IOHW: the model would then fail to compile. :data:`LEGALIZATIONS` are
-passed to TVM's ``LegalizeOps`` before its own, so that every layout the
-pass converts to still compiles, without a transpose around the operator.
+NCHW/IOHW: the model would then fail to compile; here every layout the pass
+converts to still compiles, without a transpose around the operator. An
+inference batch norm with constant statistics becomes a multiply-add with a
+scale and shift computed once, where TVM's takes a square root and a division
+per element.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import tvm
 from tvm import relax, te, topi
 
@@ -67,7 +70,33 @@ def _conv2d_transpose(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     return bb.call_te(compute, call.args[0], call.args[1], primfunc_name_hint="conv2d_transpose")
 
 
+def _batch_norm(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """An inference batch norm with constant statistics as one multiply-add per element.
+
+    The scale ``gamma / sqrt(var + eps)`` and shift ``beta - mean * scale`` are
+    computed once here, in float64, instead of a square root and a division
+    per element in every call (a convolution's batch norm is already folded
+    into its weights by the exporter; one after a concatenation or a pooling
+    is not). Any other form as TVM lowers it.
+    """
+    data, gamma, beta, mean, var = call.args
+    stats = (gamma, beta, mean, var)
+    if call.attrs.training or not all(isinstance(arg, tvm.ir.expr.Constant) for arg in stats):
+        return relax.transform.legalize_ops.nn._nn_batch_norm(bb, call)
+    dtype, axis, rank = str(data.ty.dtype), int(call.attrs.axis), len(data.ty.shape)
+    g, b, m, v = (arg.value.numpy().astype("float64") for arg in stats)
+    scale = g / np.sqrt(v + float(call.attrs.epsilon)) if call.attrs.scale else 1.0 / np.sqrt(v + float(call.attrs.epsilon))
+    shift = (b if call.attrs.center else 0.0) - m * scale
+    shape = [1] * rank
+    shape[axis % rank] = -1
+    scale_c, shift_c = (relax.const(x.astype(dtype).reshape(shape), dtype) for x in (scale, shift))
+    normalized = bb.call_te(lambda x, s, t: topi.add(topi.multiply(x, s), t), data, scale_c, shift_c,
+                            primfunc_name_hint="batch_norm")
+    return relax.Tuple([normalized, mean, var])
+
+
 LEGALIZATIONS: dict[str, Callable[[relax.BlockBuilder, relax.Call], relax.Expr]] = {
+    "relax.nn.batch_norm": _batch_norm,
     "relax.nn.conv2d_transpose": _conv2d_transpose,
 }
 """Relax operator -> its lowering, for the forms TVM's legalization leaves unlowered."""
@@ -75,4 +104,5 @@ LEGALIZATIONS: dict[str, Callable[[relax.BlockBuilder, relax.Call], relax.Expr]]
 
 def legalize(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with every operator lowered to TIR, :data:`LEGALIZATIONS` first and TVM's own for the rest."""
-    return relax.transform.LegalizeOps(customize_legalize_map=LEGALIZATIONS)(mod)
+    lowered = relax.transform.LegalizeOps(customize_legalize_map=LEGALIZATIONS)(mod)
+    return relax.transform.CanonicalizeBindings()(lowered)  # a tuple built here and read at once: no tuple

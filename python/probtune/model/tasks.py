@@ -22,6 +22,7 @@ from probtune.interfaces import GraphRewrite, TargetSpec
 from probtune.model.importer import Model
 from probtune.model.layouts import convert_layouts
 from probtune.model.legalize import legalize
+from probtune.model.concatenation import split_concatenations
 from probtune.model.prepack import constant_arguments
 from probtune.model.rewrites import REWRITES_ATTR, apply_graph_rewrites
 from probtune.workload import Workload
@@ -72,6 +73,7 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
             f"TVM cannot lower the model for target {target.name!r}: {summary(exc)}. Nothing was tuned; replace "
             "the operator it names in the model (or report it)"
         ) from None
+    fused, _ = split_concatenations(fused)
     return fused.with_attr(REWRITES_ATTR, counts) if counts else fused
 
 

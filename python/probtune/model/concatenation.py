@@ -1,0 +1,188 @@
+"""Concatenations written one input at a time, with no choice of input per element.
+
+TVM lowers ``concat`` to one loop nest whose every element picks its input
+through a chain of ``if_then_else`` tests on the concatenated axis, one test
+per input, and fuses elementwise consumers (a batch norm, a ReLU) after it.
+With many inputs (a DenseNet layer concatenates every earlier layer's
+output, up to 30 of them) the tests cost more than the copy and keep the
+loop from being vectorized. :func:`split_concatenations` rewrites such a
+function, when all its blocks are spatial, as one loop nest per input: every
+block inlined into the one writing the output, and that block written once
+per stretch of the axis between two inputs' boundaries, where the analyzer
+folds the tests away. The function computes the same values; tasks and the
+compiled model both use the rewritten one.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import tvm
+from tvm import s_tir, tirx
+
+from probtune.tir import as_list, identity, is_spatial, iter_stmts, variable_ids
+
+__all__ = ["split_concatenation", "split_concatenations"]
+
+_IF_THEN_ELSE = "prim.if_then_else"
+
+
+def split_concatenations(fused: tvm.IRModule) -> tuple[tvm.IRModule, int]:
+    """``fused`` with every PrimFunc that :func:`split_concatenation` rewrites replaced; how many were."""
+    replaced = {}
+    for gv in fused.get_global_vars():
+        func = fused[gv]
+        if isinstance(func, tirx.PrimFunc) and (split := split_concatenation(func)) is not None:
+            replaced[gv] = split
+    if not replaced:
+        return fused, 0
+    functions = {gv: replaced.get(gv, fused[gv]) for gv in fused.get_global_vars()}
+    return tvm.IRModule(functions, attrs=fused.attrs), len(replaced)
+
+
+def split_concatenation(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
+    """``func`` as one loop nest per stretch of its concatenated axis; None where it has no such axis.
+
+    Only functions of spatial blocks (no reduction) whose blocks all inline
+    into one writing the output qualify; the axis is the output iterator the
+    most ``if_then_else`` tests compare with a constant.
+    """
+    sblocks = [s.block for s in iter_stmts(func.body) if isinstance(s, s_tir.SBlockRealize) and s.block.name_hint != "root"]
+    if not any(_thresholds(b) for b in sblocks) or not all(is_spatial(b) for b in sblocks):
+        return None
+    final = _inline_all(func)
+    cuts = _thresholds(final.block) if final is not None else {}
+    if final is None or not cuts:  # the tests now on an index expression (a consumer reorders the axis)
+        return None
+    block = final.block
+    axis = max(cuts, key=lambda n: len(cuts[n]))
+    extent = int(block.iter_vars[axis].dom.extent)
+    bounds = [0, *sorted(t for t in cuts[axis] if 0 < t < extent), extent]
+    if len(bounds) < 3:
+        return None
+    stretches = enumerate(itertools.pairwise(bounds))
+    pieces = [_piece(block, axis, lo, hi, f"{block.name_hint}_{n}") for n, (lo, hi) in stretches]
+    if any(piece is None for piece in pieces):
+        return None
+    root = func.body.block
+    new_root = s_tir.SBlock([], [], [], root.name_hint, tirx.SeqStmt(pieces))
+    return func.with_body(s_tir.SBlockRealize([], True, new_root))
+
+
+def _inline_all(func: tirx.PrimFunc) -> s_tir.SBlockRealize | None:
+    """The one block left when every other block of ``func`` is inlined into its readers, each of its
+    iterators bound to a loop of its own."""
+    sch = s_tir.Schedule(func)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    for block in blocks[:-1]:
+        try:
+            sch.compute_inline(block)
+        except RuntimeError:  # TVM's ScheduleError: an output of the function, or a block that cannot inline
+            return None
+    (last,) = blocks[-1:]
+    if len(sch.get_child_blocks(sch.get_sblock("root"))) != 1:
+        return None
+    realize = _realize_of(sch, last)
+    if not _bound_to_own_loops(realize, [sch.get(loop) for loop in sch.get_loops(last)]):
+        return None
+    return realize
+
+
+def _piece(block: s_tir.SBlock, axis: int, lo: int, hi: int, name: str) -> tirx.Stmt | None:
+    """The loop nest writing ``block``'s output where iterator ``axis`` is in ``[lo, hi)``, its value simplified
+    there; None if a test on that iterator is left (the stretch holds an input boundary after all)."""
+    extents = [hi - lo if n == axis else int(iv.dom.extent) for n, iv in enumerate(block.iter_vars)]
+    iter_vars = [_iterator(iv.var.name, str(iv.dom.extent.ty), extent) for iv, extent in zip(block.iter_vars, extents)]
+    analyzer = tvm.sym.Analyzer()
+    for iv in iter_vars:
+        analyzer.bind(iv.var, iv.dom)
+    at = [iv.var + lo if n == axis else iv.var for n, iv in enumerate(iter_vars)]
+    old, store = [iv.var for iv in block.iter_vars], block.body
+    value = analyzer.simplify(tirx.IndexMap(old, [store.value], None).map_indices(at)[0])
+    if any(identity(iter_vars[axis].var) in variable_ids(call.args[0]) for call in _if_then_else_calls(value)):
+        return None
+    indices = [analyzer.simplify(i) for i in tirx.IndexMap(old, list(store.indices), None).map_indices(at)]
+    body = tirx.BufferStore(store.buffer, value, indices)
+    buffers = {r.source: r.source for r in [*block.reads, *block.writes]}
+    reads, writes = s_tir.analysis.get_sblock_read_write_region(s_tir.SBlock(iter_vars, [], [], name, body), buffers)
+    loops = [tirx.Var(f"{iv.var.name}_l", str(iv.var.ty)) for iv in iter_vars]
+    nest: tirx.Stmt = s_tir.SBlockRealize(loops, True, s_tir.SBlock(iter_vars, reads, writes, name, body))
+    for loop, iv in reversed(list(zip(loops, iter_vars))):
+        nest = tirx.For(loop, iv.dom.min, iv.dom.extent, tirx.ForKind.SERIAL, nest)
+    return nest
+
+
+def _iterator(name: str, dtype: str, extent: int) -> tirx.IterVar:
+    """A spatial block iterator over ``[0, extent)``."""
+    dom = tvm.ir.Range.from_min_extent(tirx.const(0, dtype), tirx.const(extent, dtype))
+    return tirx.IterVar(dom, tirx.Var(name, dtype), tirx.IterVar.DataPar)
+
+
+def _realize_of(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> s_tir.SBlockRealize:
+    """The realize statement of ``block`` in the schedule's program."""
+    target = identity(sch.get(block))
+    return next(
+        s for s in iter_stmts(sch.mod["main"].body)
+        if isinstance(s, s_tir.SBlockRealize) and identity(s.block) == target
+    )
+
+
+def _bound_to_own_loops(realize: s_tir.SBlockRealize, loops: list[tirx.For]) -> bool:
+    """Whether each iterator of the block is bound to its own loop, in order, over the iterator's whole domain."""
+    block = realize.block
+    if len(loops) != len(block.iter_vars) or not isinstance(block.body, tirx.BufferStore):
+        return False
+    return all(
+        isinstance(value, tirx.Var) and value.same_as(loop.loop_var)
+        and isinstance(iv.dom.extent, tirx.IntImm) and int(loop.extent) == int(iv.dom.extent)
+        and int(iv.dom.min) == 0 == int(loop.min)
+        for value, loop, iv in zip(as_list(realize.iter_values), loops, block.iter_vars)
+    )
+
+
+def _thresholds(block: s_tir.SBlock) -> dict[int, set[int]]:
+    """For each iterator position, the constants ``t`` that an ``if_then_else`` test of the block's value
+    compares it with (``t <= v``, ``v < t`` and their mirrors: the input boundaries of a concatenation)."""
+    body = block.body
+    if not isinstance(body, tirx.BufferStore):
+        return {}
+    position = {identity(iv.var): n for n, iv in enumerate(block.iter_vars)}
+    found: dict[int, set[int]] = {}
+    for call in _if_then_else_calls(body.value):
+        test = _threshold(call.args[0])
+        if test is not None and identity(test[0]) in position:
+            found.setdefault(position[identity(test[0])], set()).add(test[1])
+    return found
+
+
+# For a test ``v OP t`` (or ``t OP v``), the first value of ``v`` on the upper side of the split.
+_SPLIT_AT_VAR_LEFT = {"LT": 0, "GE": 0, "LE": 1, "GT": 1}
+_SPLIT_AT_VAR_RIGHT = {"LE": 0, "GT": 0, "LT": 1, "GE": 1}
+
+
+def _threshold(cond: tirx.Expr) -> tuple[tirx.Var, int] | None:
+    """``(v, t)`` where ``cond`` compares a variable ``v`` with a constant and splits its range before ``t``."""
+    kind = type(cond).__name__
+    if kind not in _SPLIT_AT_VAR_LEFT:
+        return None
+    if isinstance(cond.a, tirx.Var) and isinstance(cond.b, tirx.IntImm):
+        return cond.a, int(cond.b) + _SPLIT_AT_VAR_LEFT[kind]
+    if isinstance(cond.a, tirx.IntImm) and isinstance(cond.b, tirx.Var):
+        return cond.b, int(cond.a) + _SPLIT_AT_VAR_RIGHT[kind]
+    return None
+
+
+def _if_then_else_calls(expr: tirx.Expr) -> list[tvm.ir.Call]:
+    """Every ``if_then_else`` call inside ``expr``."""
+    calls, stack = [], [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, tvm.ir.Call) and isinstance(node.op, tvm.ir.Op) and node.op.name == _IF_THEN_ELSE:
+            calls.append(node)
+        for field in ("a", "b", "value", "args", "condition", "true_value", "false_value", "indices"):
+            child = getattr(node, field, None)
+            if isinstance(child, tirx.Expr):
+                stack.append(child)
+            elif child is not None and not isinstance(child, (str, int, float)) and hasattr(child, "__len__"):
+                stack.extend(c for c in as_list(child) if isinstance(c, tirx.Expr))
+    return calls
