@@ -19,10 +19,10 @@ from tvm import relax
 from probtune.constant_layouts import LAYOUT_FREE_ATTR, layout_free_params
 from probtune.errors import ModelCompileError, WorkloadShapeError, summary, warn_caller
 from probtune.interfaces import GraphRewrite, TargetSpec
+from probtune.model.concatenation import split_concatenations
 from probtune.model.importer import Model
 from probtune.model.layouts import convert_layouts
 from probtune.model.legalize import legalize
-from probtune.model.concatenation import split_concatenations
 from probtune.model.prepack import constant_arguments
 from probtune.model.rewrites import REWRITES_ATTR, apply_graph_rewrites
 from probtune.workload import Workload
