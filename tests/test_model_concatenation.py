@@ -14,7 +14,7 @@ from probtune import Rng
 from probtune.model import extract_tasks, fuse, load_model
 from probtune.model.check import check_outputs
 from probtune.model.compile import CompiledModel, compile_model, default_program
-from probtune.model.concatenation import split_concatenation
+from probtune.model.concatenation import MIN_INPUTS, split_concatenation
 from probtune.model.examples import make_model
 from probtune.space import generate_space
 from probtune.targets import resolve_target
@@ -45,7 +45,8 @@ def _concat_relu(widths: tuple[int, ...], axis: int, then=None) -> tuple[tvm.tir
 def test_a_concatenation_and_its_elementwise_consumers_become_one_loop_nest_per_input(axis):
     widths = (3, 8, 1, 4)
     func, inputs = _concat_relu(widths, axis)
-    split = split_concatenation(func)
+    assert split_concatenation(func) is None  # fewer inputs than MIN_INPUTS: a short chain of tests costs less
+    split = split_concatenation(func, min_inputs=2)
     assert split is not None
     assert len(_blocks(split)) == len(widths)
     assert "if_then_else" not in split.script()
@@ -59,17 +60,17 @@ def test_a_concatenation_and_its_elementwise_consumers_become_one_loop_nest_per_
 
 def test_what_is_not_a_plain_concatenation_is_left_as_it_is():
     reduced, _ = _concat_relu((3, 5), 1, then=lambda t: topi.sum(t, axis=2))
-    assert split_concatenation(reduced) is None  # a reduction: its inputs are read many times
+    assert split_concatenation(reduced, min_inputs=2) is None  # a reduction: its inputs are read many times
     shuffled, _ = _concat_relu((4, 4), 1, then=lambda t: topi.transpose(topi.reshape(t, (2, 2, 4, 5)), (0, 2, 1, 3)))
-    assert split_concatenation(shuffled) is None  # a channel shuffle: the tests are on an index expression
+    assert split_concatenation(shuffled, min_inputs=2) is None  # a channel shuffle: tests on an index expression
     x = te.placeholder((4, 6), name="x")
     padded = topi.nn.pad(x, (1, 1), (1, 1))
-    assert split_concatenation(te.create_prim_func([x, padded])) is None  # padding: tests on both ends, one input
+    assert split_concatenation(te.create_prim_func([x, padded]), min_inputs=2) is None  # padding: one input
 
 
 def test_every_draw_of_the_split_concatenations_space_is_correct():
     func, inputs = _concat_relu((16, 32, 32, 8), 2)
-    split = split_concatenation(func)
+    split = split_concatenation(func, min_inputs=2)
     host = resolve_target("host")
     space = generate_space(Workload.from_module(split, name="concat_relu"), host)
     rng = np.random.default_rng(1)
@@ -84,8 +85,8 @@ def test_every_draw_of_the_split_concatenations_space_is_correct():
 
 @pytest.fixture
 def dense_block_onnx(tmp_path):
-    """Two DenseNet layers as torchvision exports them: each concatenates every earlier output, then batch norm,
-    ReLU and a convolution (the batch norm after a concatenation is not folded into a convolution)."""
+    """A dense block as torchvision exports DenseNet's: each layer concatenates every earlier output, then batch
+    norm, ReLU and a convolution (the batch norm after a concatenation is not folded into a convolution)."""
     rng = np.random.default_rng(0)
     weights, nodes = [], []
 
@@ -103,11 +104,13 @@ def dense_block_onnx(tmp_path):
         nodes.append(helper.make_node("Conv", [f"r{n}", weight(f"w{n}", 4, channels, 3, 3)], [f"f{n}"], pads=[1] * 4))
         return f"f{n}"
 
-    f1 = layer(1, ["x"], 8)
-    f2 = layer(2, ["x", f1], 12)
-    nodes.append(helper.make_node("Concat", ["x", f1, f2], ["y"], axis=1))
+    features = ["x"]
+    for n in range(1, MIN_INPUTS + 1):  # layer n concatenates n inputs
+        features.append(layer(n, features, 8 + 4 * (n - 1)))
+    nodes.append(helper.make_node("Concat", features, ["y"], axis=1))
+    channels = 8 + 4 * MIN_INPUTS
     graph = helper.make_graph(nodes, "dense", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 6, 6])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 6, 6])], weights)
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, 6, 6])], weights)
     path = tmp_path / "dense.onnx"
     onnx.save(make_model(graph), path)
     return path
@@ -118,11 +121,8 @@ def test_a_dense_blocks_concatenations_are_split_and_its_batch_norms_are_a_multi
     model = load_model(dense_block_onnx)
     fused = fuse(model, host)
     tasks = extract_tasks(fused)
-    concatenations = [task for task in tasks if "concatenate" in task.name]
-    assert len(concatenations) == 2  # the second layer's input and the model's output (the first has one input)
-    for task in concatenations:
-        script = task.workload.mod.script()
-        assert "if_then_else" not in script and len(_blocks(task.workload.prim_func)) >= 2
+    split = [task for task in tasks if "concatenate" in task.name and "if_then_else" not in task.workload.mod.script()]
+    assert sorted(len(_blocks(task.workload.prim_func)) for task in split) == [MIN_INPUTS, MIN_INPUTS + 1]
     assert not any("sqrt" in task.workload.mod.script() for task in tasks)
     check_outputs(model, untuned_runner(fused, host))
     programs = {}

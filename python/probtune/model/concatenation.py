@@ -6,7 +6,8 @@ per input, and fuses elementwise consumers (a batch norm, a ReLU) after it.
 With many inputs (a DenseNet layer concatenates every earlier layer's
 output, up to 30 of them) the tests cost more than the copy and keep the
 loop from being vectorized. :func:`split_concatenations` rewrites such a
-function, when all its blocks are spatial, as one loop nest per input: every
+function, when all its blocks are spatial and it concatenates at least
+:data:`MIN_INPUTS` inputs, as one loop nest per input: every
 block inlined into the one writing the output, and that block written once
 per stretch of the axis between two inputs' boundaries, where the analyzer
 folds the tests away. The function computes the same values; tasks and the
@@ -22,7 +23,11 @@ from tvm import s_tir, tirx
 
 from probtune.tir import as_list, identity, is_spatial, iter_stmts, variable_ids
 
-__all__ = ["split_concatenation", "split_concatenations"]
+__all__ = ["MIN_INPUTS", "split_concatenation", "split_concatenations"]
+
+MIN_INPUTS = 7
+"""Fewer inputs keep TVM's form: each piece is a loop nest (and a parallel loop) of its own, which costs more
+than a short chain of tests (tuned both ways on DenseNet-121 and GoogLeNet: ``bench/results/zoo_tuned_1000_*``)."""
 
 _IF_THEN_ELSE = "prim.if_then_else"
 
@@ -40,12 +45,13 @@ def split_concatenations(fused: tvm.IRModule) -> tuple[tvm.IRModule, int]:
     return tvm.IRModule(functions, attrs=fused.attrs), len(replaced)
 
 
-def split_concatenation(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
+def split_concatenation(func: tirx.PrimFunc, min_inputs: int = MIN_INPUTS) -> tirx.PrimFunc | None:
     """``func`` as one loop nest per stretch of its concatenated axis; None where it has no such axis.
 
     Only functions of spatial blocks (no reduction) whose blocks all inline
     into one writing the output qualify; the axis is the output iterator the
-    most ``if_then_else`` tests compare with a constant.
+    most ``if_then_else`` tests compare with a constant, and it must have at
+    least ``min_inputs`` stretches.
     """
     sblocks = [s.block for s in iter_stmts(func.body) if isinstance(s, s_tir.SBlockRealize) and s.block.name_hint != "root"]
     if not any(_thresholds(b) for b in sblocks) or not all(is_spatial(b) for b in sblocks):
@@ -58,7 +64,7 @@ def split_concatenation(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     axis = max(cuts, key=lambda n: len(cuts[n]))
     extent = int(block.iter_vars[axis].dom.extent)
     bounds = [0, *sorted(t for t in cuts[axis] if 0 < t < extent), extent]
-    if len(bounds) < 3:
+    if len(bounds) - 1 < max(min_inputs, 2):
         return None
     stretches = enumerate(itertools.pairwise(bounds))
     pieces = [_piece(block, axis, lo, hi, f"{block.name_hint}_{n}") for n, (lo, hi) in stretches]
