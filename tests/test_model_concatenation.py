@@ -11,10 +11,10 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import s_tir, te, topi
 
 from probtune import Rng
-from probtune.model import extract_tasks, fuse, load_model
+from probtune.model import concatenation, extract_tasks, fuse, load_model
 from probtune.model.check import check_outputs
 from probtune.model.compile import CompiledModel, compile_model, default_program
-from probtune.model.concatenation import MIN_INPUTS, split_concatenation
+from probtune.model.concatenation import MIN_INPUTS, split_concatenation, split_concatenations
 from probtune.model.examples import make_model
 from probtune.space import generate_space
 from probtune.targets import resolve_target
@@ -66,6 +66,25 @@ def test_what_is_not_a_plain_concatenation_is_left_as_it_is():
     x = te.placeholder((4, 6), name="x")
     padded = topi.nn.pad(x, (1, 1), (1, 1))
     assert split_concatenation(te.create_prim_func([x, padded]), min_inputs=2) is None  # padding: one input
+
+
+def test_a_module_counts_its_split_functions_and_one_tvm_refuses_keeps_its_form(monkeypatch):
+    many, _ = _concat_relu((2,) * MIN_INPUTS, 1)
+    few, _ = _concat_relu((2, 3), 1)
+    mod = tvm.IRModule({"many": many, "few": few})
+    split, count = split_concatenations(mod)
+    assert count == 1 and "if_then_else" not in split["many"].script() and split["few"].same_as(few)
+
+    def refuse(func):
+        raise RuntimeError("refused")
+
+    monkeypatch.setattr(concatenation, "_inline_all", refuse)
+    with pytest.warns(UserWarning) as caught:
+        kept, count = split_concatenations(mod)
+    assert count == 0 and kept is mod
+    assert sorted(str(w.message) for w in caught) == [
+        f"{name} keeps TVM's concatenation: RuntimeError: refused" for name in ("few", "many")
+    ]
 
 
 def test_every_draw_of_the_split_concatenations_space_is_correct():

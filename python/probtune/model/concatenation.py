@@ -21,6 +21,7 @@ import itertools
 import tvm
 from tvm import s_tir, tirx
 
+from probtune.errors import summary, warn_caller
 from probtune.tir import as_list, identity, is_spatial, iter_stmts, variable_ids
 
 __all__ = ["MIN_INPUTS", "split_concatenation", "split_concatenations"]
@@ -37,7 +38,14 @@ def split_concatenations(fused: tvm.IRModule) -> tuple[tvm.IRModule, int]:
     replaced = {}
     for gv in fused.get_global_vars():
         func = fused[gv]
-        if isinstance(func, tirx.PrimFunc) and (split := split_concatenation(func)) is not None:
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        try:
+            split = split_concatenation(func)
+        except Exception as exc:  # noqa: BLE001 - TVM refused a step: the function stays as TVM wrote it
+            warn_caller(f"{gv.name_hint} keeps TVM's concatenation: {summary(exc)}")
+            continue
+        if split is not None:
             replaced[gv] = split
     if not replaced:
         return fused, 0
@@ -85,7 +93,7 @@ def _inline_all(func: tirx.PrimFunc) -> s_tir.SBlockRealize | None:
             sch.compute_inline(block)
         except RuntimeError:  # TVM's ScheduleError: an output of the function, or a block that cannot inline
             return None
-    (last,) = blocks[-1:]
+    last = blocks[-1]
     if len(sch.get_child_blocks(sch.get_sblock("root"))) != 1:
         return None
     realize = _realize_of(sch, last)
