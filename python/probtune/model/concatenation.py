@@ -4,7 +4,7 @@ TVM lowers ``concat`` to one loop nest whose every element picks its input
 through a chain of ``if_then_else`` tests on the concatenated axis, one test
 per input, and fuses elementwise consumers (a batch norm, a ReLU) after it.
 With many inputs (a DenseNet layer concatenates every earlier layer's
-output, up to 30 of them) the tests cost more than the copy and keep the
+output: 25 in DenseNet-121's last one) the tests cost more than the copy and keep the
 loop from being vectorized. :func:`split_concatenations` rewrites such a
 function, when all its blocks are spatial and it concatenates at least
 :data:`MIN_INPUTS` inputs, as one loop nest per input: every
