@@ -123,9 +123,8 @@ class EvolutionarySearch:
     of its moves have been measured (:meth:`_location_neighbours`).
     Until the model has samples to learn from, batches are random samples of
     the space, and only an ``untrained_share`` of the size asked for: the
-    model then guides more of a small budget (conv2d 1x64x56x56, 64 trials,
-    seeds 0-2: best 1.12-1.20 ms with half a batch at random, 1.34-1.55 ms
-    with a whole one; batch matmul unchanged within noise).
+    model then guides more of a small budget, which found faster conv2d
+    programs than a whole random batch did (bench/results/NOTES.md).
 
     Features of every scored decision set are kept (not the programs), so a
     trace met again is scored without replaying it, and a measured one is

@@ -100,8 +100,8 @@ def _return_large_frees_to_the_system() -> None:
 
     glibc raises that threshold after the first large free; candidates' tensors
     and workspaces (megabytes each) then come from heap arenas that never
-    shrink, and the runner grew by ~10 MB per candidate (~1 GB over a
-    96-trial matmul 1024³ tune). With a fixed threshold it stays near 100 MB.
+    shrink, and the runner grew with every candidate, without bound over a
+    tune. With a fixed threshold it stays flat (bench/results/NOTES.md).
     """
     try:
         libc = ctypes.CDLL("libc.so.6")

@@ -21,12 +21,9 @@ choice), to a reduction block over an untiled loop nest whose loops are all
 spatial or reduction with constant extents:
 
 * without data reuse (every input read depends on every spatial iterator: a
-  row reduction), whenever the reduction spans ``min_vectors`` full vectors.
-  Measured on a 2-core AVX2 machine, best of 8 random samples of
-  auto-inline + parallel-vectorize + auto-unroll with and without
-  add-rfactor + random-compute-location: layer norm 512x768 0.13 ms against
-  0.90 ms, softmax 1024x1024 4.6 ms against 6.1 ms, softmax 8x4096 0.12 ms
-  against 0.16 ms;
+  row reduction), whenever the reduction spans ``min_vectors`` full vectors:
+  random samples of layer norm and softmax ran faster with the vector
+  partials than without (bench/results/NOTES.md);
 * with data reuse (matmul-like: multi-level tiling's job), only when the
   outputs are too few to occupy the cores (fewer than ``cores x
   max_jobs_per_core``) and fewer than the reduction's length.

@@ -89,9 +89,8 @@ class AutoInline:
     ``costly_ops`` is not inlined into its consumers, whose inner loops would
     recompute it: ``exp`` is a transcendental (softmax's is read by both the
     sum and the normalisation), ``if_then_else`` is convolution padding, a
-    branch in the convolution's innermost loop (measured on a 2-core AVX2
-    machine, 15 random tilings of three padded convolutions: inlined padding
-    was slower than padding as its own pass in 13, median 1.5x, up to 8x).
+    branch in the convolution's innermost loop (inlined padding was mostly
+    slower than padding as its own pass, bench/results/NOTES.md).
     Such blocks are left to ``random-compute-location``, which may still
     sample inlining. Folding into the producer computes each value once and
     is always allowed.

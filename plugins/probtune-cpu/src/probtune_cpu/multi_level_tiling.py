@@ -18,17 +18,15 @@ copies its slice into a buffer laid out in panels, ``[j // w, k, j % w]``
 with ``w`` the kernel's vector tile (``rewrite-packed-layout`` lays it out;
 traces have no layout instruction), so that the kernel loads whole vectors,
 one panel after the other, instead of gathering lanes. The copy is read by
-every row of the tile: 128-trial tunes of dense+bias+ReLU 128x768->3072
-(2-core AVX2) found programs of 5.5-7.0 ms with it, 8.2-9.2 ms without (with
-the slice laid out ``[k, j]``; panels: the best programs of two later tunes
-ran 5.3-6.2 ms against 5.9-6.4 with ``[k, j]``).
+every row of the tile, so it costs little next to the gathers it saves: tunes
+found faster programs with it than without, and with panels than with the
+slice laid out ``[k, j]`` (bench/results/NOTES.md).
 
 An input that the vectorized loop reads contiguously but a reduction loop
 walks with a stride, such as matmul's ``B[k, j]`` along ``k``, may be packed
 into the same panels (a sampled choice), which the kernel reads as one
-sequential stream, as vendor BLAS kernels do (128-trial tunes of matmul
-1024^3, seeds 0 and 1: best programs 16.9 and 15.8 ms with the choice, 20.8
-and 22.4 ms without, re-timed in one process). Either packing copy sits
+sequential stream, as vendor BLAS kernels do; tunes found faster programs
+with the choice than without (bench/results/NOTES.md). Either packing copy sits
 under the outermost tile of the vectorized loop, which goes first among the
 outer tiles: each slice is copied once and read by every row tile.
 """
@@ -233,14 +231,11 @@ class MultiLevelTiling:
         A tiled block's accumulator tile (:func:`accumulator_bytes`) outside
         that share of the register file keeps a draw with probability
         ``off_register_tile_weight``. Random tilings mostly draw small
-        innermost tiles: 82% of 1x64x56x56 conv2d draws have a tile under a
-        quarter of AVX-512's registers. Over the 764 programs of six 128-trial
-        conv2d tunes (2-core AVX-512 Xeon), tiles under a quarter ran a
-        median 1.4-3.1x slower than the best of their tune, 0-4% of them
-        within 10% of it; a quarter to a half, 1.2-1.3x and 11-23%; above a
-        half, 2.0-3.5x and none (the inputs' vectors no longer fit beside
-        them). Under the prior, 30% of conv2d draws (6% without) and 86% of
-        12x128x128x64 batch matmul draws (48%) are in the range.
+        innermost tiles, and in conv2d tunes the programs with tiles outside
+        the range ran well slower than the best of their tune and seldom came
+        near it (above a half, the inputs' vectors no longer fit beside the
+        accumulators); the prior puts many more draws in the range
+        (bench/results/NOTES.md).
         """
         low, high = (share * vector_register_bytes(ctx.target) for share in self.register_tile)
         weight = 1.0
@@ -488,10 +483,10 @@ def _copy_in_square_tiles(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, d
     Row by row, each element of a row goes to another cache line (a panel is
     ``width`` floats wide), and a whole panel's lines (48 KB for dense's 768 x
     16) are touched before the next row comes back to them; in tiles, both
-    sides stay within ``width`` lines. Measured on the best program of a
-    256-trial dense 128x3072x768 tune (2-core AVX-512 Xeon, one process, 11
-    rounds): 2.14 against 2.89 ms; with ``w`` innermost instead of ``k``
-    (contiguous writes, strided reads) 2.42.
+    sides stay within ``width`` lines. The best program of a dense tune ran
+    faster with its copy in tiles than row by row, or than with ``w``
+    innermost instead of ``k`` (contiguous writes, strided reads)
+    (bench/results/NOTES.md).
     """
     loops = sch.get_loops(block)[-ndim:]  # the copy's own loops, one per dimension of the input
     rows, columns = loops[dim], loops[-1]

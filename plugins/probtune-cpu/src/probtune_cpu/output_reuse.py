@@ -3,9 +3,8 @@
 Softmax computes ``exp[i, j]``, sums it, and writes ``out[i, j] = exp[i, j] /
 sum[i]``: the exponentials are a whole extra buffer, and the last pass writes
 the output from scratch. Vendor kernels (MLAS) store the exponentials in the
-output and scale them there. Measured on the best program of a 256-trial
-softmax 1024x1024 tune (2-core AVX-512 Xeon, one process, 15 rounds, the
-reciprocal division in both): 0.263 against 0.286 ms. The writes that miss
+output and scale them there, and so does this rewrite, which made the best
+program of a softmax tune faster (bench/results/NOTES.md): the writes that miss
 the cache then happen in the exponentials' pass, overlapped with their
 arithmetic, and the last pass reads and writes lines the sum has just read.
 

@@ -49,11 +49,9 @@ MAX_UNROLLED_EXTREMUM_STEPS = 16
 """The most steps TVM may unroll inside a float max/min reduction, whatever the step sampled for its loop nest.
 
 An explicitly unrolled chain of scalar float ``max`` updates of one element
-makes LLVM's optimizer take time exponential in the chain's length: on this
-project's 2-core Zen 3 machine, chains of 20, 24 and 28 took 0.18, 1.7 and
-25 s to build, one of 32 did not finish in 20 s (a ``sum`` chain of 32:
-0.06 s). Unrolled softmax row maxes hit it and ran into the builder's time
-limit. 16 builds in under 0.1 s.
+makes LLVM's optimizer take time exponential in the chain's length (a ``sum``
+chain does not). Unrolled softmax row maxes hit it and ran into the builder's
+time limit; a chain of 16 builds quickly (bench/results/NOTES.md).
 """
 _REQUEST_KEYS = (PARALLEL_KEY, VECTORIZE_KEY, VECTOR_SPLIT_KEY, UNROLL_KEY)
 
@@ -65,9 +63,9 @@ class ParallelVectorize:
     An innermost spatial loop too long to vectorize whole (an untiled
     elementwise block: softmax's exponentials over a 1024-wide row) is split,
     and the vectorized part is ``vectors_per_split`` vectors, sampled: it sets
-    how many registers the loop body keeps live (softmax 1024x1024 on a 2-core
-    AVX2 machine, rows fused: 0.59, 0.45, 0.50 and 0.93 ms at 1, 4, 8 and 16
-    vectors; 0.63 ms left to LLVM).
+    how many registers the loop body keeps live, and a few vectors ran faster
+    than one, than sixteen, or than leaving the loop to LLVM
+    (bench/results/NOTES.md).
     """
 
     name: str = "parallel-vectorize"
@@ -147,9 +145,9 @@ class RewriteParallelVectorizeUnroll:
     A program whose parallel loop leaves cores idle is rejected when the
     block's leading spatial loops offered more jobs than the fused ones (the
     tiles, not the workload, made the jobs few): 7 jobs on 2 cores keep them
-    busy 7/8 of the time. The same conv2d 1x64x56x56 program ran 1.38 ms with
-    7 jobs and 1.13-1.14 ms with 14 or 56 (2-core Zen 4, one process), and the
-    search, which measures few programs, had kept the 7-job one as its best.
+    busy 7/8 of the time. A conv2d program ran clearly slower with 7 jobs than
+    with 14 or 56, and the search, which measures few programs, had kept the
+    7-job one as its best (bench/results/NOTES.md).
 
     An innermost loop along which some buffer is not read contiguously (a
     gather: a transpose's read) is vectorized one vector at a time: LLVM

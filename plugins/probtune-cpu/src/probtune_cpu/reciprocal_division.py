@@ -14,11 +14,10 @@ Divisors whose reciprocal is not a normal number (0, subnormal, ``|b| >=
 2^126``, infinity, NaN) take the division, through a branch on the divisor
 that LLVM hoists out of the loop over the dividends.
 
-Measured on the best program of a 256-trial softmax 1024x1024 tune (2-core
-AVX-512 Xeon, one process, 15 rounds, each form twice): 0.207-0.211 ms,
-against 0.223 with a correctly rounded quotient (Markstein's FMA correction
-of ``a * r``, this rewrite's form before) and 0.249-0.255 with the division;
-onnxruntime 0.191 in the same run.
+The two roundings are accepted for speed: on the best program of a softmax
+tune this form ran faster than a correctly rounded quotient (Markstein's FMA
+correction of ``a * r``, this rewrite's form before), and that faster than
+the division (bench/results/NOTES.md).
 
 Never applied where the stored value rounds to an integer (a quantization:
 one ulp of ``x / scale`` flips a half-way rounding, as ONNX's

@@ -72,8 +72,9 @@ def workload_stores_any(mod: tvm.IRModule, test: Callable[[tirx.Expr], bool]) ->
     Schedule primitives move, copy and split stores but make no new arithmetic,
     so a rewrite of some node kind (``exp``, a float division) has nothing to do
     in any program of a workload without one; asking once per workload spares
-    the walk over every candidate's stores (0.2-0.6 ms of the 4-6 ms it takes
-    to realize one). ``test`` is a module-level function, so that it is a key.
+    the walk over every candidate's stores (about a tenth of the time it takes
+    to realize one; bench/results/NOTES.md). ``test`` is a module-level
+    function, so that it is a key.
     A validator that made such nodes itself would have to run after the
     rewrites that ask this (the CPU targets' validators make none before them).
     """

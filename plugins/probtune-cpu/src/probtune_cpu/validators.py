@@ -199,13 +199,11 @@ class VerifyUnrollSize:
     """Reject a program whose unrolled code would be big: slow to build, and never the fastest.
 
     Unrolling multiplies the code of the loops it covers, and LLVM's time
-    grows faster than the code: on a 2-core machine, matmul tiles estimated
-    at 17k, 34k and 68k vector operations took 5 s, 67 s and 232 s to build.
-    Among 928 measured programs of six workloads (matmul at four shapes,
-    batch matmul, conv2d, softmax), those estimated above 1024 took 2-9 times
-    as long to build as the rest (softmax up to 35 s), and none was the
-    fastest of its workload: every best program stayed under 700 (code that
-    big does not fit the instruction cache). A store counts the operations of
+    grows faster than the code. Among measured programs of several workloads,
+    those estimated above the limit took several times as long to build as
+    the rest, and none was the fastest of its workload: every best program
+    stayed well under it (code that big does not fit the instruction cache;
+    bench/results/NOTES.md). A store counts the operations of
     its value, so an unrolled polynomial weighs what it builds like.
     """
 

@@ -96,10 +96,7 @@ class XGBCostModel:
     few hundred samples). The search trains between rounds, when nothing else
     runs, so training uses two threads; the trees are the same as with one.
     30 rounds at a learning rate of 0.35 rank held-out programs as well as 50
-    at 0.2 did, in 40% less time (trained on the first 32-192 records of
-    256-trial tunes of dense, conv2d and softmax, the best of the top 8
-    predicted of the next 64 at 0.976-0.995 of their best, against
-    0.952-0.989).
+    at 0.2 did, in less time (bench/results/NOTES.md).
     Until some workload has two samples with different labels there is
     nothing to rank by, and predictions are seeded random scores.
     """
