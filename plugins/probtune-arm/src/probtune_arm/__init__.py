@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from probtune import TargetSpec, hookimpl
+from probtune.plugin import TargetSpec, hookimpl
 from probtune_cpu.codegen import LLVMCompiler
 from probtune_cpu.defaults import (
     DEFAULT_GRAPH_REWRITES,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from probtune import hookimpl
+from probtune.plugin import hookimpl
 from probtune_cpu.add_rfactor import AddRFactor
 from probtune_cpu.auto_inline import AutoInline
 from probtune_cpu.multi_level_tiling import MultiLevelTiling, RewritePackedLayout, RewriteWriteBackLocation

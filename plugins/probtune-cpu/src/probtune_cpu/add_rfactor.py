@@ -39,9 +39,7 @@ from typing import Any
 import tvm
 from tvm import s_tir
 
-from probtune import SpaceContext
-from probtune.schedule import BlockRV, ExprRV, Schedule
-from probtune.tir import REDUCTION, SPATIAL, loop_kinds, reuses_data
+from probtune.plugin import REDUCTION, SPATIAL, BlockRV, ExprRV, Schedule, SpaceContext, loop_kinds, reuses_data
 from probtune_cpu.parallel_vectorize import PARALLEL_KEY, VECTORIZE_KEY
 from probtune_cpu.random_compute_location import PLACE_PRODUCERS_KEY, owns_untiled_nest
 from probtune_cpu.vector_unit import vector_width

@@ -23,9 +23,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from probtune import SpaceContext
-from probtune.schedule import BlockRV, Schedule
-from probtune.tir import is_spatial, iter_stmts
+from probtune.plugin import BlockRV, Schedule, SpaceContext, is_spatial, iter_stmts
 
 __all__ = ["AutoInline"]
 

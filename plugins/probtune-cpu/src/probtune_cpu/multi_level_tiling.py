@@ -39,17 +39,19 @@ from dataclasses import dataclass
 import tvm_ffi
 from tvm import DataType, ir, s_tir, tirx
 
-from probtune import SpaceContext
-from probtune.constant_layouts import layout_free_params
-from probtune.errors import last_line
-from probtune.schedule import BlockRV, LoopRV, Schedule
-from probtune.tir import (
+from probtune.plugin import (
     REDUCTION,
     SPATIAL,
+    BlockRV,
+    LoopRV,
+    Schedule,
+    SpaceContext,
     at_root,
     contiguous_along,
     indexing_dims,
     is_spatial,
+    last_line,
+    layout_free_params,
     loop_kinds,
     reuses_data,
     sblock_names,

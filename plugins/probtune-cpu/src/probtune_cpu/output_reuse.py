@@ -29,8 +29,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
 
-from probtune import SpaceContext
-from probtune.tir import as_list, child_stmts, identity, sblock_names, variable_ids
+from probtune.plugin import SpaceContext, as_list, child_stmts, identity, sblock_names, variable_ids
 from probtune_cpu.stored_values import map_bottom_up, replace_block
 
 __all__ = ["RewriteOutputReuse"]

@@ -29,8 +29,7 @@ import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
 
-from probtune import TargetSpec
-from probtune.model.transposes import mutated, static_shape
+from probtune.plugin import TargetSpec, mutated, static_shape
 from probtune_cpu.relax_calls import has_call
 from probtune_cpu.vector_unit import vector_width
 

@@ -17,10 +17,19 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
 
-from probtune import SpaceContext
-from probtune.errors import last_line
-from probtune.schedule import BlockRV, Schedule
-from probtune.tir import REDUCTION, SPATIAL, at_root, contiguous_along, loop_kinds, root_tile, sblock_names
+from probtune.plugin import (
+    REDUCTION,
+    SPATIAL,
+    BlockRV,
+    Schedule,
+    SpaceContext,
+    at_root,
+    contiguous_along,
+    last_line,
+    loop_kinds,
+    root_tile,
+    sblock_names,
+)
 from probtune_cpu.vector_unit import vector_width
 
 __all__ = [

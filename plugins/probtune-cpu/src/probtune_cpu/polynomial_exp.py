@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import s_tir, tirx
 
-from probtune import SpaceContext
+from probtune.plugin import SpaceContext
 from probtune_cpu.llvm_features import llvm_target_has
 from probtune_cpu.stored_values import map_bottom_up, rewrite_stored_values, workload_stores_any
 

@@ -21,9 +21,7 @@ from dataclasses import dataclass
 
 from tvm import s_tir
 
-from probtune import SpaceContext
-from probtune.schedule import BlockRV, Schedule
-from probtune.tir import iter_stmts, realize_of
+from probtune.plugin import BlockRV, Schedule, SpaceContext, iter_stmts, realize_of
 
 __all__ = ["PLACE_PRODUCERS_KEY", "RandomComputeLocation", "owns_untiled_nest"]
 

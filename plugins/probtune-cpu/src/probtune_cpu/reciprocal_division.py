@@ -37,8 +37,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import s_tir, tirx
 
-from probtune import SpaceContext
-from probtune.tir import identity, variable_ids
+from probtune.plugin import SpaceContext, identity, variable_ids
 from probtune_cpu.stored_values import map_bottom_up, rewrite_stored_values, workload_stores_any
 
 __all__ = ["RewriteInvariantDivision", "reciprocal_quotient"]

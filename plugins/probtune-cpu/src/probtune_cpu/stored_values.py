@@ -10,7 +10,7 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
 
-from probtune.tir import iter_stmts, sblock_names
+from probtune.plugin import iter_stmts, sblock_names
 
 __all__ = ["map_bottom_up", "replace_block", "rewrite_stored_values", "workload_stores_any"]
 

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
 
-from probtune import SpaceContext
-from probtune.tir import as_list, child_stmts, identity, iter_stmts
+from probtune.plugin import SpaceContext, as_list, child_stmts, identity, iter_stmts
 from probtune_cpu.parallel_vectorize import MAX_VECTORS_PER_LOOP
 from probtune_cpu.stored_values import map_bottom_up
 from probtune_cpu.vector_unit import vector_width

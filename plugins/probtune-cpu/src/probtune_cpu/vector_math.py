@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import s_tir, tirx
 
-from probtune import SpaceContext
+from probtune.plugin import SpaceContext
 from probtune_cpu.polynomial_exp import CallRewrite, polynomial_exp, rewrite_calls
 from probtune_cpu.polynomial_log import polynomial_log, polynomial_log2, polynomial_log10
 

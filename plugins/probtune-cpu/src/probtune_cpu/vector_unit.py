@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from probtune.interfaces import TargetSpec
+from probtune.plugin import TargetSpec
 
 __all__ = ["vector_attrs", "vector_register_bytes", "vector_width"]
 

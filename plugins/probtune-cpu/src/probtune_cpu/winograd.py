@@ -41,7 +41,7 @@ import tvm
 from tvm import relax, te, topi
 from tvm.ir.expr import Constant
 
-from probtune import TargetSpec
+from probtune.plugin import TargetSpec
 from probtune_cpu.relax_calls import has_call
 
 __all__ = ["MAX_WORK_RATIO", "MIN_CHANNEL_MEAN", "MIN_TILES", "TILE_SIZES", "WinogradConv2D", "winograd_matrices"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from probtune import hookimpl
+from probtune.plugin import hookimpl
 from probtune_cuda.instructions import PAD_EINSUM
 from probtune_cuda.mma import RewriteMMASync
 from probtune_cuda.multi_level_tiling import GPUMultiLevelTiling

@@ -6,7 +6,7 @@ from typing import Any
 
 from tvm import s_tir
 
-from probtune import InstructionKind
+from probtune.plugin import InstructionKind
 
 __all__ = ["PAD_EINSUM"]
 

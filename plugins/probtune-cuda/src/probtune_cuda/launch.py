@@ -17,7 +17,7 @@ import tvm
 from tvm.target import Target
 from tvm.tirx.build import split_host_device_mods
 
-from probtune.tir import iter_stmts
+from probtune.plugin import iter_stmts
 
 __all__ = ["KernelLaunch", "Scratch", "UnsupportedLaunch", "kernel_launches"]
 

@@ -21,7 +21,7 @@ from typing import Any
 import tvm
 from tvm import s_tir, tirx
 
-from probtune.tir import iter_stmts
+from probtune.plugin import iter_stmts
 from probtune_cuda.software_pipeline import uses_async_copies
 
 __all__ = ["TENSOR_CORE_SCOPES", "build_options", "lower_for_check", "uses_tensor_cores"]

@@ -21,9 +21,20 @@ from dataclasses import dataclass
 import tvm
 from tvm import s_tir, tirx
 
-from probtune import SpaceContext
-from probtune.schedule import BlockRV, LoopRV, Schedule
-from probtune.tir import REDUCTION, SPATIAL, at_root, is_spatial, loop_kinds, reuses_data, sblock_names, thread_tag
+from probtune.plugin import (
+    REDUCTION,
+    SPATIAL,
+    BlockRV,
+    LoopRV,
+    Schedule,
+    SpaceContext,
+    at_root,
+    is_spatial,
+    loop_kinds,
+    reuses_data,
+    sblock_names,
+    thread_tag,
+)
 
 __all__ = [
     "COOPERATIVE_FETCH_KEY",

@@ -20,9 +20,7 @@ import tvm
 from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 
-from probtune import SpaceContext
-from probtune.errors import last_line
-from probtune.tir import nested_sblocks
+from probtune.plugin import SpaceContext, last_line, nested_sblocks
 from probtune_cuda.intrinsics import TENSORIZE_KEY, WARP_EXECUTION_KEY, load_tensor_intrinsics
 from probtune_cuda.limits import block_limit
 from probtune_cuda.lowering import lower_for_check

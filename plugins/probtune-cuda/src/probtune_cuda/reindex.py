@@ -31,9 +31,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import TensorIntrin
 from tvm.s_tir.schedule.analysis import get_auto_tensorize_mapping_info
 
-from probtune import InstructionKind
-from probtune.schedule import BlockRV
-from probtune.tir import as_list, identity, variable_ids
+from probtune.plugin import BlockRV, InstructionKind, as_list, identity, variable_ids
 
 __all__ = ["TRANSFORM_TO_INTRINSIC", "contiguous_widths", "intrinsic_layout", "transform_to_intrinsic"]
 

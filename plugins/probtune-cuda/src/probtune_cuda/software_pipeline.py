@@ -25,8 +25,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import s_tir, tirx
 
-from probtune import SpaceContext
-from probtune.tir import child_stmts, iter_stmts, nested_sblocks
+from probtune.plugin import SpaceContext, child_stmts, iter_stmts, nested_sblocks
 from probtune_cuda.limits import compute_capability
 
 __all__ = [

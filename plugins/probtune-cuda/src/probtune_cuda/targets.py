@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from probtune import TargetSpec
+from probtune.plugin import TargetSpec
 from probtune_cuda.codegen import NVRTCCompiler
 from probtune_cuda.device import CUDARequirement
 

@@ -37,11 +37,14 @@ from tvm import s_tir, tirx
 from tvm.s_tir import TensorIntrin
 from tvm.s_tir.schedule.analysis import get_tensorize_loop_mapping
 
-from probtune import SpaceContext
-from probtune.schedule import BlockRV, ExprRV, LoopRV, Schedule
-from probtune.tir import (
+from probtune.plugin import (
     REDUCTION,
     SPATIAL,
+    BlockRV,
+    ExprRV,
+    LoopRV,
+    Schedule,
+    SpaceContext,
     as_list,
     at_root,
     block_names,

@@ -18,9 +18,18 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from probtune import SpaceContext
-from probtune.schedule import BlockRV, ExprRV, LoopRV, Schedule
-from probtune.tir import REDUCTION, SPATIAL, at_root, loop_kinds, thread_tag
+from probtune.plugin import (
+    REDUCTION,
+    SPATIAL,
+    BlockRV,
+    ExprRV,
+    LoopRV,
+    Schedule,
+    SpaceContext,
+    at_root,
+    loop_kinds,
+    thread_tag,
+)
 from probtune_cuda.limits import block_limit
 
 __all__ = ["GPUAutoBind", "GPUCrossThreadReduction"]

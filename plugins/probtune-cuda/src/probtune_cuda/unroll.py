@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import s_tir
 
-from probtune import SpaceContext
-from probtune.tir import sblock_names
+from probtune.plugin import SpaceContext, sblock_names
 from probtune_cpu.parallel_vectorize import UNROLL_KEY, AutoUnroll
 
 __all__ = ["GPU_AUTO_UNROLL", "RewriteGPUUnroll"]

@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from probtune import TargetSpec, hookimpl
+from probtune.plugin import TargetSpec, hookimpl
 from probtune_cpu.codegen import TVM_STACK_BYTES, LLVMCompiler
 from probtune_cpu.defaults import (
     DEFAULT_GRAPH_REWRITES,

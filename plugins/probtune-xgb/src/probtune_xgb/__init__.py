@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from probtune import hookimpl
+from probtune.plugin import hookimpl
 from probtune_xgb.model import RandomCostModel, XGBCostModel
 
 __all__ = ["RandomCostModel", "XGBCostModel"]

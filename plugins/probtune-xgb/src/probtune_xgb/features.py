@@ -84,7 +84,7 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.ir import expr as ir_expr
 
-from probtune.tir import as_list, child_stmts, identity, thread_tag
+from probtune.plugin import as_list, child_stmts, identity, thread_tag
 
 __all__ = [
     "AUTO_UNROLL_KEY",

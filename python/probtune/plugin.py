@@ -1,0 +1,153 @@
+"""What a plugin imports from probtune: the one kernel module a plugin needs.
+
+A plugin is a package with an entry point in the ``probtune`` group whose
+module implements hooks (:mod:`probtune.hookspecs`) with ``@hookimpl``. What
+it registers satisfies the Protocols here (:mod:`probtune.interfaces`); a
+design-space module writes programs with :class:`Schedule` and its random
+variables, a plugin's own schedule instruction is an :class:`InstructionKind`;
+the TIR analysis (:mod:`probtune.tir`) reads programs; a graph rewrite edits a
+Relax module with :func:`mutated`; errors say what failed. The rest of the
+kernel may change without notice: the built-in plugins import nothing else
+(``tests/test_plugin_sdk.py``). Each name is imported on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from probtune._lazy import lazy_attributes
+
+if TYPE_CHECKING:
+    from probtune.constant_layouts import layout_free_params
+    from probtune.errors import (
+        NOT_REPLAYABLE,
+        InvalidDecisionError,
+        PluginError,
+        ProbtuneError,
+        ReplayError,
+        TraceFormatError,
+        UnsupportedTargetError,
+        last_line,
+        warn_caller,
+    )
+    from probtune.hookspecs import hookimpl
+    from probtune.interfaces import (
+        Builder,
+        BuilderFactory,
+        Compiler,
+        CostModel,
+        CostModelFactory,
+        GraphRewrite,
+        Mutator,
+        OnnxConverter,
+        Runner,
+        RunnerFactory,
+        SpaceContext,
+        SpaceModule,
+        TargetSpec,
+        Validator,
+    )
+    from probtune.model.transposes import mutated, static_shape
+    from probtune.schedule import BlockRV, ExprRV, InstructionKind, LoopRV, Schedule
+    from probtune.tir import (
+        OTHER,
+        REDUCTION,
+        SPATIAL,
+        as_list,
+        at_root,
+        block_names,
+        child_stmts,
+        contiguous_along,
+        find_realize,
+        identity,
+        indexing_dims,
+        is_spatial,
+        iter_stmts,
+        loop_kinds,
+        nested_sblocks,
+        realize_of,
+        reuses_data,
+        root_tile,
+        sblock_names,
+        thread_tag,
+        variable_ids,
+    )
+
+_FROM = {
+    "probtune.hookspecs": ["hookimpl"],
+    "probtune.interfaces": [
+        "Builder", "BuilderFactory", "Compiler", "CostModel", "CostModelFactory", "GraphRewrite", "Mutator",
+        "OnnxConverter", "Runner", "RunnerFactory", "SpaceContext", "SpaceModule", "TargetSpec", "Validator",
+    ],
+    "probtune.schedule": ["BlockRV", "ExprRV", "InstructionKind", "LoopRV", "Schedule"],
+    "probtune.tir": [
+        "OTHER", "REDUCTION", "SPATIAL", "as_list", "at_root", "block_names", "child_stmts", "contiguous_along",
+        "find_realize", "identity", "indexing_dims", "is_spatial", "iter_stmts", "loop_kinds", "nested_sblocks",
+        "realize_of", "reuses_data", "root_tile", "sblock_names", "thread_tag", "variable_ids",
+    ],
+    "probtune.constant_layouts": ["layout_free_params"],
+    "probtune.model.transposes": ["mutated", "static_shape"],
+    "probtune.errors": [
+        "NOT_REPLAYABLE", "InvalidDecisionError", "PluginError", "ProbtuneError", "ReplayError", "TraceFormatError",
+        "UnsupportedTargetError", "last_line", "warn_caller",
+    ],
+}
+_SOURCE_OF = {name: module for module, names in _FROM.items() for name in names}
+
+__all__ = [
+    "NOT_REPLAYABLE",
+    "OTHER",
+    "REDUCTION",
+    "SPATIAL",
+    "BlockRV",
+    "Builder",
+    "BuilderFactory",
+    "Compiler",
+    "CostModel",
+    "CostModelFactory",
+    "ExprRV",
+    "GraphRewrite",
+    "InstructionKind",
+    "InvalidDecisionError",
+    "LoopRV",
+    "Mutator",
+    "OnnxConverter",
+    "PluginError",
+    "ProbtuneError",
+    "ReplayError",
+    "Runner",
+    "RunnerFactory",
+    "Schedule",
+    "SpaceContext",
+    "SpaceModule",
+    "TargetSpec",
+    "TraceFormatError",
+    "UnsupportedTargetError",
+    "Validator",
+    "as_list",
+    "at_root",
+    "block_names",
+    "child_stmts",
+    "contiguous_along",
+    "find_realize",
+    "hookimpl",
+    "identity",
+    "indexing_dims",
+    "is_spatial",
+    "iter_stmts",
+    "last_line",
+    "layout_free_params",
+    "loop_kinds",
+    "mutated",
+    "nested_sblocks",
+    "realize_of",
+    "reuses_data",
+    "root_tile",
+    "sblock_names",
+    "static_shape",
+    "thread_tag",
+    "variable_ids",
+    "warn_caller",
+]
+
+__getattr__, __dir__ = lazy_attributes(__name__, _SOURCE_OF, __all__)
