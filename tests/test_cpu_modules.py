@@ -10,12 +10,13 @@ from tvm import s_tir, te, tirx
 
 from probtune import Rng, Schedule, generate_space
 from probtune.catalog import BUILTIN_WORKLOADS
+from probtune.plugin import AutoUnroll
 from probtune.search import RandomSearch
 from probtune.tir import block_names, child_stmts, find_realize, iter_stmts
 from probtune.workload import Workload
 from probtune_cpu.auto_inline import AutoInline
 from probtune_cpu.defaults import DEFAULT_MODULES
-from probtune_cpu.parallel_vectorize import MAX_UNROLLED_EXTREMUM_STEPS, VECTOR_SPLIT_KEY, AutoUnroll
+from probtune_cpu.parallel_vectorize import MAX_UNROLLED_EXTREMUM_STEPS, VECTOR_SPLIT_KEY
 from probtune_cpu.random_compute_location import PLACE_PRODUCERS_KEY
 from probtune_cpu.vector_unit import vector_width
 

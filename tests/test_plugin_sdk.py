@@ -13,15 +13,20 @@ import probtune.plugin as sdk
 PLUGIN_SOURCES = sorted((Path(__file__).parent.parent / "plugins").glob("*/src/**/*.py"))
 
 
-def _kernel_imports(path: Path) -> list[str]:
-    """The kernel modules ``path`` imports (``probtune`` and its submodules; plugins' own packages are not the kernel)."""
+def _imports(path: Path) -> list[str]:
+    """The absolute modules ``path`` imports, wherever the import statement is."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.append(node.module)
         elif isinstance(node, ast.Import):
             found.extend(alias.name for alias in node.names)
-    return [name for name in found if name == "probtune" or name.startswith("probtune.")]
+    return found
+
+
+def _kernel_imports(path: Path) -> list[str]:
+    """The kernel modules ``path`` imports (``probtune`` and its submodules; plugins' own packages are not the kernel)."""
+    return [name for name in _imports(path) if name == "probtune" or name.startswith("probtune.")]
 
 
 def test_the_built_in_plugins_import_nothing_of_the_kernel_but_the_sdk():
@@ -46,3 +51,8 @@ def test_each_name_is_the_kernels_own_object(name):
 def test_the_sdk_lists_what_it_exports():
     assert sorted(sdk.__all__) == sorted(sdk._SOURCE_OF) and len(set(sdk.__all__)) == len(sdk.__all__)
     assert "Schedule" in dir(sdk)
+
+
+def test_the_gpu_plugin_depends_on_the_kernel_only():
+    sources = [path for path in PLUGIN_SOURCES if "probtune-cuda" in path.parts]
+    assert sources and not [name for path in sources for name in _imports(path) if name.startswith("probtune_cpu")]

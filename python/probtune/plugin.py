@@ -72,6 +72,7 @@ if TYPE_CHECKING:
         thread_tag,
         variable_ids,
     )
+    from probtune.unroll import UNROLL_KEY, AutoUnroll
 
 _FROM = {
     "probtune.hookspecs": ["hookimpl"],
@@ -85,6 +86,7 @@ _FROM = {
         "find_realize", "identity", "indexing_dims", "is_spatial", "iter_stmts", "loop_kinds", "nested_sblocks",
         "realize_of", "reuses_data", "root_tile", "sblock_names", "thread_tag", "variable_ids",
     ],
+    "probtune.unroll": ["UNROLL_KEY", "AutoUnroll"],
     "probtune.constant_layouts": ["layout_free_params"],
     "probtune.model.transposes": ["mutated", "static_shape"],
     "probtune.errors": [
@@ -99,6 +101,8 @@ __all__ = [
     "OTHER",
     "REDUCTION",
     "SPATIAL",
+    "UNROLL_KEY",
+    "AutoUnroll",
     "BlockRV",
     "Builder",
     "BuilderFactory",

@@ -5,14 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from probtune.plugin import hookimpl
+from probtune.plugin import AutoUnroll, hookimpl
 from probtune_cpu.add_rfactor import AddRFactor
 from probtune_cpu.auto_inline import AutoInline
 from probtune_cpu.multi_level_tiling import MultiLevelTiling, RewritePackedLayout, RewriteWriteBackLocation
 from probtune_cpu.output_reuse import RewriteOutputReuse
 from probtune_cpu.pad_channels import PadChannels
 from probtune_cpu.parallel_vectorize import (
-    AutoUnroll,
     ParallelVectorize,
     RewriteParallelVectorizeUnroll,
     RewriteReductionBlock,
@@ -34,7 +33,6 @@ from probtune_cpu.winograd import WinogradConv2D
 __all__ = [
     "AddRFactor",
     "AutoInline",
-    "AutoUnroll",
     "MultiLevelTiling",
     "PadChannels",
     "ParallelVectorize",

@@ -42,6 +42,7 @@ from tvm import DataType, ir, s_tir, tirx
 from probtune.plugin import (
     REDUCTION,
     SPATIAL,
+    UNROLL_KEY,
     BlockRV,
     LoopRV,
     Schedule,
@@ -56,7 +57,7 @@ from probtune.plugin import (
     reuses_data,
     sblock_names,
 )
-from probtune_cpu.parallel_vectorize import PARALLEL_KEY, UNROLL_KEY, VECTORIZE_KEY
+from probtune_cpu.parallel_vectorize import PARALLEL_KEY, VECTORIZE_KEY
 from probtune_cpu.vector_unit import vector_register_bytes, vector_width
 
 __all__ = [

@@ -20,6 +20,7 @@ from tvm.ir.expr import TensorLoad
 from probtune.plugin import (
     REDUCTION,
     SPATIAL,
+    UNROLL_KEY,
     BlockRV,
     Schedule,
     SpaceContext,
@@ -27,17 +28,14 @@ from probtune.plugin import (
     contiguous_along,
     last_line,
     loop_kinds,
-    root_tile,
     sblock_names,
 )
 from probtune_cpu.vector_unit import vector_width
 
 __all__ = [
     "PARALLEL_KEY",
-    "UNROLL_KEY",
     "VECTORIZE_KEY",
     "VECTOR_SPLIT_KEY",
-    "AutoUnroll",
     "ParallelVectorize",
     "RewriteParallelVectorizeUnroll",
     "RewriteReductionBlock",
@@ -52,7 +50,6 @@ VECTOR_SPLIT_KEY = "probtune.vector_split"
 A key of its own, not a new meaning of ``VECTORIZE_KEY``: traces already in a
 database keep replaying to the programs that were measured.
 """
-UNROLL_KEY = "probtune.unroll_max_step"
 MAX_VECTORS_PER_LOOP = 16  # a longer innermost loop is split (VECTOR_SPLIT_KEY) or left to LLVM, not made one huge vector
 MAX_UNROLLED_EXTREMUM_STEPS = 16
 """The most steps TVM may unroll inside a float max/min reduction, whatever the step sampled for its loop nest.
@@ -97,26 +94,6 @@ class ParallelVectorize:
         ):
             widths = [lanes * vectors for vectors in self.vectors_per_split]
             sch.annotate(block, VECTOR_SPLIT_KEY, sch.sample_uniform(widths))
-
-
-@dataclass(frozen=True)
-class AutoUnroll:
-    """Sample how far LLVM-side unrolling may go for the block's loop nest (0 turns it off).
-
-    A block blockized into a tile (a tensor intrinsic's) has its limit sampled
-    on the tile, which heads the loop nest.
-    """
-
-    name: str = "auto-unroll"
-    max_steps: tuple[int, ...] = (0, 16, 64, 512)
-
-    def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
-        tile = root_tile(sch.tvm, sch.resolve(block))
-        if tile is not None:
-            block = sch.get_sblock(tile)
-        if at_root(sch.tvm, sch.resolve(block)):
-            step = sch.sample_uniform(self.max_steps)
-            sch.annotate(block, UNROLL_KEY, step)
 
 
 def _is_guest(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:

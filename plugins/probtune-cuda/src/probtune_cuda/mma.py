@@ -33,8 +33,7 @@ from typing import Any
 
 from tvm import s_tir
 
-from probtune.plugin import SpaceContext, nested_sblocks
-from probtune_cpu.parallel_vectorize import UNROLL_KEY
+from probtune.plugin import UNROLL_KEY, SpaceContext, nested_sblocks
 from probtune_cuda.intrinsics import TENSORIZE_INIT_KEY, TENSORIZE_KEY, load_tensor_intrinsics
 from probtune_cuda.limits import compute_capability
 

@@ -1,6 +1,6 @@
 """GPU unrolling: the unroll limit sampled per loop nest, applied by TVM's loop unrolling when lowering.
 
-The limit is sampled by the CPU plugin's ``AutoUnroll`` module (registered
+The limit is sampled by the kernel's ``AutoUnroll`` module (registered
 here as ``gpu-auto-unroll``, with MetaSchedule's CUDA choices; a tensor-core
 tile's on the tile), which records it as a block annotation;
 ``rewrite-gpu-unroll`` turns it into the ``pragma_auto_unroll_max_step``
@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import s_tir
 
-from probtune.plugin import SpaceContext, sblock_names
-from probtune_cpu.parallel_vectorize import UNROLL_KEY, AutoUnroll
+from probtune.plugin import UNROLL_KEY, AutoUnroll, SpaceContext, sblock_names
 
 __all__ = ["GPU_AUTO_UNROLL", "RewriteGPUUnroll"]
 
