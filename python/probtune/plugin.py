@@ -5,7 +5,8 @@ module implements hooks (:mod:`probtune.hookspecs`) with ``@hookimpl``. What
 it registers satisfies the Protocols here (:mod:`probtune.interfaces`); a
 design-space module writes programs with :class:`Schedule` and its random
 variables, a plugin's own schedule instruction is an :class:`InstructionKind`;
-the TIR analysis (:mod:`probtune.tir`) reads programs; a graph rewrite edits a
+the TIR analysis (:mod:`probtune.tir`) reads programs; :class:`AutoUnroll` is
+a space module every target's space shares; a graph rewrite edits a
 Relax module with :func:`mutated`; errors say what failed. The rest of the
 kernel may change without notice: the built-in plugins import nothing else
 (``tests/test_plugin_sdk.py``). Each name is imported on first use.
