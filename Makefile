@@ -36,8 +36,9 @@ $(VENV)/.core: $(VENV)/.deps $(RUST_SOURCES) pyproject.toml
 	$(BIN)/maturin develop --release --quiet
 	touch $@
 
+# With their dependencies (probtune-cuda's pinned CUDA wheels); probtune itself is already installed above.
 $(VENV)/.plugins: $(VENV)/.core $(PLUGIN_SOURCES)
-	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation $(addprefix -e ,$(PLUGINS))
+	$(BIN)/python -m pip install --quiet --no-build-isolation $(addprefix -e ,$(PLUGINS))
 	touch $@
 
 # An example model built in code (no download), tuned, checked against onnxruntime, exported as $(MODEL).so.
@@ -52,7 +53,7 @@ tune-op: setup
 	$(BIN)/probtune tune --workload $(WORKLOAD) --shape $(SHAPE) --target $(TARGET) --trials $(TRIALS) --database $(DATABASE)
 
 test: setup
-	$(BIN)/ruff check python plugins tests bench
+	$(BIN)/ruff check python plugins tests bench conftest.py
 	$(BIN)/python -m mypy
 	$(BIN)/python -m mypy.stubtest probtune._core
 	cargo clippy --release --all-targets --quiet -- -D warnings

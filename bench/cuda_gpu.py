@@ -213,14 +213,14 @@ class _BundleBuilder(PyBuilder):
         results = []
         for item in build_inputs:
             try:
-                cubin, table = self.spec.compiler.kernels(item.mod, dict(self.spec.tvm_target))
+                code = self.spec.compiler.device_code(item.mod, dict(self.spec.tvm_target))
             except Exception as error:  # noqa: BLE001 - a candidate that fails to build is MetaSchedule's result
                 self.failed["builds"] += 1
                 results.append(BuilderResult(None, timing.describe_error(error)))
                 continue
             folder = Path(tempfile.mkdtemp(prefix="probtune-ms-"))  # MetaSchedule removes each artifact's folder
-            (folder / "kernel.cubin").write_bytes(cubin)
-            (folder / "table.json").write_text(json.dumps(table))
+            (folder / "kernel.cubin").write_bytes(code.code)
+            (folder / "table.json").write_text(json.dumps(code.table))
             results.append(BuilderResult(str(folder / "table.json"), None))
         return results
 
@@ -247,7 +247,8 @@ class _BundleRunner(PyRunner):
         seed = self.seed + self.rounds - 1
         with tempfile.TemporaryDirectory() as scratch:
             reference = write_reference(prepare_reference(self.work, scratch, seed), out / "reference.npz", seed)
-        write_manifest(out, self.work, self.spec, entries, reference, measured_on=f"{self.spec.name}@metaschedule")
+        write_manifest(out, self.work, self.spec, entries, reference, measured_on=f"{self.spec.name}@metaschedule",
+                       device_code=self.spec.compiler.device_code_kind)
         # The round's time: its search and builds, from the start or the last round's results.
         previous = _round(self.root, self.rounds - 1) / out.name / COLLECTED
         begun = previous.stat().st_mtime if self.rounds > 1 else self.started

@@ -3,7 +3,7 @@
 ``python3 gpu_measure.py ROUND_FOLDER --out DIR`` times the folder's
 workloads through PyTorch (cuBLAS, and PyTorch's GELU kernel after it;
 cuDNN for a convolution), then
-runs each bundle's own script (``run_bundle.py``, CuPy launching the cubins),
+runs each bundle's own script (``run_bundle.py``, probtune-cuda's CuPy runtime launching the cubins),
 and packs the results files, the logs and the baselines into
 ``DIR/ROUND.tar.gz``. It needs Python, numpy, CuPy and PyTorch, not TVM or
 probtune.
@@ -24,8 +24,8 @@ ATTEMPT_TIMEOUT = 100  # seconds for one run of a bundle's script; stopped, it r
 ATTEMPTS = 4  # runs of a bundle's script at most: each after a hang or a candidate that broke the CUDA context
 REPEAT, MIN_REPEAT_MS, WARMUP = 5, 50.0, 10  # as many calls per repeat as last MIN_REPEAT_MS
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python" / "probtune" / "measure"))
-from run_bundle import GRAPH_CALLS, GRAPH_MS  # noqa: E402 - the bundles' script, as it travels: no TVM, no probtune
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "probtune-cuda" / "src" / "probtune_cuda"))
+from cupy_runtime import GRAPH_CALLS, GRAPH_MS  # noqa: E402 - the bundles' runtime, as it travels: no TVM, no probtune
 
 
 def main() -> int:

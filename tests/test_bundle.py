@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import tvm
 
-from probtune import Database, TuningConfigError
+import probtune.plugins
+from probtune import Database, TuningConfigError, hookimpl
 from probtune.bundle import FILL_ROUNDS, BundleWritten, _filled_batch, import_results, write_bundle
 from probtune.cli import main
+from probtune.interfaces import DeviceCode
 from probtune.measure.run_bundle import BROKEN, DIED, MANIFEST, RESULTS, read_results
+from probtune.plugins import load_registry
+from probtune.targets import resolve_target
 
 FAKE_CUPY = Path(__file__).resolve().parent / "fake_cupy"  # stands for CuPy: PYTHONPATH=FAKE_CUPY
 SHAPE = (32, 32, 32)
@@ -206,7 +213,7 @@ def test_a_candidate_that_breaks_the_cuda_context_stops_the_run_and_the_next_run
 
 def test_kernels_asking_for_more_than_48_kb_of_shared_memory_opt_in(tmp_path: Path) -> None:
     """A CUDA kernel launched with more than 48 KB of shared memory must raise its limit first, or the launch fails."""
-    from probtune.measure import run_bundle
+    from probtune_cuda import cupy_runtime
 
     made: dict[str, types.SimpleNamespace] = {}
 
@@ -220,9 +227,98 @@ def test_kernels_asking_for_more_than_48_kb_of_shared_memory_opt_in(tmp_path: Pa
     table = {"cubin": "k.cubin", "scratch": [], "launches": [
         {**launch, "kernel": "small", "shared": 16384}, {**launch, "kernel": "large", "shared": 100000}
     ]}
-    run_bundle._cupy_program(fake, tmp_path, table, [], [])
+    cupy_runtime.candidate_program(fake, tmp_path, table, [], [])
     assert not hasattr(made["small"], "max_dynamic_shared_size_bytes")
     assert made["large"].max_dynamic_shared_size_bytes == 100000
+
+
+ECHO_RUNTIME = """
+\"\"\"A test plugin's bundle runtime: it reads each candidate's device code, launches nothing, reports fixed times.\"\"\"
+from pathlib import Path
+
+
+def available():
+    return True
+
+
+def device_name():
+    return "echo device"
+
+
+def healthy():
+    return True
+
+
+def measure(timing):
+    def run(task, candidate, bundle, inputs, expected):
+        table = candidate["kernels"]
+        if "T.prim_func" not in (Path(bundle) / table["tir"]).read_text() or table["launches"] != [{"kernel": "main"}]:
+            return timing.RunReply("run_error", (), "not the program's text")
+        return timing.RunReply("ok", (1e-3 * (1 + candidate["id"]),) * task.repeat, None)
+
+    return run
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class TextCompiler:
+    """A target's compiler whose device code is the program's TVMScript, of kind ``tir``."""
+
+    device_code_kind = "tir"
+
+    def __call__(self, mod: tvm.IRModule, tvm_target: dict[str, Any]) -> Any:
+        return tvm.compile(mod, target=tvm.target.Target(tvm_target))
+
+    def device_code(self, mod: tvm.IRModule, tvm_target: dict[str, Any]) -> DeviceCode:
+        return DeviceCode(mod.script().encode(), {"launches": [{"kernel": "main"}]})
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeFile:
+    name: str
+    kinds: tuple[str, ...]
+    source: str
+
+
+class EchoPlugin:
+    """A plugin with a target whose compiler gives device code, and the bundle runtime that launches that code."""
+
+    __name__ = "echo"
+
+    def __init__(self, source: Path) -> None:
+        self.source = source
+
+    @hookimpl
+    def probtune_register_targets(self, register: Any) -> None:
+        register(dataclasses.replace(resolve_target("host"), name="host-text", compiler=TextCompiler()))
+
+    @hookimpl
+    def probtune_register_bundle_runtimes(self, register: Any) -> None:
+        register(RuntimeFile("echo", ("tir",), str(self.source)))
+
+
+def test_a_bundle_carries_the_runtime_a_plugin_registers_for_its_code_and_the_script_measures_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "echo_runtime.py"
+    source.write_text(ECHO_RUNTIME)
+    monkeypatch.setattr(probtune.plugins, "_registry", load_registry(extra_plugins=[EchoPlugin(source)]))
+    db = tmp_path / "t.db"
+    written = write_bundle("matmul", tmp_path / "b", device=DEVICE, target="host-text", shape=SHAPE, database=db,
+                           candidates=3)
+    manifest = json.loads((written.path / MANIFEST).read_text())
+    assert manifest["runtimes"] == {"echo": "runtime_echo.py"} and written.candidates >= 1
+    assert (written.path / "runtime_echo.py").read_text() == ECHO_RUNTIME
+    assert [c["kernels"]["tir"] for c in manifest["candidates"]] == [f"candidates/{i}.tir" for i in range(written.candidates)]
+    ran = _run_script(written.path)  # the carried runtime, by default
+    assert ran.returncode == 0, ran.stderr
+    done = import_results(written.path, db)
+    assert done.device == "echo device" and done.statuses == {"ok": written.candidates} and done.best_latency == 1e-3
+    refused = subprocess.run([sys.executable, str(written.path / "run_bundle.py"), "--runtime", "cupy"],
+                             capture_output=True, text=True, timeout=300, check=False)
+    assert refused.returncode == 2 and "carries no device code for runtime 'cupy' (it carries echo)" in refused.stderr
+    plain = json.loads((_write(tmp_path, "host", db).path / MANIFEST).read_text())
+    assert plain["runtimes"] == {}  # no device code: TVM's runtime measures it
 
 
 def test_cold_timings_are_refused_for_a_gpu_bundle(tmp_path: Path) -> None:

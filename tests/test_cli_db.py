@@ -6,6 +6,7 @@ from pathlib import Path
 
 from probtune.cli import main
 from probtune.database import Database
+from probtune.measure_key import MeasureKey
 
 HOST = {"kind": "llvm", "mcpu": "znver4"}
 
@@ -15,8 +16,8 @@ def _database(path: Path, device: str) -> None:
 
     with Database(path) as db:
         workload = db.commit_workload("matmul_16", matmul_module())
-        db.add_record(workload, db.measured_on("host", HOST, device), "[]", 1, "ok", [0.25])
-        db.add_record(workload, db.measured_on("host", HOST, device), "[]", 2, "build_error", [], "no")
+        db.add_record(workload, db.measured_on(MeasureKey("host", device), HOST).text, "[]", 1, "ok", [0.25])
+        db.add_record(workload, db.measured_on(MeasureKey("host", device), HOST).text, "[]", 2, "build_error", [], "no")
 
 
 def test_info_lists_records_by_target_and_device(tmp_path, capsys):

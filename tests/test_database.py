@@ -19,6 +19,7 @@ from tvm import te
 import probtune.database
 from probtune.database import SCHEMA_VERSION, STATUSES, Database, Record
 from probtune.errors import DatabaseError, DatabaseRowError, SchemaVersionError
+from probtune.measure_key import MeasureKey
 
 TARGET = '{"kind": "llvm", "mcpu": "znver4"}'
 OTHER_TARGET = '{"kind": "llvm", "mtriple": "aarch64-linux-gnu"}'
@@ -598,14 +599,14 @@ HOST = {"kind": "llvm", "mcpu": "znver4"}
 
 
 def test_records_are_kept_under_the_target_and_the_device_they_were_measured_on(db: Database) -> None:
-    key = db.measured_on("host", HOST, "AMD EPYC 9R14")
-    assert key == "host@AMD EPYC 9R14" and db.measured_on("host", HOST, "AMD EPYC 9R14") == key
-    other_machine = db.measured_on("host", {"kind": "llvm", "mcpu": "skylake-avx512"}, "Intel Xeon 8375C")
+    key = db.measured_on(MeasureKey("host", "AMD EPYC 9R14"), HOST).text
+    assert key == "host@AMD EPYC 9R14" and db.measured_on(MeasureKey("host", "AMD EPYC 9R14"), HOST).text == key
+    other_machine = db.measured_on(MeasureKey("host", "Intel Xeon 8375C"), {"kind": "llvm", "mcpu": "skylake-avx512"}).text
     assert other_machine == "host@Intel Xeon 8375C"
     # the same name and device with another TVM target: a key of its own, never the same records
-    changed = db.measured_on("host", {"kind": "llvm", "mcpu": "znver3"}, "AMD EPYC 9R14")
+    changed = db.measured_on(MeasureKey("host", "AMD EPYC 9R14"), {"kind": "llvm", "mcpu": "znver3"}).text
     assert changed.startswith("host@AMD EPYC 9R14#") and changed != key
-    assert [(m.key, m.device) for m in db.measurements("host")] == sorted(
+    assert [(m.key.text, m.device) for m in db.measurements("host")] == sorted(
         [(key, "AMD EPYC 9R14"), (other_machine, "Intel Xeon 8375C"), (changed, "AMD EPYC 9R14")]
     )
     assert db.measurements("host")[0].tvm_target in (HOST, {"kind": "llvm", "mcpu": "znver3"})
@@ -616,14 +617,14 @@ def test_records_made_before_devices_were_kept_keep_their_key(db_path: Path, db:
     db.close()
     with Database(db_path) as again:
         [older] = again.measurements("host")
-        assert (older.key, older.tvm_target, older.device) == ("host", None, None)
+        assert (older.key.text, older.tvm_target, older.device) == ("host", None, None)
         assert again.best(workload_id, "host")[0].mean_latency == 0.5
 
 
 def _database_with(path: Path, device: str, latencies: list[float]) -> str:
     with Database(path) as db:
         workload = db.commit_workload("matmul_16", matmul_module())
-        key = db.measured_on("host", HOST, device)
+        key = db.measured_on(MeasureKey("host", device), HOST).text
         for index, latency in enumerate(latencies):
             add_ok(db, workload, latency, decision_hash=index + 1, target=key)
         db.save_cost_model("xgb", key, b"state of " + device.encode())
@@ -650,7 +651,7 @@ def test_an_export_takes_one_device_and_a_conflicting_key_merges_nothing(tmp_pat
         db.merge_from(tmp_path / "b.db")
     with Database(tmp_path / "out.db") as out:
         assert out.merge_from(tmp_path / "a.db", device="Intel Xeon")["records"] == 1
-        assert [m.key for m in out.measurements()] == [there]
+        assert [m.key.text for m in out.measurements()] == [there]
     with sqlite3.connect(tmp_path / "b.db") as raw:  # the same key, claimed for another device
         raw.execute("UPDATE measured_on SET device = 'Intel Xeon (renamed)'")
     raw.close()

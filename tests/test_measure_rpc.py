@@ -166,4 +166,4 @@ def test_a_model_tuned_over_rpc_is_compiled_checked_and_timed_on_a_server(small_
         with pytest.raises(ValueError, match=r"input 'x' must be float32\[1, 3, 16, 16\], got float64"):
             remote(result.model.random_inputs(1)[0].astype("float64"))  # checked here, as a local model checks it
     with Database(tmp_path / "t.db") as db:
-        assert {m.key for m in db.measurements()} == {f"host@rpc:{KEY}"}  # the runner's own setting: warm
+        assert {m.key.text for m in db.measurements()} == {f"host@rpc:{KEY}"}  # the runner's own setting: warm

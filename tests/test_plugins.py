@@ -193,3 +193,41 @@ def test_a_plugin_adds_instruction_kinds_but_not_over_the_language_s(monkeypatch
     assert registry.instructions["noop"].name == "noop" and registry.instructions["split"] is PRIMITIVES["split"]
     assert registry.plugins["kinds"].registered == {"instructions": ["noop"]}
     assert set(registry.plugins["probtune.builtin"].registered["instructions"]) == set(PRIMITIVES)
+
+
+def test_a_bundle_runtime_and_a_feature_extractor_register_by_name_but_not_as_the_kernels_tvm(monkeypatch):
+    from probtune import hookimpl
+
+    class Runtime:
+        def __init__(self, name):
+            self.name, self.kinds, self.source = name, ("code",), __file__
+
+    class Extractor:
+        name, columns = "size", ("elements",)
+
+        def extract(self, func):
+            return [1.0]
+
+    class Both:
+        __name__ = "both"
+
+        @hookimpl
+        def probtune_register_bundle_runtimes(self, register):
+            register(Runtime("mine"))
+
+        @hookimpl
+        def probtune_register_feature_extractors(self, register):
+            register(Extractor())
+
+    class Usurper:
+        __name__ = "usurper"
+
+        @hookimpl
+        def probtune_register_bundle_runtimes(self, register):
+            register(Runtime("tvm"))
+
+    monkeypatch.setenv("PROBTUNE_LOAD_PLUGINS", "")
+    with pytest.warns(UserWarning, match="'usurper'.*bundle_runtime 'tvm' is a name the kernel keeps"):
+        registry = load_registry(extra_plugins=[Both(), Usurper()])
+    assert set(registry.bundle_runtimes) == {"mine"} and set(registry.feature_extractors) == {"size"}
+    assert registry.plugins["both"].registered == {"bundle_runtimes": ["mine"], "feature_extractors": ["size"]}

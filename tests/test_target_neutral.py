@@ -1,5 +1,5 @@
 """The kernel tunes for any target a plugin registers: here an accelerator it has never heard of, with its own builder,
-runner and design space, and no CPU facts anywhere."""
+runner and design space, and no CPU or GPU facts anywhere."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from probtune.plugins import load_registry
 
 KERNEL = Path(probtune.__file__).parent
 CPU_WORDS = re.compile(r"avx|x86|cpuinfo|neon|stack_buffer|vector_registers", re.IGNORECASE)
+GPU_WORDS = re.compile(r"cuda|cupy|cubin|wmma|nvrtc|threadidx", re.IGNORECASE)  # probtune-cuda's, not the kernel's
 
 
 def _stream(sch, inputs, attrs) -> None:
@@ -151,12 +152,21 @@ def test_a_target_registered_by_a_plugin_tunes_through_its_own_builder_and_runne
     assert '"accel.stream": 2' in best  # with the plugin's own instruction
 
 
-def test_the_kernel_holds_no_cpu_facts():
-    found = [
+def _kernel_lines(words: re.Pattern[str]) -> list[str]:
+    """The lines of the kernel's sources (and stubs) where one of ``words`` occurs."""
+    return [
         f"{path.relative_to(KERNEL)}:{number}: {line.strip()}"
         for path in sorted(KERNEL.rglob("*.py*"))
         if path.suffix in (".py", ".pyi")
         for number, line in enumerate(path.read_text().splitlines(), 1)
-        if CPU_WORDS.search(line)
+        if words.search(line)
     ]
-    assert found == []
+
+
+def test_the_kernel_holds_no_cpu_facts():
+    assert _kernel_lines(CPU_WORDS) == []
+
+
+def test_the_kernel_names_no_gpu_toolchain_launcher_or_feature():
+    """A CUDA launcher, GPU feature columns and CUDA wheels belong to probtune-cuda (bundle runtime, feature extractor)."""
+    assert _kernel_lines(GPU_WORDS) == []

@@ -106,3 +106,28 @@ def test_gain_weighs_recent_improvement_and_weight():
 def test_unknown_scheduler_is_named():
     with pytest.raises(ValueError, match="unknown task scheduler 'fastest'; choose one of gradient, round-robin"):
         make_scheduler("fastest")
+
+
+def test_a_plugin_s_scheduler_is_made_by_name(monkeypatch):
+    import probtune.plugins
+    from probtune.plugin import hookimpl
+    from probtune.plugins import load_registry
+
+    class LastFirst:
+        """The last unfinished task first."""
+
+        name = "last-first"
+
+        def next_task(self, tasks):
+            return next((i for i in reversed(range(len(tasks))) if not tasks[i].done), None)
+
+    class Plugin:
+        @hookimpl
+        def probtune_register_task_schedulers(self, register):
+            register(LastFirst.name, LastFirst)
+
+    monkeypatch.setattr(probtune.plugins, "_registry", load_registry(extra_plugins=[Plugin()]))
+    fake = FakeTasks([(1, 1.0, 0.5, 4)] * 3)
+    spend(6, fake.progress(), make_scheduler("last-first"), fake.run_round, batch_size=2)
+    assert fake.order == [2, 2, 2]
+    assert list(load_registry().task_schedulers) == ["gradient", "round-robin"]

@@ -24,6 +24,7 @@ from probtune.measure import prepare_reference
 from probtune.measure.builder import LocalBuilder
 from probtune.measure.results import BuildResult, RunResult
 from probtune.measure.runner import LocalRunner
+from probtune.measure_key import MeasureKey
 from probtune.pipeline import COLD_CACHE
 from probtune.pipeline import confirm_best as _confirm_best
 from probtune.realize import Realizer
@@ -166,7 +167,7 @@ def tuned_without_confirmation(tmp_path, trials):
 
         def confirm(top, builder=local_builder, runner=local_runner):
             _confirm_best(
-                db, workload_id, dataclasses.replace(result.target, name=result.measured_on), result.space, builder, runner,
+                db, workload_id, result.target, MeasureKey.parse(result.measured_on), result.space, builder, runner,
                 MeasuredForm(reference), str(tmp_path), top,
             )
 
@@ -455,7 +456,7 @@ def test_compile_best_takes_this_machines_records_or_the_devices_named(tmp_path)
     with Database(db) as database:
         workload = database.workloads()[0].id
         for device in ("Board A", "Board B"):  # another device's records of the same target: one slow program each
-            key = database.measured_on("host", result.target.tvm_target, device)
+            key = database.measured_on(MeasureKey("host", device), result.target.tvm_target).text
             database.add_record(workload, key, result.best.trace_json, 7, "ok", [1.0])
     a, b = result.workload.random_inputs(0)
     for device in (None, "Board A"):

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from probtune.model import CompiledModel, Model, ModelTuneResult, load_model, tune_model
     from probtune.schedule import BlockRV, ExprRV, InstructionKind, LoopRV, Schedule
     from probtune.space import DesignSpace, generate_space
+    from probtune.task import Task
     from probtune.tuning import TrialOutcome, TuneResult, compile_best, tune
     from probtune.workload import Workload
 
@@ -75,6 +76,7 @@ __all__ = [
     "SchemaVersionError",
     "SpaceContext",
     "TargetSpec",
+    "Task",
     "Trace",
     "TraceFormatError",
     "TrialOutcome",
@@ -118,6 +120,7 @@ _SOURCE_OF = {
     "DesignSpace": "probtune.space",
     "generate_space": "probtune.space",
     "Workload": "probtune.workload",
+    "Task": "probtune.task",
     "WorkloadSpec": "probtune.catalog",
     "TargetSpec": "probtune.interfaces",
     "SpaceContext": "probtune.interfaces",

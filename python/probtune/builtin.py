@@ -1,4 +1,5 @@
-"""The kernel's own plugin: the workload catalog, the schedule language's instructions and their mutators, local measurement.
+"""The kernel's own plugin: the workload catalog, the schedule language's instructions and their mutators, local
+measurement, the task schedulers and the search strategies.
 
 Registered through the same hooks a third-party plugin uses.
 """
@@ -16,6 +17,8 @@ __all__ = [
     "probtune_register_mutators",
     "probtune_register_onnx_converters",
     "probtune_register_runners",
+    "probtune_register_search_strategies",
+    "probtune_register_task_schedulers",
     "probtune_register_workloads",
 ]
 
@@ -65,3 +68,19 @@ def probtune_register_runners(register: Callable[[str, Any], None]) -> None:
 
     register(LocalRunner.name, LocalRunner)
     register(RPCRunner.name, RPCRunner)  # its tracker and key from the environment, when a target names it
+
+
+@hookimpl
+def probtune_register_task_schedulers(register: Callable[[str, Any], None]) -> None:
+    from probtune.task_scheduler import BUILTIN_SCHEDULERS
+
+    for scheduler in BUILTIN_SCHEDULERS:
+        register(scheduler.name, scheduler)
+
+
+@hookimpl
+def probtune_register_search_strategies(register: Callable[[Any], None]) -> None:
+    from probtune.strategies import BUILTIN_STRATEGIES
+
+    for kind in BUILTIN_STRATEGIES:
+        register(kind)

@@ -15,12 +15,11 @@ bundle was written.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,18 +33,22 @@ from probtune.codegen import device_type
 from probtune.database import Database
 from probtune.defaults import BATCH_SIZE, BUILD_TIMEOUT, BUNDLE_REFERENCE_MB
 from probtune.errors import NOT_REPLAYABLE, TuningConfigError
-from probtune.interfaces import CostModel, TargetSpec
-from probtune.measure import run_bundle, timing
+from probtune.interfaces import CostModel, DeviceCode, TargetSpec
+from probtune.measure import bundle_runtimes, run_bundle, timing
 from probtune.measure.results import MeasureReference, MeasureStatus
 from probtune.measure.runner import CPU_DEVICE
-from probtune.pipeline import COLD_CACHE, build, load_cost_model_state, make_builder, resolve_cost_model
+from probtune.measure_key import MeasureKey
+from probtune.pipeline import build, load_cost_model_state, make_builder, resolve_cost_model
 from probtune.plugins import get_registry
 from probtune.session import TaskSession
 from probtune.space import Candidate, generate_space
 from probtune.targets import resolve_target
 from probtune.workload import Workload
 
-__all__ = ["BundleImport", "BundleWritten", "import_results", "write_bundle", "write_manifest", "write_reference"]
+__all__ = [
+    "BundleImport", "BundleWritten", "carry_runtimes", "device_code_of", "import_results", "write_bundle", "write_device_code",
+    "write_manifest", "write_reference",
+]
 
 SAMPLED_POSITIONS = 1 << 18  # of each output of a reference too large to carry whole: a wrong 16x16 tile is
 # missed with probability (1 - 2**18 / size)**256, 2% for a 4096x4096 output
@@ -115,13 +118,12 @@ def write_bundle(
     model = resolve_cost_model(cost_model, seed)
     with contextlib.ExitStack() as stack:
         db = stack.enter_context(Database(database))
-        key = db.measured_on(spec.name + (COLD_CACHE if cache_flush else ""), spec.tvm_target, device)
-        keyed = dataclasses.replace(spec, name=key)
-        load_cost_model_state(model, db, keyed)
+        key = db.measured_on(MeasureKey(spec.name, device, cache_flush), spec.tvm_target)
+        load_cost_model_state(model, db, key)
         builder = make_builder(None, spec, build_timeout, stack)
         scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="probtune-bundle-"))
         # A round trip to the device costs more than a search round here: the first bundle is filled too.
-        session = TaskSession.open(work, keyed, db, model, workdir=scratch, seed=seed,
+        session = TaskSession.open(work, spec, key, db, model, workdir=scratch, seed=seed,
                                    search_options={"untrained_share": 1.0})
         stack.callback(session.close)
         batch = _filled_batch(session, candidates)
@@ -129,17 +131,18 @@ def write_bundle(
             raise TuningConfigError(f"the space of {work.key} has no candidate left that {key} has not measured")
         programs = [session.form(c.program)[0] for c in batch]
         built, runnable = build(programs, builder, spec, scratch)
-        kernels, failed = _kernels(spec, programs, runnable)
+        kind, codes, failed = _device_codes(spec, programs, runnable)
         for index in sorted(set(range(len(batch))) - set(runnable) | set(failed)):
             candidate = batch[index]
-            db.add_record(session.workload_id, key, candidate.trace.to_json(), candidate.decision_hash,
+            db.add_record(session.workload_id, key.text, candidate.trace.to_json(), candidate.decision_hash,
                           MeasureStatus.BUILD_ERROR, (), failed.get(index, built[index].error),
                           program_hash=candidate.program_hash, build_seconds=built[index].seconds)
         runnable = [i for i in runnable if i not in failed]
-        entries = _write_candidates(out, [(batch[i], built[i], kernels.get(i)) for i in runnable])
+        entries = _write_candidates(out, [(batch[i], built[i], codes.get(i)) for i in runnable], kind)
         reference = write_reference(session.form.reference, out / "reference.npz", seed, reference_mb)
-        write_manifest(out, work, spec, entries, reference, measured_on=key, cache_flush=cache_flush)
-    return BundleWritten(out, key, len(entries), len(batch) - len(entries))
+        write_manifest(out, work, spec, entries, reference, measured_on=key.text, cache_flush=cache_flush,
+                       device_code=kind)
+    return BundleWritten(out, key.text, len(entries), len(batch) - len(entries))
 
 
 def _filled_batch(session: TaskSession, size: int) -> list[Candidate]:
@@ -176,22 +179,21 @@ def import_results(bundle: str | Path, database: str | Path, *, cost_model: str 
         _check_result(folder, row)
     spec = resolve_target(manifest["target"])
     work = _workload(manifest["workload"])
-    key = manifest["measured_on"]
+    key = MeasureKey.parse(manifest["measured_on"])
     model = resolve_cost_model(cost_model, seed)
     statuses: Counter[str] = Counter()
     with Database(database) as db:
         workload_id = db.commit_workload(work.key, work.mod)
-        seen = db.seen_decision_hashes(workload_id, key)
+        seen = db.seen_decision_hashes(workload_id, key.text)
         fresh = [(entries[i], results[i]) for i in sorted(results) if entries[i]["decision_hash"] not in seen]
         for entry, row in fresh:
-            db.add_record(workload_id, key, entry["trace"], entry["decision_hash"], row["status"],
+            db.add_record(workload_id, key.text, entry["trace"], entry["decision_hash"], row["status"],
                           tuple(row["latencies"]), row.get("error"), program_hash=entry["program_hash"],
                           build_seconds=entry["build_seconds"], run_seconds=row.get("seconds"))
             statuses[row["status"]] += 1
-        keyed = dataclasses.replace(spec, name=key)
-        _train(model, db, keyed, work, fresh)
-        best = db.best(workload_id, key)
-    return BundleImport(key, str(header["device"]), statuses, len(results) - len(fresh),
+        _train(model, db, spec, key, work, fresh)
+        best = db.best(workload_id, key.text)
+    return BundleImport(key.text, str(header["device"]), statuses, len(results) - len(fresh),
                         len(entries) - len(results), best[0].mean_latency if best else None)
 
 
@@ -204,22 +206,38 @@ def write_manifest(
     *,
     measured_on: str,
     cache_flush: bool = False,
+    device_code: str | None = None,
 ) -> None:
     """Write a bundle's manifest and its stand-alone script into ``out``, beside its candidates and reference.
 
-    ``candidates`` are the manifest's entries (``id``, ``artifact``, and a CUDA
-    bundle's ``kernels``) and ``reference`` :func:`write_reference`'s. Another
-    tuner's candidates (the benchmarks write MetaSchedule's) are bundled so too.
+    ``candidates`` are the manifest's entries (``id``, ``artifact``, and where
+    the candidates carry device code, ``kernels``: its launch table, with its
+    file under the key of its kind) and ``reference`` :func:`write_reference`'s.
+    ``device_code`` is that code's kind: the bundle runtimes that launch it
+    are carried too. Another tuner's candidates (the benchmarks write
+    MetaSchedule's) are bundled so too.
     """
     manifest = {
         "format": run_bundle.FORMAT, "measured_on": measured_on, "target": spec.name, "cache_flush": cache_flush,
         "workload": _describe_workload(work), "device_type": device_type(spec),
         "num_threads": spec.tvm_target.get("num-cores"), "repeat": REPEAT, "min_repeat_ms": MIN_REPEAT_MS,
         "warmup": WARMUP, "candidates": candidates, "reference": reference,
+        "runtimes": carry_runtimes(out, device_code),
     }
     (out / run_bundle.MANIFEST).write_text(json.dumps(manifest, indent=1))
-    for module in (run_bundle, timing):
+    for module in (run_bundle, timing, bundle_runtimes):
         shutil.copyfile(str(module.__file__), out / Path(str(module.__file__)).name)
+
+
+def carry_runtimes(out: Path, kind: str | None) -> dict[str, str]:
+    """Copy into ``out`` the file of every registered bundle runtime that launches device code of ``kind``;
+    the manifest's ``runtimes`` (name -> file)."""
+    carried = {}
+    for name, runtime in sorted(get_registry().bundle_runtimes.items()):
+        if kind is not None and kind in runtime.kinds:
+            carried[name] = f"runtime_{name}.py"
+            shutil.copyfile(runtime.source, out / carried[name])
+    return carried
 
 
 def write_reference(reference: MeasureReference, path: Path, seed: int, limit_mb: float = BUNDLE_REFERENCE_MB) -> dict[str, Any]:
@@ -252,41 +270,59 @@ def write_reference(reference: MeasureReference, path: Path, seed: int, limit_mb
     return entry
 
 
-def _kernels(
+def device_code_of(spec: TargetSpec) -> tuple[Callable[[tvm.IRModule, dict[str, Any]], DeviceCode], str] | None:
+    """The target's compiler's ``device_code`` and the kind of code it gives (``device_code_kind``); None where
+    it gives none."""
+    make: Callable[[tvm.IRModule, dict[str, Any]], DeviceCode] | None = getattr(spec.compiler, "device_code", None)
+    if make is None:
+        return None
+    kind = getattr(spec.compiler, "device_code_kind", None)
+    if not isinstance(kind, str) or not kind:
+        raise TuningConfigError(f"the compiler of target {spec.name!r} gives device code but names no device_code_kind")
+    return make, kind
+
+
+def _device_codes(
     spec: TargetSpec, programs: list[tvm.IRModule | str], runnable: list[int]
-) -> tuple[dict[int, tuple[bytes, dict[str, Any]]], dict[int, str]]:
-    """Where the target's compiler gives them (``kernels``), each candidate's machine code and launch table,
-    for a device without TVM; and why a candidate has none (it stays out of the bundle)."""
-    kernels = getattr(spec.compiler, "kernels", None)
-    made: dict[int, tuple[bytes, dict[str, Any]]] = {}
+) -> tuple[str | None, dict[int, DeviceCode], dict[int, str]]:
+    """Where the target's compiler gives it, the kind of its device code and each candidate's code and launch
+    table, for a device without TVM; and why a candidate has none (it stays out of the bundle)."""
+    made: dict[int, DeviceCode] = {}
     failed: dict[int, str] = {}
-    if kernels is None:
-        return made, failed
+    coded = device_code_of(spec)
+    if coded is None:
+        return None, made, failed
+    device_code, kind = coded
     for index in runnable:
         program = programs[index]
         try:
-            made[index] = kernels(tvm.ir.load_json(program) if isinstance(program, str) else program, spec.tvm_target)
+            made[index] = device_code(tvm.ir.load_json(program) if isinstance(program, str) else program, spec.tvm_target)
         except Exception as exc:  # noqa: BLE001 - a candidate that cannot be carried is a result, recorded
             failed[index] = f"not carried by the bundle: {timing.describe_error(exc)}"
-    return made, failed
+    return kind, made, failed
 
 
-def _write_candidates(out: Path, built: list[tuple[Any, Any, tuple[bytes, dict[str, Any]] | None]]) -> list[dict[str, Any]]:
-    """Copy the built candidates (and their machine code) into ``out/candidates``; their manifest entries."""
+def _write_candidates(out: Path, built: list[tuple[Any, Any, DeviceCode | None]], kind: str | None) -> list[dict[str, Any]]:
+    """Copy the built candidates (and their device code, of ``kind``) into ``out/candidates``; their manifest entries."""
     (out / "candidates").mkdir(parents=True, exist_ok=True)
     entries = []
-    for index, (candidate, result, kernels) in enumerate(built):
+    for index, (candidate, result, code) in enumerate(built):
         artifact = Path("candidates") / f"{index}{Path(str(result.artifact)).suffix}"
         shutil.copyfile(result.artifact, out / artifact)
         entry = {"id": index, "artifact": str(artifact), "trace": candidate.trace.to_json(),
                  "decision_hash": candidate.decision_hash, "program_hash": candidate.program_hash,
                  "build_seconds": result.seconds}
-        if kernels is not None:
-            code, table = kernels
-            (out / "candidates" / f"{index}.cubin").write_bytes(code)
-            entry["kernels"] = {"cubin": f"candidates/{index}.cubin", **table}
+        if code is not None and kind is not None:
+            entry["kernels"] = write_device_code(code, kind, out, Path("candidates") / str(index))
         entries.append(entry)
     return entries
+
+
+def write_device_code(code: DeviceCode, kind: str, out: Path, stem: Path) -> dict[str, Any]:
+    """Write ``code`` to ``out/STEM.KIND``; its launch table, naming that file (relative to ``out``) under ``kind``."""
+    path = stem.with_name(f"{stem.name}.{kind}")
+    (out / path).write_bytes(code.code)
+    return {kind: path.as_posix(), **code.table}
 
 
 def _describe_workload(work: Workload) -> dict[str, Any]:
@@ -329,9 +365,12 @@ def _check_result(folder: Path, row: dict[str, Any]) -> None:
         )
 
 
-def _train(model: CostModel, db: Database, spec: TargetSpec, work: Workload, fresh: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
-    """Update the cost model (its saved state for ``spec``) with the new results, as a search round does."""
-    load_cost_model_state(model, db, spec)
+def _train(
+    model: CostModel, db: Database, spec: TargetSpec, key: MeasureKey, work: Workload,
+    fresh: list[tuple[dict[str, Any], dict[str, Any]]],
+) -> None:
+    """Update the cost model (its saved state under ``key``) with the new results on ``spec``, as a search round does."""
+    load_cost_model_state(model, db, key)
     space = generate_space(work, spec)
     programs, latencies = [], []
     for entry, row in fresh:
@@ -343,5 +382,5 @@ def _train(model: CostModel, db: Database, spec: TargetSpec, work: Workload, fre
         latencies.append(sum(row["latencies"]) / len(row["latencies"]) if ok else None)
     if programs:
         model.update(model.featurize(programs), latencies, [work.key] * len(programs))
-        db.save_cost_model(model.name, spec.name, model.save())
+        db.save_cost_model(model.name, key.text, model.save())
 

@@ -59,13 +59,15 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from probtune import tune
     from probtune.catalog import resolve_workload
     from probtune.plugins import get_registry
+    from probtune.strategies import strategy_kind
     from probtune.targets import resolve_target
 
     # resolved before the header, so that a refused run shows only its error
     target = resolve_target(args.target)
     work = resolve_workload(args.workload, args.shape, args.dtype, get_registry().workloads)
     runner = rpc_runner(args)
-    search = "random search" if args.strategy == "random" else f"evolutionary search, cost model {args.cost_model}"
+    guided = strategy_kind(args.strategy).uses_cost_model
+    search = f"{args.strategy} search" + (f", cost model {args.cost_model}" if guided else "")
     print(f"tuning {work.key} on target {target.name}: {args.trials} trials ({search}), "
           f"database {args.database}", flush=True)
     result = tune(
@@ -108,7 +110,7 @@ def _cmd_best(args: argparse.Namespace) -> int:
         print(f"error: no database at {args.database}", file=sys.stderr)
         return 2
     with Database(args.database) as db:
-        keys = [m.key for m in db.measurements(args.target)] if args.target else [None]
+        keys = [m.key.text for m in db.measurements(args.target)] if args.target else [None]
         rows = [row for key in keys for row in db.best_per_workload(key)]
         if not rows:
             print(f"{args.database}: no correct record yet")
@@ -178,7 +180,8 @@ def _parser() -> argparse.ArgumentParser:
     tune_p.add_argument("--trials", type=_positive_int, default=defaults.OPERATOR_TRIALS)
     tune_p.add_argument("--batch-size", type=_positive_int, default=defaults.BATCH_SIZE,
                         help="candidates measured per search round")
-    tune_p.add_argument("--strategy", default="evolutionary", choices=["evolutionary", "random"])
+    tune_p.add_argument("--strategy", default="evolutionary",
+                        help="search strategy: evolutionary, random, or one a plugin registers (see 'probtune plugins')")
     tune_p.add_argument("--cost-model", default="xgb", help="cost model of the evolutionary search (xgb, random)")
     tune_p.add_argument("--seed", type=int, default=0)
     tune_p.add_argument("--modules", default=None, help="comma-separated design-space modules (default: the target's)")
@@ -229,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _show_stages() -> None:
-    """Print what a model's run does between and after its trials (``probtune.model``'s INFO log), once."""
+    """Print what a run does between and after its trials (``probtune.model``'s and ``probtune.tuning``'s INFO log), once."""
     import logging
 
     class ToStderr(logging.StreamHandler):  # type: ignore[type-arg]
@@ -243,12 +246,13 @@ def _show_stages() -> None:
         def stream(self, value: object) -> None:
             pass
 
-    stages = logging.getLogger("probtune.model")
-    if not stages.handlers:
-        handler = ToStderr()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-        stages.addHandler(handler)
-        stages.setLevel(logging.INFO)
+    for name in ("probtune.model", "probtune.tuning"):
+        stages = logging.getLogger(name)
+        if not stages.handlers:
+            handler = ToStderr()
+            handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+            stages.addHandler(handler)
+            stages.setLevel(logging.INFO)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         print(f"{args.database}: {len(db.workloads())} workloads, {sum(n for n, _ in counts.values())} records")
         print(f"{'target':<20} {'device':<36} {'records':>8} {'ok':>8}  TVM target")
         for m in db.measurements():
-            total, ok = counts.get(m.key, (0, 0))
+            total, ok = counts.get(m.key.text, (0, 0))
             tvm_target = "-" if m.tvm_target is None else json.dumps(m.tvm_target, sort_keys=True)
             device = m.device if m.device is not None else "(not recorded)"
             print(f"{m.target:<20} {device:<36} {total:>8} {ok:>8}  {tvm_target}")

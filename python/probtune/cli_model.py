@@ -26,7 +26,8 @@ def add_model_commands(sub: Any, positive_int: Any, non_negative_int: Any, defau
     tune_p.add_argument("--trials", type=non_negative_int, default=defaults.MODEL_TRIALS,
                         help="new measurements over all tasks (0: compile from the database's records)")
     tune_p.add_argument("--batch-size", type=positive_int, default=defaults.BATCH_SIZE, help="candidates measured per round")
-    tune_p.add_argument("--scheduler", default=defaults.SCHEDULER, choices=["gradient", "round-robin"])
+    tune_p.add_argument("--scheduler", default=defaults.SCHEDULER,
+                        help="task scheduler: gradient, round-robin, or one a plugin registers (see 'probtune plugins')")
     tune_p.add_argument("--seed", type=int, default=0)
     tune_p.add_argument("--database", default=default_database)
     tune_p.add_argument("--confirm", type=non_negative_int, default=defaults.CONFIRM,

@@ -34,7 +34,7 @@ def export_with(compiler: Compiler | None, executable: Any, path: str, workspace
 
 
 def device_type(target: TargetSpec) -> int:
-    """The device a target's code runs on, as ``tvm.device`` takes it (DLPack's type: 1 the CPU, 2 CUDA, ...)."""
+    """The device a target's code runs on, as ``tvm.device`` takes it (DLPack's type: 1 the CPU; others GPUs and accelerators)."""
     return int(tvm.target.Target(target.tvm_target).get_target_device_type())
 
 

@@ -11,7 +11,6 @@ saved state of a cost model, which each save replaces.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
 import numbers
@@ -31,6 +30,7 @@ import tvm_ffi
 
 from probtune.errors import DatabaseError, DatabaseRowError, SchemaVersionError, warn_caller
 from probtune.measure.results import MeasureStatus
+from probtune.measure_key import MeasureKey
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -111,15 +111,20 @@ _BY_LATENCY = "ORDER BY mean_latency NULLS LAST, id"
 
 @dataclass(frozen=True)
 class MeasuredOn:
-    """Where the records of one key were measured: a target (its name, its TVM target) on a device.
+    """A key records are kept under, with the TVM target and the device it was registered for.
 
-    ``tvm_target`` and ``device`` are None for records made before they were kept.
+    ``tvm_target`` and ``device`` are None for records made before they were
+    kept; ``device`` is the one registered (the key's own, unless the row was edited).
     """
 
-    key: str
-    target: str
+    key: MeasureKey
     tvm_target: dict[str, Any] | None
     device: str | None
+
+    @property
+    def target(self) -> str:
+        """The target's name with its timing mode (``TARGET+cold-llc`` for cold timings), as the table keeps it."""
+        return self.key.timed_target
 
 
 @dataclass(frozen=True)
@@ -433,23 +438,22 @@ class Database:
 
     # -------------------------------------------------------------- measured on
 
-    def measured_on(self, target: str, tvm_target: dict[str, Any], device: str) -> str:
-        """The key of the records of ``target`` (its name) measured on ``device``; registered if new.
+    def measured_on(self, key: MeasureKey, tvm_target: dict[str, Any]) -> MeasureKey:
+        """``key`` (a target's name, a device, a timing mode) for records measured with ``tvm_target``; registered if new.
 
-        The key is ``TARGET@DEVICE``; where that key was registered with another
-        TVM target, a digest of this one is added, so that the two never mix.
+        Where that key was registered with another TVM target, a digest of this
+        one is added to it, so that the two never mix.
         """
         text = json.dumps(tvm_target, sort_keys=True)
-        key = f"{target}@{device}"
         with self._write_transaction():
-            known = self._query("SELECT tvm_target FROM measured_on WHERE key = ?", (key,))
+            known = self._query("SELECT tvm_target FROM measured_on WHERE key = ?", (key.text,))
             if known and known[0]["tvm_target"] != text:
-                key = f"{key}#{hashlib.sha256(text.encode()).hexdigest()[:8]}"
-                known = self._query("SELECT tvm_target FROM measured_on WHERE key = ?", (key,))
+                key = key.with_digest_of(text)
+                known = self._query("SELECT tvm_target FROM measured_on WHERE key = ?", (key.text,))
             if not known:
                 self._execute(
                     "INSERT INTO measured_on (key, target, tvm_target, device, created) VALUES (?, ?, ?, ?, ?)",
-                    (key, target, text, device, time.time()),
+                    (key.text, key.timed_target, text, key.device, time.time()),
                 )
         return key
 
@@ -481,11 +485,11 @@ class Database:
         with Database(source) as other:  # registers the keys of its older records
             wanted = [m for m in other.measurements(target) if device is None or m.device == device]
             workloads = other.workloads()
-        keys = {m.key: m for m in wanted}
+        keys = {m.key.text: m for m in wanted}
         for mine in self.measurements():
-            theirs = keys.get(mine.key)
+            theirs = keys.get(mine.key.text)
             if theirs is not None and (theirs.tvm_target, theirs.device) != (mine.tvm_target, mine.device):
-                raise DatabaseError(f"{source} and {self._path} both hold key {mine.key!r}, for different targets or "
+                raise DatabaseError(f"{source} and {self._path} both hold key {mine.key.text!r}, for different targets or "
                                     f"devices ({theirs.device!r} against {mine.device!r}): nothing was merged")
         ids = {workload.id: self.commit_workload(workload.key, workload.mod) for workload in workloads}
         counts = {"workloads": len(self.workloads()), "keys": len(self.measurements())}
@@ -509,10 +513,10 @@ class Database:
 
     def _copy_from_source(self, keys: dict[str, MeasuredOn], ids: dict[int, int]) -> None:
         """Within a transaction, with ``source`` attached: its keys' rows, then their records not already here."""
-        for m in keys.values():
+        for key in keys:
             self._execute(
                 "INSERT OR IGNORE INTO measured_on (key, target, tvm_target, device, created) "
-                "SELECT key, target, tvm_target, device, created FROM source.measured_on WHERE key = ?", (m.key,)
+                "SELECT key, target, tvm_target, device, created FROM source.measured_on WHERE key = ?", (key,)
             )
         columns = ("target, trace_json, decision_hash, program_hash, status, latencies_json, mean_latency, error, "
                    "build_seconds, run_seconds, created")
@@ -728,7 +732,7 @@ def _parse_rows(
 
 def _parse_measured_on(row: sqlite3.Row) -> MeasuredOn:
     tvm_target = json.loads(row["tvm_target"]) if row["tvm_target"] is not None else None
-    return MeasuredOn(row["key"], row["target"], tvm_target, row["device"])
+    return MeasuredOn(MeasureKey.parse(row["key"], row["target"]), tvm_target, row["device"])
 
 
 def _parse_workload(row: sqlite3.Row) -> WorkloadRow:

@@ -17,7 +17,9 @@ if TYPE_CHECKING:
     from probtune.catalog import WorkloadSpec
     from probtune.interfaces import (
         BuilderFactory,
+        BundleRuntime,
         CostModelFactory,
+        FeatureExtractor,
         GraphRewrite,
         Mutator,
         OnnxConverter,
@@ -27,19 +29,25 @@ if TYPE_CHECKING:
         Validator,
     )
     from probtune.schedule import InstructionKind
+    from probtune.strategies import StrategyKind
+    from probtune.task_scheduler import TaskScheduler
 
 __all__ = [
     "hookimpl",
     "hookspec",
     "probtune_register_builders",
+    "probtune_register_bundle_runtimes",
     "probtune_register_cost_models",
+    "probtune_register_feature_extractors",
     "probtune_register_graph_rewrites",
     "probtune_register_instructions",
     "probtune_register_mutators",
     "probtune_register_onnx_converters",
     "probtune_register_runners",
+    "probtune_register_search_strategies",
     "probtune_register_space_modules",
     "probtune_register_targets",
+    "probtune_register_task_schedulers",
     "probtune_register_validators",
     "probtune_register_workloads",
 ]
@@ -117,4 +125,71 @@ def probtune_register_runners(register: Callable[[str, RunnerFactory], None]) ->
 
     A factory is called as ``factory(timeout=float)``, and with ``cache_flush=True`` as well where
     calls are to be timed with cold caches (whole models); a runner that cannot flush raises.
+    """
+
+
+@hookspec
+def probtune_register_bundle_runtimes(register: Callable[[BundleRuntime], None]) -> None:
+    """Register bundle runtimes (``probtune.plugin.BundleRuntime``): what launches a bundle's device code without TVM.
+
+    A target whose compiler gives device code (``Compiler.device_code``, a
+    ``probtune.plugin.DeviceCode``) has it carried by its bundles, with the
+    ``source`` file of every runtime whose ``kinds`` hold the code's kind
+    (``Compiler.device_code_kind``).
+    On the device, the bundle's script loads that file by path and calls,
+    at module level:
+
+    - ``available() -> bool``: whether this machine can use it (its library is installed);
+    - ``device_name() -> str``: the device it runs on, as the results name it;
+    - ``measure(timing) -> run``: ``timing`` is the bundle's ``timing`` module;
+      ``run(task, candidate, bundle, inputs, expected)`` checks and times one
+      candidate (``task`` a ``timing.RunTask``, ``candidate`` its manifest
+      entry, whose ``kernels`` are its launch table with the code's path
+      under the kind, relative to the ``bundle`` folder) and returns a
+      ``timing.RunReply``;
+    - ``healthy() -> bool``: False once a candidate has left the device
+      unusable for this process (the run then stops, and goes on in a new one);
+    - ``load_model(bundle, manifest, constants) -> model``, for model bundles:
+      the model's plan in device memory, ``constants`` (name, array) pairs
+      put in place; ``model.launches`` (a count), ``model.run(inputs) ->
+      outputs``, ``model.time(repeat, min_repeat_ms) -> seconds per call``
+      and ``model.profile(min_repeat_ms) -> {function: {"seconds", "launches"}}``.
+
+    The name ``tvm`` is the kernel's (TVM's runtime loading each candidate's library).
+    """
+
+
+@hookspec
+def probtune_register_feature_extractors(register: Callable[[FeatureExtractor], None]) -> None:
+    """Register feature extractors (``probtune.plugin.FeatureExtractor``): columns a cost model adds to its features.
+
+    ``extract(func)`` describes a scheduled program by ``columns`` raw,
+    non-negative values (a GPU's threads and memories, say), which a cost
+    model that asks the registry for its extractors (the ``xgb`` one does,
+    ordering them by name) appends to its own, as ``<name>.<column>``.
+    Adding or removing an extractor changes the features' layout: a cost
+    model saved under another layout starts again untrained.
+    """
+
+
+@hookspec
+def probtune_register_task_schedulers(register: Callable[[str, Callable[[], TaskScheduler]], None]) -> None:
+    """Register task schedulers by name: a factory called with no arguments gives a new scheduler for one run.
+
+    A scheduler (``probtune.plugin.TaskScheduler``) picks the task that gets
+    the next round of a model's budget from each task's ``TaskProgress``, or
+    None when none can use one. ``tune_model(scheduler=NAME)`` and
+    ``probtune tune-model --scheduler NAME`` choose it.
+    """
+
+
+@hookspec
+def probtune_register_search_strategies(register: Callable[[StrategyKind], None]) -> None:
+    """Register search strategies (``probtune.plugin.StrategyKind``): a name, whether a cost model guides it, and
+    ``start(SearchStart) -> SearchStrategy``, called once per task.
+
+    The strategy proposes batches of candidates (``next_batch``), learns how
+    they measured (``observe``) and stops its helpers (``close``); it must not
+    offer a program twice. ``tune(strategy=NAME)`` and ``--strategy NAME``
+    choose it.
     """

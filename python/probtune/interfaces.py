@@ -21,9 +21,12 @@ if TYPE_CHECKING:
 __all__ = [
     "Builder",
     "BuilderFactory",
+    "BundleRuntime",
     "Compiler",
     "CostModel",
     "CostModelFactory",
+    "DeviceCode",
+    "FeatureExtractor",
     "GraphRewrite",
     "Mutator",
     "OnnxConverter",
@@ -46,10 +49,28 @@ Compiler = Callable[["tvm.IRModule", dict[str, Any]], Any]
 """Compiles a finished program for a TVM target (dict form) into what ``tvm.compile`` returns; must pickle.
 
 Optional methods: ``export(executable, path, workspace_dir)`` links the
-shared library; ``kernels(mod, tvm_target) -> (bytes, dict)`` gives a
-device's machine code and the table that launches it without TVM, which a
-measurement bundle (:mod:`probtune.bundle`) carries to a machine without TVM.
+shared library; ``device_code(mod, tvm_target) -> DeviceCode``, with the
+attribute ``device_code_kind`` (a short name of the code's format, used as
+its file extension), gives the program's machine code for its device and the table that
+launches it, which a measurement bundle (:mod:`probtune.bundle`) carries to
+a machine without TVM, with the bundle runtimes that launch code of that
+kind (:class:`BundleRuntime`).
 """
+
+
+@dataclass(frozen=True)
+class DeviceCode:
+    """A program's machine code for its device, and the table that launches it without TVM (``Compiler.device_code``).
+
+    A bundle writes ``code`` to a file named ``<name>.<kind>`` (the
+    compiler's ``device_code_kind``) and puts its path, relative to the
+    bundle, in the table under the key ``kind``. ``table`` is JSON-ready and
+    the compiler's own, read by the bundle runtimes that launch that kind;
+    the kernel reads only its ``launches`` list, to count them.
+    """
+
+    code: bytes
+    table: Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -264,6 +285,45 @@ class Runner(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class BundleRuntime(Protocol):
+    """Launches a bundle's device code (:class:`DeviceCode`) on a machine that has neither TVM nor probtune.
+
+    ``name`` is the runtime's choice in a bundle's script (``run_bundle.py
+    --runtime NAME``; ``tvm`` is the kernel's own). ``kinds`` are the kinds of
+    device code it launches (``Compiler.device_code_kind``). ``source`` is the
+    path of a self-contained Python file, copied into every bundle whose code
+    is of one of ``kinds`` and loaded
+    there by path, beside the bundle's script: it may import the standard
+    library, numpy and what it launches with (imported when called), never
+    probtune or TVM. See ``probtune_register_bundle_runtimes`` for what the
+    file defines.
+    """
+
+    name: str
+    kinds: tuple[str, ...]
+    source: str
+
+
+@runtime_checkable
+class FeatureExtractor(Protocol):
+    """Describes a scheduled program by a fixed list of columns that a cost model adds to its own features.
+
+    ``name`` prefixes the columns (``<name>.<column>``); ``columns`` names
+    them, in order, and never changes (a saved cost model names the columns
+    its samples have). ``extract(func)`` gives their raw values for the
+    ``main`` PrimFunc of a scheduled program (as the space realizes it, not
+    lowered): one finite, non-negative float per column, zeros where the
+    program has nothing it describes. It must pickle (a module-level class):
+    the search featurizes in helper processes.
+    """
+
+    name: str
+    columns: tuple[str, ...]
+
+    def extract(self, func: tvm.tirx.PrimFunc) -> np.ndarray: ...
 
 
 BuilderFactory = Callable[..., Builder]

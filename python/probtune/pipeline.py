@@ -10,7 +10,6 @@ cost model's state.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +25,7 @@ from probtune.defaults import LOCAL
 from probtune.errors import PluginError, TuningConfigError, warn_caller
 from probtune.interfaces import Builder, CostModel, Runner, TargetSpec
 from probtune.measure import MeasureReference, MeasureStatus
+from probtune.measure_key import COLD_CACHE, MeasureKey
 from probtune.plugins import get_registry
 from probtune.session import TaskSession, replayable
 from probtune.space import Candidate, DesignSpace
@@ -60,19 +60,22 @@ class TrialOutcome:
 
 Progress = Callable[[TrialOutcome], None]
 
-COLD_CACHE = "+cold-llc"  # after the target's name in records timed with emptied caches: other latencies
 CLEARLY_SLOWER = 2.0  # a first timing this many times the best so far ends a candidate's timing
 CONFIRM_PASSES = 2
 CONFIRM_ROUNDS = 3
 
 
 class MeasurePipeline:
-    """Builds and times candidates of any task, records every result, trains and saves the cost model."""
+    """Builds and times candidates of any task, records every result, trains and saves the cost model.
+
+    Records and the cost model's state are kept under ``key``: where ``target`` is measured, and how.
+    """
 
     def __init__(
         self,
         db: Database,
         target: TargetSpec,
+        key: MeasureKey,
         builder: Any,
         runner: Any,
         model: CostModel | None,
@@ -83,6 +86,7 @@ class MeasurePipeline:
     ) -> None:
         self.db = db
         self.target = target
+        self.key = key
         self.builder = builder
         self.runner = runner
         self.model = model
@@ -108,7 +112,7 @@ class MeasurePipeline:
         session.observe(observed)
         if self.model is not None:
             search_started = time.perf_counter()
-            self.db.save_cost_model(self.model.name, self.target.name, self.model.save())
+            self.db.save_cost_model(self.model.name, self.key.text, self.model.save())
             session.search_seconds += time.perf_counter() - search_started
         return len(observed)
 
@@ -116,7 +120,7 @@ class MeasurePipeline:
         """Time the session's best records again (:func:`confirm_best`)."""
         started = time.perf_counter()
         confirm_best(
-            self.db, session.workload_id, self.target, session.space, self.builder, self.runner,
+            self.db, session.workload_id, self.target, self.key, session.space, self.builder, self.runner,
             session.form, self.workdir, top,
         )
         self.measure_seconds += time.perf_counter() - started
@@ -128,7 +132,7 @@ class MeasurePipeline:
         ):
             self.db.add_record(
                 session.workload_id,
-                self.target.name,
+                self.key.text,
                 candidate.trace.to_json(),
                 candidate.decision_hash,
                 status,
@@ -174,24 +178,22 @@ def open_pipeline(
     if the database holds one, is loaded into ``model``.
 
     Records (and the cost model's state) are kept under the target and the
-    device the runner measures on (:meth:`Database.measured_on`): the
-    pipeline's ``target`` is named by that key. With ``cache_flush`` the runner
-    times every call with cold caches, and the target's name is followed by
-    ``COLD_CACHE``, apart from warm timings of the same programs. None takes a
-    runner object's own ``cache_flush``, and warm timings from a named one.
+    device the runner measures on (:meth:`Database.measured_on`), the
+    pipeline's ``key``. With ``cache_flush`` the runner times every call with
+    cold caches, and the key says so (``COLD_CACHE``), apart from warm timings
+    of the same programs. None takes a runner object's own ``cache_flush``,
+    and warm timings from a named one.
     """
     with contextlib.ExitStack() as stack:
         built_by = make_builder(builder, target, build_timeout, stack)
         runs_on, cold = _runner(runner, target, run_timeout, cache_flush, stack)
-        if cold:
-            target = dataclasses.replace(target, name=target.name + COLD_CACHE)
         scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="probtune-"))
         db_path = Path(database) if database is not None else Path(scratch) / "tuning.db"
         db = stack.enter_context(Database(db_path))
-        target = dataclasses.replace(target, name=db.measured_on(target.name, target.tvm_target, _device(runs_on, target)))
+        key = db.measured_on(MeasureKey(target.name, _device(runs_on, target), cold), target.tvm_target)
         if model is not None:
-            load_cost_model_state(model, db, target)
-        yield MeasurePipeline(db, target, built_by, runs_on, model, scratch, trials=trials, progress=progress)
+            load_cost_model_state(model, db, key)
+        yield MeasurePipeline(db, target, key, built_by, runs_on, model, scratch, trials=trials, progress=progress)
 
 
 def make_builder(builder: str | Builder | None, target: TargetSpec, timeout: float, stack: contextlib.ExitStack) -> Builder:
@@ -252,15 +254,16 @@ def resolve_cost_model(model: str | CostModel, seed: int) -> CostModel:
     return factories[model](seed=seed)
 
 
-def load_cost_model_state(model: CostModel, db: Database, target: TargetSpec) -> None:
-    state = db.load_cost_model(model.name, target.name)
+def load_cost_model_state(model: CostModel, db: Database, key: MeasureKey) -> None:
+    """Load into ``model`` the state ``db`` holds for it under ``key``, if any (one that does not load is warned of)."""
+    state = db.load_cost_model(model.name, key.text)
     if state is None:
         return
     try:
         model.load(state)
     except ValueError as exc:
         warn_caller(
-            f"{db.path}: the saved state of cost model {model.name!r} for {target.name} does not load "
+            f"{db.path}: the saved state of cost model {model.name!r} for {key} does not load "
             f"({exc}); starting from an untrained model, whose state will replace it"
         )
 
@@ -330,6 +333,7 @@ def confirm_best(
     db: Database,
     workload_id: int,
     spec: TargetSpec,
+    key: MeasureKey,
     space: DesignSpace,
     builder: Any,
     runner: Any,
@@ -337,7 +341,7 @@ def confirm_best(
     workdir: str,
     top: int,
 ) -> None:
-    """Time the ``top`` best records again, in passes over all of them; the timings join their records.
+    """Time the ``top`` best records of ``spec`` under ``key`` again, in passes over all of them; the timings join their records.
 
     Once their means have moved, a record ranked below them (one lucky pass)
     may lead; then the new ``top`` are timed in the same way, until the best
@@ -375,7 +379,7 @@ def confirm_best(
 
     tried: set[int] = set()
     for _ in range(CONFIRM_ROUNDS):
-        best = db.best(workload_id, spec.name, k=top)
+        best = db.best(workload_id, key.text, k=top)
         if not best or best[0].id in tried:
             return
         records = [record for record in best if record.id not in tried]

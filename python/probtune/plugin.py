@@ -6,8 +6,10 @@ it registers satisfies the Protocols here (:mod:`probtune.interfaces`); a
 design-space module writes programs with :class:`Schedule` and its random
 variables, a plugin's own schedule instruction is an :class:`InstructionKind`;
 the TIR analysis (:mod:`probtune.tir`) reads programs; :class:`AutoUnroll` is
-a space module every target's space shares; a graph rewrite edits a
-Relax module with :func:`mutated`; errors say what failed. The rest of the
+a space module every target's space shares; a task scheduler or a search
+strategy reads :class:`TaskProgress` or starts from :class:`SearchStart`; a graph rewrite edits a
+Relax module with :func:`mutated`; a cost model finds the registered feature
+extractors with :func:`get_registry`; errors say what failed. The rest of the
 kernel may change without notice: the built-in plugins import nothing else
 (``tests/test_plugin_sdk.py``). Each name is imported on first use.
 """
@@ -35,9 +37,12 @@ if TYPE_CHECKING:
     from probtune.interfaces import (
         Builder,
         BuilderFactory,
+        BundleRuntime,
         Compiler,
         CostModel,
         CostModelFactory,
+        DeviceCode,
+        FeatureExtractor,
         GraphRewrite,
         Mutator,
         OnnxConverter,
@@ -49,7 +54,12 @@ if TYPE_CHECKING:
         Validator,
     )
     from probtune.model.transposes import mutated, static_shape
+    from probtune.plugins import get_registry
     from probtune.schedule import BlockRV, ExprRV, InstructionKind, LoopRV, Schedule
+    from probtune.search import SearchStrategy
+    from probtune.space import Candidate
+    from probtune.strategies import SearchStart, StrategyKind
+    from probtune.task_scheduler import TaskProgress, TaskScheduler
     from probtune.tir import (
         OTHER,
         REDUCTION,
@@ -78,7 +88,8 @@ if TYPE_CHECKING:
 _FROM = {
     "probtune.hookspecs": ["hookimpl"],
     "probtune.interfaces": [
-        "Builder", "BuilderFactory", "Compiler", "CostModel", "CostModelFactory", "GraphRewrite", "Mutator",
+        "Builder", "BuilderFactory", "BundleRuntime", "Compiler", "CostModel", "CostModelFactory", "DeviceCode",
+        "FeatureExtractor", "GraphRewrite", "Mutator",
         "OnnxConverter", "Runner", "RunnerFactory", "SpaceContext", "SpaceModule", "TargetSpec", "Validator",
     ],
     "probtune.schedule": ["BlockRV", "ExprRV", "InstructionKind", "LoopRV", "Schedule"],
@@ -88,8 +99,13 @@ _FROM = {
         "realize_of", "reuses_data", "root_tile", "sblock_names", "thread_tag", "variable_ids",
     ],
     "probtune.unroll": ["UNROLL_KEY", "AutoUnroll"],
+    "probtune.search": ["SearchStrategy"],
+    "probtune.space": ["Candidate"],
+    "probtune.strategies": ["SearchStart", "StrategyKind"],
+    "probtune.task_scheduler": ["TaskProgress", "TaskScheduler"],
     "probtune.constant_layouts": ["layout_free_params"],
     "probtune.model.transposes": ["mutated", "static_shape"],
+    "probtune.plugins": ["get_registry"],
     "probtune.errors": [
         "NOT_REPLAYABLE", "InvalidDecisionError", "PluginError", "ProbtuneError", "ReplayError", "TraceFormatError",
         "UnsupportedTargetError", "last_line", "warn_caller",
@@ -107,10 +123,14 @@ __all__ = [
     "BlockRV",
     "Builder",
     "BuilderFactory",
+    "BundleRuntime",
+    "Candidate",
     "Compiler",
     "CostModel",
     "CostModelFactory",
+    "DeviceCode",
     "ExprRV",
+    "FeatureExtractor",
     "GraphRewrite",
     "InstructionKind",
     "InvalidDecisionError",
@@ -123,9 +143,14 @@ __all__ = [
     "Runner",
     "RunnerFactory",
     "Schedule",
+    "SearchStart",
+    "SearchStrategy",
     "SpaceContext",
     "SpaceModule",
+    "StrategyKind",
     "TargetSpec",
+    "TaskProgress",
+    "TaskScheduler",
     "TraceFormatError",
     "UnsupportedTargetError",
     "Validator",
@@ -135,6 +160,7 @@ __all__ = [
     "child_stmts",
     "contiguous_along",
     "find_realize",
+    "get_registry",
     "hookimpl",
     "identity",
     "indexing_dims",

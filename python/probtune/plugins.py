@@ -15,12 +15,31 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from probtune import hookspecs
 from probtune.errors import PluginError
+
+if TYPE_CHECKING:
+    from probtune.catalog import WorkloadSpec
+    from probtune.interfaces import (
+        BuilderFactory,
+        BundleRuntime,
+        CostModelFactory,
+        FeatureExtractor,
+        GraphRewrite,
+        Mutator,
+        OnnxConverter,
+        RunnerFactory,
+        SpaceModule,
+        TargetSpec,
+        Validator,
+    )
+    from probtune.schedule import InstructionKind
+    from probtune.strategies import StrategyKind
+    from probtune.task_scheduler import TaskScheduler
 
 __all__ = [
     "PROJECT",
@@ -67,24 +86,32 @@ _HOOKS: dict[str, tuple[str, bool]] = {
     "probtune_register_cost_models": ("cost_models", True),
     "probtune_register_builders": ("builders", True),
     "probtune_register_runners": ("runners", True),
+    "probtune_register_bundle_runtimes": ("bundle_runtimes", False),
+    "probtune_register_feature_extractors": ("feature_extractors", False),
+    "probtune_register_task_schedulers": ("task_schedulers", True),
+    "probtune_register_search_strategies": ("search_strategies", False),
 }
 
 
 @dataclass
 class Registry:
-    """Everything the loaded plugins registered, by kind and name."""
+    """Everything the loaded plugins registered, by kind and name, each table typed as its hook registers it."""
 
-    workloads: dict[str, Any] = field(default_factory=dict)
-    targets: dict[str, Any] = field(default_factory=dict)
-    instructions: dict[str, Any] = field(default_factory=dict)
-    space_modules: dict[str, Any] = field(default_factory=dict)
-    mutators: dict[str, Any] = field(default_factory=dict)
-    validators: dict[str, Any] = field(default_factory=dict)
-    graph_rewrites: dict[str, Any] = field(default_factory=dict)
-    onnx_converters: dict[str, Callable[..., Any]] = field(default_factory=dict)
-    cost_models: dict[str, Callable[..., Any]] = field(default_factory=dict)
-    builders: dict[str, Callable[..., Any]] = field(default_factory=dict)
-    runners: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    workloads: dict[str, WorkloadSpec] = field(default_factory=dict)
+    targets: dict[str, TargetSpec] = field(default_factory=dict)
+    instructions: dict[str, InstructionKind] = field(default_factory=dict)
+    space_modules: dict[str, SpaceModule] = field(default_factory=dict)
+    mutators: dict[str, Mutator] = field(default_factory=dict)
+    validators: dict[str, Validator] = field(default_factory=dict)
+    graph_rewrites: dict[str, GraphRewrite] = field(default_factory=dict)
+    onnx_converters: dict[str, OnnxConverter] = field(default_factory=dict)
+    cost_models: dict[str, CostModelFactory] = field(default_factory=dict)
+    builders: dict[str, BuilderFactory] = field(default_factory=dict)
+    runners: dict[str, RunnerFactory] = field(default_factory=dict)
+    bundle_runtimes: dict[str, BundleRuntime] = field(default_factory=dict)
+    feature_extractors: dict[str, FeatureExtractor] = field(default_factory=dict)
+    task_schedulers: dict[str, Callable[[], TaskScheduler]] = field(default_factory=dict)
+    search_strategies: dict[str, StrategyKind] = field(default_factory=dict)
     plugins: dict[str, PluginInfo] = field(default_factory=dict)
 
 
@@ -156,9 +183,11 @@ def _entry_point_plugins(pm: pluggy.PluginManager) -> dict[str, PluginInfo]:
 def load_registry(extra_plugins: list[ModuleType | object] | None = None) -> Registry:
     """Load the kernel's own plugin, every wanted entry point and ``extra_plugins``; collect registrations."""
     from probtune import builtin
+    from probtune.measure.run_bundle import TVM_RUNTIME
     from probtune.schedule import SAMPLING_KINDS
 
-    reserved = {"instructions": frozenset(SAMPLING_KINDS)}  # the sampling instructions are the kernel's, not registered
+    # The sampling instructions and the TVM bundle runtime are the kernel's, not registered.
+    reserved = {"instructions": frozenset(SAMPLING_KINDS), "bundle_runtimes": frozenset({TVM_RUNTIME})}
 
     pm = pluggy.PluginManager(PROJECT)
     pm.add_hookspecs(hookspecs)

@@ -465,7 +465,7 @@ class Schedule:
         self.apply("unroll", [loop])
 
     def bind(self, loop: LoopRV, thread_axis: str) -> None:
-        """Bind ``loop`` to a GPU thread axis ("blockIdx.x", "vthread.x", "threadIdx.y", ...)."""
+        """Bind ``loop`` to a GPU thread axis, named by its tag ("blockIdx.x", "vthread.x", ...)."""
         self.apply("bind", [loop], {"thread_axis": thread_axis})
 
     def compute_at(self, block: BlockRV, loop: LoopRV, *, preserve_unit_loops: bool = True) -> None:

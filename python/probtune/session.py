@@ -8,7 +8,6 @@ many, under a task scheduler.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -24,9 +23,11 @@ from probtune.database import Database, Record
 from probtune.errors import NOT_REPLAYABLE, TuningConfigError, warn_caller
 from probtune.interfaces import CostModel, Mutator, SpaceModule, TargetSpec
 from probtune.measure import prepare_reference
+from probtune.measure_key import MeasureKey
 from probtune.plugins import get_registry
-from probtune.search import INIT_MEASURED, EvolutionarySearch, RandomSearch, SearchStrategy
+from probtune.search import INIT_MEASURED, SearchStrategy
 from probtune.space import Candidate, DesignSpace, generate_space
+from probtune.strategies import EVOLUTIONARY, SearchStart, StrategyKind
 from probtune.workload import Workload
 
 __all__ = ["Replayed", "TaskSession", "best_replayable", "replayable"]
@@ -36,10 +37,14 @@ BEST_CANDIDATES = 8  # the best records tried, fastest first, for one whose trac
 
 @dataclass
 class TaskSession:
-    """One task under search: what it proposes next, what it has measured, and its best latency so far."""
+    """One task under search: what it proposes next, what it has measured, and its best latency so far.
+
+    What the database holds of it is read under ``key``: where ``target`` is measured, and how.
+    """
 
     workload: Workload
     target: TargetSpec
+    key: MeasureKey
     workload_id: int
     space: DesignSpace
     search: SearchStrategy
@@ -55,6 +60,7 @@ class TaskSession:
         cls,
         workload: Workload,
         target: TargetSpec,
+        key: MeasureKey,
         db: Database,
         model: CostModel | None,
         *,
@@ -62,27 +68,29 @@ class TaskSession:
         seed: int = 0,
         modules: Sequence[str | SpaceModule] | None = None,
         search_options: dict[str, Any] | None = None,
+        strategy: StrategyKind = EVOLUTIONARY,
     ) -> TaskSession:
         """A session for ``workload``, primed with what ``db`` holds of it (measured programs are not offered again).
 
-        ``model`` None searches at random; otherwise the evolutionary search
-        is guided by it (one model may serve many sessions: it groups its
-        samples by workload). Candidates are timed with the layout copies of
+        Its search is ``strategy``'s; one that ``uses_cost_model`` is guided by
+        ``model`` (one model may serve many sessions: it groups its samples by
+        workload). Candidates are timed with the layout copies of
         the parameters the workload marks constant (``layout_free_params``)
         made beforehand (:class:`MeasuredForm`).
         """
         space = generate_space(workload, target, modules=modules, seed=seed)
         workload_id = db.commit_workload(workload.key, workload.mod)
         rng = Rng(seed).fork()
-        search = _make_search(model, search_options or {}, db, workload_id, workload, target, space, rng)
+        start = _search_start(strategy, model, search_options or {}, db, workload_id, workload, target, key, space, rng)
+        search = strategy.start(start)
         try:
             reference = prepare_reference(workload, workdir, seed=seed)
         except BaseException:
             search.close()
             raise
-        best = db.best(workload_id, target.name)
+        best = db.best(workload_id, key.text)
         form = MeasuredForm(reference, frozenset(layout_free_params(workload.mod["main"])))
-        return cls(workload, target, workload_id, space, search, form, best[0].mean_latency if best else None)
+        return cls(workload, target, key, workload_id, space, search, form, best[0].mean_latency if best else None)
 
     @property
     def name(self) -> str:
@@ -111,37 +119,40 @@ class TaskSession:
 
     def best(self, db: Database) -> Replayed | None:
         """The fastest correct record of this task whose trace replays, with its program; or None."""
-        return best_replayable(db, self.workload_id, self.target, self.space)
+        return best_replayable(db, self.workload_id, self.key, self.space)
 
     def close(self) -> None:
         self.search.close()
 
 
-def _make_search(
+def _search_start(
+    strategy: StrategyKind,
     model: CostModel | None,
     options: dict[str, Any],
     db: Database,
     workload_id: int,
     work: Workload,
     spec: TargetSpec,
+    key: MeasureKey,
     space: DesignSpace,
     rng: Rng,
-) -> SearchStrategy:
-    """The search, primed with what the database holds: what was measured (the cost model's state is the caller's)."""
-    decisions = db.seen_decision_hashes(workload_id, spec.name)
-    programs = db.seen_program_hashes(workload_id, spec.name)
-    if model is None:
-        return RandomSearch(space, rng, seen_decisions=decisions, seen_programs=programs)
-    best = db.best(workload_id, spec.name, k=options.get("init_measured", INIT_MEASURED))
-    measured = [
-        (replayed.trace, replayed.record.mean_latency)
-        for replayed in replayable(best, space, db.path)
-        if replayed.record.mean_latency is not None
-    ]
-    options = {"realize_workers": _spare_cores(), **options}
-    return EvolutionarySearch(
-        space, rng, model, target_mutators(spec), group=work.key, weights=spec.mutators, measured=measured,
-        seen_decisions=decisions, seen_programs=programs, **options,
+) -> SearchStart:
+    """What the search starts from, read from the database under ``key`` (the cost model's state is the caller's).
+
+    The fastest measured traces are replayed only for a strategy a cost model guides.
+    """
+    measured: list[tuple[Trace, float]] = []
+    if strategy.uses_cost_model:
+        best = db.best(workload_id, key.text, k=options.get("init_measured", INIT_MEASURED))
+        measured = [
+            (replayed.trace, replayed.record.mean_latency)
+            for replayed in replayable(best, space, db.path)
+            if replayed.record.mean_latency is not None
+        ]
+    return SearchStart(
+        space, rng, work.key, db.seen_decision_hashes(workload_id, key.text), db.seen_program_hashes(workload_id, key.text),
+        cost_model=model if strategy.uses_cost_model else None, measured=measured, mutators=target_mutators(spec),
+        mutator_weights=spec.mutators, options=options,
     )
 
 
@@ -154,12 +165,6 @@ def target_mutators(spec: TargetSpec) -> list[Mutator]:
             f"target {spec.name!r} names unknown mutator(s) {', '.join(unknown)}; registered: {', '.join(sorted(registered))}"
         )
     return [registered[name] for name in spec.mutators] if spec.mutators else list(registered.values())
-
-
-def _spare_cores() -> int:
-    """Helpers that realize candidates beside the tuning process: one per other core, at most three (each holds TVM)."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(0, min(usable - 1, 3))
 
 
 @dataclass(frozen=True)
@@ -200,7 +205,7 @@ def replayable(records: list[Record], space: DesignSpace, db_path: Path, limit: 
     return kept
 
 
-def best_replayable(db: Database, workload_id: int, spec: TargetSpec, space: DesignSpace) -> Replayed | None:
-    """The fastest correct record whose trace replays into a valid program (among the best few), with it; or None."""
-    found = replayable(db.best(workload_id, spec.name, k=BEST_CANDIDATES), space, db.path, limit=1)
+def best_replayable(db: Database, workload_id: int, key: MeasureKey, space: DesignSpace) -> Replayed | None:
+    """The fastest correct record under ``key`` whose trace replays into a valid program (among the best few), with it; or None."""
+    found = replayable(db.best(workload_id, key.text, k=BEST_CANDIDATES), space, db.path, limit=1)
     return found[0] if found else None

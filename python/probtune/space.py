@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TypeVar
 
 import tvm
 import tvm_ffi
@@ -66,8 +67,12 @@ class Candidate:
         return tvm.ir.load_json(self.program) if isinstance(self.program, str) else self.program
 
 
-def _pick(kind: str, table: dict[str, object], wanted: Sequence[str | object]) -> list:
-    chosen = []
+T = TypeVar("T")
+
+
+def _pick(kind: str, table: Mapping[str, T], wanted: Sequence[str | T]) -> list[T]:
+    """The registered items ``wanted`` names (objects given are taken as they are); an unknown name is an error."""
+    chosen: list[T] = []
     for item in wanted:
         if not isinstance(item, str):
             chosen.append(item)

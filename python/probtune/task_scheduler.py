@@ -5,7 +5,8 @@ task first gets one round, so that none is left untuned; then the gradient
 scheduler (MetaSchedule's and Ansor's) gives the next round to the task with
 the largest expected gain, weight x (alpha x its recent improvement per trial
 + (1 - alpha) x best latency / trials spent), and round-robin takes turns. A
-task whose search is exhausted stops drawing budget.
+task whose search is exhausted stops drawing budget. Schedulers are
+registered by name (``probtune_register_task_schedulers``), built-ins too.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from probtune.errors import TuningConfigError
+from probtune.plugins import get_registry
+
 __all__ = [
-    "SCHEDULERS",
+    "BUILTIN_SCHEDULERS",
     "GradientScheduler",
     "RoundRobinScheduler",
     "TaskProgress",
@@ -110,18 +114,18 @@ class GradientScheduler:
         return task.weight * (self.alpha * recent + (1 - self.alpha) * optimistic)
 
 
-SCHEDULERS: dict[str, Callable[[], TaskScheduler]] = {
-    GradientScheduler.name: GradientScheduler,
-    RoundRobinScheduler.name: RoundRobinScheduler,
-}
+BUILTIN_SCHEDULERS: tuple[type[GradientScheduler] | type[RoundRobinScheduler], ...] = (GradientScheduler, RoundRobinScheduler)
+"""The kernel's schedulers, registered by its own plugin (``probtune_register_task_schedulers``)."""
 
 
 def make_scheduler(name: str | TaskScheduler) -> TaskScheduler:
+    """A new scheduler of the registered ``name`` (a scheduler object is used as it is)."""
     if not isinstance(name, str):
         return name
-    if name not in SCHEDULERS:
-        raise ValueError(f"unknown task scheduler {name!r}; choose one of {', '.join(SCHEDULERS)}")
-    return SCHEDULERS[name]()
+    registered = get_registry().task_schedulers
+    if name not in registered:
+        raise TuningConfigError(f"unknown task scheduler {name!r}; choose one of {', '.join(registered)}")
+    return registered[name]()
 
 
 RoundFn = Callable[[int, int], tuple[int, "float | None"]]

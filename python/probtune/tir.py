@@ -154,7 +154,7 @@ def loop_kinds(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loops: list[
 
 
 def thread_tag(loop: tirx.For) -> str:
-    """The GPU axis a loop is bound to ("blockIdx.x", "threadIdx.y", ...), or "" for an unbound loop."""
+    """The GPU thread axis a loop is bound to, by its tag ("blockIdx.x", "vthread.y", ...), or "" for an unbound loop."""
     binding = loop.thread_binding
     return "" if binding is None else str(binding.thread_tag)
 

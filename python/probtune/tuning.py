@@ -1,9 +1,7 @@
-"""Tuning one operator: one task's search session over the shared measurement pipeline."""
+"""Tuning one operator: the one tuning loop (:mod:`probtune.driver`) with one task."""
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -18,20 +16,22 @@ from probtune.catalog import resolve_workload
 from probtune.codegen import compile_for
 from probtune.database import Database, Record
 from probtune.defaults import BATCH_SIZE, BUILD_TIMEOUT, CONFIRM, OPERATOR_TRIALS, RUN_TIMEOUT
+from probtune.driver import drive
 from probtune.errors import TuningConfigError
 from probtune.interfaces import Builder, CostModel, Runner, SpaceModule, TargetSpec
 from probtune.measure.runner import local_device_name
+from probtune.measure_key import MeasureKey
 from probtune.pipeline import Progress, TrialOutcome, open_pipeline, resolve_cost_model
 from probtune.plugins import get_registry
-from probtune.session import TaskSession, best_replayable
+from probtune.session import best_replayable
 from probtune.space import DesignSpace, generate_space
+from probtune.strategies import strategy_kind
 from probtune.targets import resolve_target
+from probtune.task import Task
+from probtune.task_scheduler import RoundRobinScheduler
 from probtune.workload import Workload
 
 __all__ = ["TrialOutcome", "TuneResult", "compile_best", "tune"]
-
-
-STRATEGIES = ("evolutionary", "random")
 
 
 @dataclass
@@ -130,36 +130,26 @@ def tune(
     check_tuning_options(trials, batch_size, confirm, strategy)
     spec = resolve_target(target)
     work = resolve_workload(workload, shape, dtype, get_registry().workloads)
-    model = resolve_cost_model(cost_model, seed) if strategy == "evolutionary" else None
+    kind = strategy_kind(strategy)
+    model = resolve_cost_model(cost_model, seed) if kind.uses_cost_model else None
     started = time.perf_counter()
-    with contextlib.ExitStack() as stack:
-        pipeline = stack.enter_context(
-            open_pipeline(spec, database, model, trials=trials, build_timeout=build_timeout, run_timeout=run_timeout,
-                          progress=progress, builder=builder, runner=runner)
-        )
-        options = {"realize_helpers": pipeline.realize_helpers, **(search_options or {})}
-        session = TaskSession.open(
-            work, pipeline.target, pipeline.db, model, workdir=pipeline.workdir, seed=seed, modules=modules,
-            search_options=options,
-        )
-        stack.callback(session.close)
-        while session.measured < trials and pipeline.round(session, min(batch_size, trials - session.measured)):
-            pass
-        if session.measured and confirm:
-            pipeline.confirm(session, confirm)
-        best = session.best(pipeline.db)
-        database_path = pipeline.db.path
+    with open_pipeline(spec, database, model, trials=trials, build_timeout=build_timeout, run_timeout=run_timeout,
+                       progress=progress, builder=builder, runner=runner) as pipeline:
+        driven = drive(pipeline, [Task(work)], trials, RoundRobinScheduler(), strategy=kind, cost_model=model,
+                       batch_size=batch_size, confirm=confirm, seed=seed, modules=modules, search_options=search_options)
+    (outcome,) = driven.outcomes
+    assert outcome.space is not None  # a run of one or more trials gives its task a round
     return TuneResult(
         workload=work,
         target=spec,
-        measured_on=pipeline.target.name,
-        database=database_path,
-        space=session.space,
-        best=best.record if best else None,
-        measured=session.measured,
-        statuses=session.statuses,
+        measured_on=pipeline.key.text,
+        database=pipeline.db.path,
+        space=outcome.space,
+        best=outcome.best.record if outcome.best else None,
+        measured=outcome.trials,
+        statuses=outcome.statuses,
         seconds=time.perf_counter() - started,
-        search_seconds=session.search_seconds,
+        search_seconds=outcome.search_seconds,
         measure_seconds=pipeline.measure_seconds,
     )
 
@@ -173,8 +163,7 @@ def check_tuning_options(trials: int, batch_size: int, confirm: int, strategy: s
         raise TuningConfigError(f"batch_size must be positive, got {batch_size!r}")
     if not isinstance(confirm, int) or confirm < 0:
         raise TuningConfigError(f"confirm must be a non-negative integer, got {confirm!r}")
-    if strategy not in STRATEGIES:
-        raise TuningConfigError(f"unknown search strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    strategy_kind(strategy)  # an unknown name is refused, naming the registered ones
 
 
 def compile_best(
@@ -197,17 +186,17 @@ def compile_best(
     with Database(database) as db:
         key = records_key(db, spec, device)
         row = db.find_workload(work.mod)
-        best = best_replayable(db, row.id, dataclasses.replace(spec, name=key), space) if row else None
+        best = best_replayable(db, row.id, key, space) if row else None
     if best is None:
         raise LookupError(f"{database} holds no correct record of {work.key} on {key} that replays")
     return compile_for(best.program, spec)
 
 
-def records_key(db: Database, spec: TargetSpec, device: str | None = None) -> str:
+def records_key(db: Database, spec: TargetSpec, device: str | None = None) -> MeasureKey:
     """The key of ``spec``'s records measured on ``device``; None: this machine's device, or else the only one."""
     keys = db.measurements(spec.name)
     if not keys and device is None:
-        return spec.name  # nothing recorded: the caller finds no record under the name
+        return MeasureKey(spec.name)  # nothing recorded: the caller finds no record under the name
     wanted = device if device is not None else local_device_name(spec)
     chosen = [m.key for m in keys if m.device == wanted]
     if not chosen and device is None:

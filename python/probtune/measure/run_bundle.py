@@ -2,49 +2,53 @@
 
 A bundle (``probtune bundle``) holds built candidates, their reference
 inputs and outputs, and this script with ``timing.py`` beside it: the machine
-that runs it needs Python, numpy and TVM's runtime, not probtune. A CUDA
-bundle also carries each candidate's cubin and launch table: ``--runtime
-cupy`` (the default for such a bundle where CuPy is installed) launches them
-with CuPy, without TVM, and times them with CUDA events. Each candidate is
-checked against the reference and timed as probtune's local runner would;
-its result is appended to ``results.jsonl`` as soon as it is known. A run
-that dies (a crash, a hang that was stopped, a machine that went away) goes
-on where it stopped when started again, and the candidate it died on is
-recorded as a crash. A candidate that leaves the GPU unusable (a fault that
-breaks the process's CUDA context) is recorded as a run error, and the run
-stops with exit status 3: started again, it goes on with the next.
-``probtune import-results`` reads the file back.
+that runs it needs Python, numpy and TVM's runtime, not probtune. A bundle
+whose target's compiler gives device code also carries each candidate's code
+and launch table, and the bundle runtimes that launch that code (files that
+plugins register; the manifest's ``runtimes``): ``--runtime NAME`` (by
+default the first of them that this machine can use) launches the code
+without TVM. Each candidate is checked against the reference and timed as
+probtune's local runner would; its result is appended to ``results.jsonl``
+as soon as it is known. A run that dies (a crash, a hang that was stopped, a
+machine that went away) goes on where it stopped when started again, and the
+candidate it died on is recorded as a crash. A candidate that leaves the
+device unusable (a fault that breaks the process's context on it) is
+recorded as a run error, and the run stops with exit status 3: started
+again, it goes on with the next. ``probtune import-results`` reads the file
+back.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 if __package__:  # imported from probtune
-    from probtune.measure import timing
-else:  # run as a bundle's script: timing.py lies beside it
+    from probtune.measure import bundle_runtimes, timing
+else:  # run as a bundle's script: timing.py and bundle_runtimes.py lie beside it
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bundle_runtimes  # type: ignore[import-not-found,no-redef]
     import timing  # type: ignore[import-not-found,no-redef]
 
-__all__ = ["BROKEN", "DIED", "FORMAT", "MANIFEST", "RESULTS", "SeededInputsError", "main", "read_reference_of", "read_results"]
+__all__ = [
+    "BROKEN", "DIED", "FORMAT", "MANIFEST", "RESULTS", "TVM_RUNTIME", "SeededInputsError", "main", "read_reference_of",
+    "read_results",
+]
 
 FORMAT = 1  # of manifest.json and results.jsonl
 MANIFEST = "manifest.json"
 RESULTS = "results.jsonl"
-_DEFAULT_SHARED_LIMIT = 48 * 1024  # launch-time shared memory a CUDA kernel gets without opting in
-GRAPH_MS = 1.0  # the GPU time of the calls one CUDA graph replays, about
-GRAPH_CALLS = 100  # calls one graph replays at most
-BROKEN = 3  # the exit status of a run stopped because a candidate left the device unusable (a CUDA fault)
+TVM_RUNTIME = "tvm"  # the runtime every bundle has: TVM's, loading each candidate's library
+BROKEN = 3  # the exit status of a run stopped because a candidate left the device unusable (a fault)
 DIED = "the bundle's runner died while measuring it (a crash, a hang that was stopped, or the machine went away)"
 
 
@@ -52,9 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="run_bundle.py", description="Measure a probtune bundle's candidates here.")
     parser.add_argument("bundle", nargs="?", default=str(Path(__file__).resolve().parent),
                         help="the bundle's folder (default: this script's)")
-    parser.add_argument("--runtime", choices=["tvm", "cupy"], default=None,
-                        help="TVM's runtime loads each candidate's library; CuPy launches its cubin (a CUDA bundle). "
-                             "Default: CuPy for a CUDA bundle where it is installed, else TVM")
+    parser.add_argument("--runtime", default=None,
+                        help=f"{TVM_RUNTIME}: TVM's runtime loads each candidate's library; or a runtime the bundle "
+                             "carries (its manifest's 'runtimes') launches each candidate's device code. Default: the "
+                             f"first carried runtime this machine can use, else {TVM_RUNTIME}")
     args = parser.parse_args(argv)
     bundle = Path(args.bundle)
     manifest = json.loads((bundle / MANIFEST).read_text())
@@ -63,18 +68,33 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if manifest.get("num_threads"):
         os.environ.setdefault("TVM_NUM_THREADS", str(manifest["num_threads"]))  # read when TVM's pool starts
-    cubins = all("kernels" in candidate for candidate in manifest["candidates"])
-    runtime = args.runtime or ("cupy" if cubins and importlib.util.find_spec("cupy") else "tvm")
-    if runtime == "cupy" and not cubins:
-        print("error: CuPy measures only a CUDA bundle (cubins and launch tables); this one has none", file=sys.stderr)
+    runtime = _runtime(bundle, manifest, args.runtime)
+    if isinstance(runtime, str):
+        print(f"error: {runtime}", file=sys.stderr)
         return 2
     try:
         arrays = read_reference_of(bundle, manifest["reference"])
     except SeededInputsError as exc:
         print(f"error: {bundle}: {exc}", file=sys.stderr)
         return 2
-    measure = _tvm_measure(manifest["device_type"]) if runtime == "tvm" else _cupy_measure()
+    measure = _tvm_measure(manifest["device_type"]) if runtime is None else _runtime_measure(runtime)
     return _measure_all(bundle, manifest, measure, arrays)
+
+
+def _runtime(bundle: Path, manifest: dict[str, Any], asked: str | None) -> ModuleType | str | None:
+    """The carried runtime to measure with (None: TVM's), or why the one asked for cannot be had."""
+    carried: dict[str, str] = manifest.get("runtimes", {})
+    coded = bool(carried) and all("kernels" in candidate for candidate in manifest["candidates"])
+    if asked == TVM_RUNTIME or (asked is None and not coded):
+        return None
+    if asked is None:
+        found = bundle_runtimes.first_available(bundle, carried)
+        return found[1] if found else None
+    if asked not in carried or not coded:
+        return (f"this bundle carries no device code for runtime {asked!r} (it carries "
+                f"{', '.join(sorted(carried)) or 'none'}); --runtime {TVM_RUNTIME} measures it")
+    module: ModuleType = bundle_runtimes.load_runtime(bundle, carried, asked)
+    return module
 
 
 def _measure_all(bundle: Path, manifest: dict[str, Any], measure: _Measure, arrays: Any) -> int:
@@ -213,106 +233,9 @@ def _tvm_measure(device_type: int) -> _Measure:
     return _Measure(name, run)
 
 
-def _cupy_measure() -> _Measure:
-    """Each candidate's cubin loaded by CuPy, its kernels launched as its table says, timed with CUDA events."""
-    import cupy
-
-    def run(task: timing.RunTask, candidate: dict[str, Any], bundle: Path, inputs: Any, expected: Any) -> timing.RunReply:
-        call, outputs = _cupy_program(cupy, bundle, candidate["kernels"], inputs, expected)
-        call()
-        cupy.cuda.Device().synchronize()
-        mismatch = timing.first_mismatch([cupy.asnumpy(out) for out in outputs], expected, task.rtol, task.atol)
-        if mismatch is not None:
-            return timing.RunReply("wrong_result", (), mismatch)
-        for _ in range(task.warmup):
-            call()
-        return timing.RunReply("ok", _cupy_timings(cupy, call, task), None)
-
-    def healthy() -> bool:
-        """False once a fault (an illegal address, say) has broken this process's CUDA context for good."""
-        try:
-            cupy.cuda.runtime.deviceSynchronize()
-            cupy.zeros(1).sum()
-        except Exception:  # noqa: BLE001 - any error here means the context is gone
-            return False
-        return True
-
-    return _Measure(str(cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()), run, healthy)
-
-
-def _cupy_program(cupy: Any, bundle: Path, table: dict[str, Any], inputs: Any, expected: Any) -> tuple[Any, list[Any]]:
-    """A function that runs the program's launches in order, and its output arrays."""
-    module = cupy.RawModule(path=str(bundle / table["cubin"]))
-    params = [cupy.asarray(array) for array in inputs] + [cupy.zeros(array.shape, array.dtype) for array in expected]
-    scratch = {b["name"]: cupy.zeros(b["elements"], dtype=b["dtype"]) for b in table["scratch"]}
-
-    def argument(arg: dict[str, Any]) -> Any:
-        if "param" in arg:
-            return params[arg["param"]]
-        return scratch[arg["scratch"]] if "scratch" in arg else np.dtype(arg["dtype"]).type(arg["scalar"])
-
-    launches = [(_kernel(module, launch["kernel"], launch["shared"]), tuple(launch["grid"]), tuple(launch["block"]),
-                 tuple(argument(arg) for arg in launch["args"]), launch["shared"]) for launch in table["launches"]]
-
-    def call() -> None:
-        for kernel, grid, block, args, shared in launches:
-            kernel(grid, block, args, shared_mem=shared)
-
-    return call, params[len(inputs):]
-
-
-def _kernel(module: Any, name: str, shared: int) -> Any:
-    """A kernel of the module, allowed the launch-time shared memory it asks for (beyond 48 KB a kernel must opt in)."""
-    kernel = module.get_function(name)
-    if shared > _DEFAULT_SHARED_LIMIT:
-        kernel.max_dynamic_shared_size_bytes = shared
-    return kernel
-
-
-def _cupy_timings(cupy: Any, call: Any, task: timing.RunTask) -> tuple[float, ...]:
-    """Seconds per call, one figure per repeat; a repeat makes as many calls as last ``min_repeat_ms``.
-
-    The calls are captured in a CUDA graph and replayed, as many per graph as
-    last about ``GRAPH_MS``: launched one by one from Python, a kernel of a few
-    microseconds would be timed at the speed of the launches. Where a graph
-    cannot be made, the calls are launched one by one.
-    """
-    cupy.cuda.Device().synchronize()  # the check and warmup calls, on the default stream, are over
-    stream = cupy.cuda.Stream(non_blocking=True)
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-
-    def elapsed(unit: Any, number: int) -> float:
-        start.record(stream)
-        for _ in range(number):
-            unit()
-        end.record(stream)
-        end.synchronize()
-        return float(cupy.cuda.get_elapsed_time(start, end)) / 1e3
-
-    with stream:
-        first = elapsed(call, 1)
-        calls = max(1, min(GRAPH_CALLS, int(GRAPH_MS / 1e3 / first))) if first > 0 else 1
-        unit = _graph(stream, call, calls)
-        if unit is None:
-            unit, calls = call, 1
-        per_unit = elapsed(unit, 1)
-        number = max(1, int(task.min_repeat_ms / 1e3 / per_unit)) if per_unit > 0 else 1
-        return tuple(elapsed(unit, number) / number / calls for _ in range(task.repeat))
-
-
-def _graph(stream: Any, call: Any, calls: int) -> Any:
-    """A function that replays ``calls`` calls captured in a CUDA graph on ``stream``; None where capture fails."""
-    try:
-        stream.begin_capture()
-        try:
-            for _ in range(calls):
-                call()
-        finally:
-            graph = stream.end_capture()
-    except Exception as error:  # noqa: BLE001 - timed launch by launch instead
-        print(f"no CUDA graph ({timing.describe_error(error)}): launches timed one by one", file=sys.stderr)
-        return None
-    return lambda: graph.launch(stream)
+def _runtime_measure(runtime: ModuleType) -> _Measure:
+    """Each candidate's device code launched by a runtime the bundle carries, checked and timed there."""
+    return _Measure(runtime.device_name(), runtime.measure(timing), runtime.healthy)
 
 
 def _host() -> str:

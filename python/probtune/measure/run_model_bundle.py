@@ -1,12 +1,15 @@
-"""Run, check and time a compiled model from its bundle on a GPU, without TVM: ``python run_model_bundle.py [BUNDLE]``.
+"""Run, check and time a compiled model from its bundle, without TVM: ``python run_model_bundle.py [BUNDLE]``.
 
 A model bundle (:mod:`probtune.model.bundle`) holds the model's plan (its
 buffers, the tensors laid out in them, its kernel launches in order), one
-cubin per function, its constants (carried, or as seeds that this script makes
-again and checks against their digests) and reference inputs and outputs.
-This script needs numpy and CuPy. It runs the model once and checks its
-outputs against the reference; then it times whole calls replayed from a CUDA
-graph, and each function's calls alone, and writes ``results.json``.
+file of device code per function, its constants (carried, or as seeds that
+this script makes again and checks against their digests), reference inputs
+and outputs, and the bundle runtimes that launch its code (files that
+plugins register; the manifest's ``runtimes``). This script needs numpy and
+what the runtime launches with. The runtime (``--runtime NAME``; by default
+the first this machine can use) runs the model once, and the outputs are
+checked against the reference; then it times whole calls, and each
+function's calls alone, and this script writes ``results.json``.
 """
 
 from __future__ import annotations
@@ -16,17 +19,24 @@ import hashlib
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+if __package__:  # imported from probtune
+    from probtune.measure import bundle_runtimes
+else:  # run as a bundle's script: bundle_runtimes.py lies beside it
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bundle_runtimes  # type: ignore[import-not-found,no-redef]
 
 __all__ = ["FORMAT", "MANIFEST", "RESULTS", "digest", "main", "seeded_array"]
 
 FORMAT = 1  # of manifest.json and results.json
 MANIFEST = "manifest.json"
 RESULTS = "results.json"
-_DEFAULT_SHARED_LIMIT = 48 * 1024  # launch-time shared memory a CUDA kernel gets without opting in
 _MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -55,6 +65,8 @@ def digest(array: np.ndarray) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="run_model_bundle.py", description="Check and time a probtune model bundle here.")
     parser.add_argument("bundle", nargs="?", default=str(Path(__file__).resolve().parent))
+    parser.add_argument("--runtime", default=None, help="a runtime the bundle carries (its manifest's 'runtimes'; "
+                                                        "default: the first this machine can use)")
     parser.add_argument("--repeat", type=int, default=10, help="timed repeats of whole calls (default 10)")
     parser.add_argument("--min-repeat-ms", type=float, default=50.0, help="least duration of one repeat (default 50)")
     parser.add_argument("--no-profile", action="store_true", help="do not time each function's calls alone")
@@ -64,32 +76,45 @@ def main(argv: list[str] | None = None) -> int:
     if manifest.get("format") != FORMAT:
         print(f"error: {bundle / MANIFEST} is format {manifest.get('format')}; this script reads {FORMAT}", file=sys.stderr)
         return 2
-    import cupy
-
-    result = _run(cupy, bundle, manifest, args.repeat, args.min_repeat_ms, not args.no_profile)
+    runtime = _runtime(bundle, manifest.get("runtimes", {}), args.runtime)
+    if isinstance(runtime, str):
+        print(f"error: {runtime}", file=sys.stderr)
+        return 2
+    result = _run(runtime, bundle, manifest, args.repeat, args.min_repeat_ms, not args.no_profile)
     (bundle / RESULTS).write_text(json.dumps(result, indent=1))
     print(_summary(manifest, result), flush=True)
     return 0 if result["status"] == "ok" else 1
 
 
-def _run(cupy: Any, bundle: Path, manifest: dict[str, Any], repeat: int, min_repeat_ms: float, profile: bool) -> dict[str, Any]:
-    result: dict[str, Any] = {"format": FORMAT, "model": manifest["model"],
-                              "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()}
+def _runtime(bundle: Path, carried: dict[str, str], asked: str | None) -> ModuleType | str:
+    """The carried runtime to run the model with, or why there is none."""
+    if asked is not None:
+        if asked not in carried:
+            return f"this bundle carries no runtime {asked!r} (it carries {', '.join(sorted(carried)) or 'none'})"
+        module: ModuleType = bundle_runtimes.load_runtime(bundle, carried, asked)
+        return module
+    found = bundle_runtimes.first_available(bundle, carried)
+    return found[1] if found else f"none of the runtimes this bundle carries can run here ({', '.join(sorted(carried)) or 'none'})"
+
+
+def _run(runtime: ModuleType, bundle: Path, manifest: dict[str, Any], repeat: int, min_repeat_ms: float,
+         profile: bool) -> dict[str, Any]:
+    result: dict[str, Any] = {"format": FORMAT, "model": manifest["model"], "device": runtime.device_name()}
     try:
-        model = _Model(cupy, bundle, manifest)
+        model = runtime.load_model(bundle, manifest, _constants(bundle, manifest))
     except _BundleError as exc:
         return {**result, "status": "bad_bundle", "error": str(exc)}
     reference = np.load(bundle / manifest["reference"])
     try:
         outputs = model.run([reference[f"input_{i}"] for i in range(len(manifest["plan"]["inputs"]))])
-    except Exception as exc:  # noqa: BLE001 - a launch CUDA refused, or a fault: recorded, not a traceback
+    except Exception as exc:  # noqa: BLE001 - a launch the device refused, or a fault: recorded, not a traceback
         return {**result, "status": "run_error", "error": f"{type(exc).__name__}: {exc}"}
     tolerance = manifest["tolerance"]
     errors = [_error(got, reference[f"output_{i}"], tolerance["rtol"]) for i, got in enumerate(outputs)]
     result["check"] = {"errors": errors, **tolerance}
     if any(error["excess"] > tolerance["atol_scale"] for error in errors):
         return {**result, "status": "wrong_result"}
-    result["launches"] = len(model.launches)
+    result["launches"] = model.launches
     result["latency_s"] = model.time(repeat, min_repeat_ms)
     if profile:
         result["functions"] = model.profile(min_repeat_ms / 10)
@@ -100,67 +125,7 @@ class _BundleError(ValueError):
     """A bundle whose constants do not match their digests, or whose files are missing."""
 
 
-class _Model:
-    """The model's memory on the GPU and its launches, ready to run."""
-
-    def __init__(self, cupy: Any, bundle: Path, manifest: dict[str, Any]) -> None:
-        self.cupy = cupy
-        plan = manifest["plan"]
-        self.storages = {name: cupy.zeros(size, dtype=np.uint8) for name, size in plan["storages"].items()}
-        self.tensors = {name: self._view(t) for name, t in plan["tensors"].items()}
-        for name, array in _constants(bundle, manifest):
-            self.tensors[name][...] = cupy.asarray(array)
-        self.inputs = [self.tensors[name] for name in plan["inputs"]]
-        self.outputs = [self.tensors[name] for name in plan["outputs"]]
-        modules = {name: cupy.RawModule(path=str(bundle / function["cubin"])) for name, function in manifest["functions"].items()}
-        self.launches: list[tuple[str, Any, tuple[int, ...], tuple[int, ...], tuple[Any, ...], int]] = []
-        for call in plan["calls"]:
-            function = manifest["functions"][call["function"]]
-            scratch = {b["name"]: cupy.zeros(b["elements"], dtype=b["dtype"]) for b in function["scratch"]}
-            for launch in function["launches"]:
-                kernel = _kernel(modules[call["function"]], launch["kernel"], launch["shared"])
-                launch_args = tuple(self._argument(arg, call["args"], scratch) for arg in launch["args"])
-                self.launches.append((call["function"], kernel, tuple(launch["grid"]), tuple(launch["block"]),
-                                      launch_args, launch["shared"]))
-
-    def _view(self, tensor: dict[str, Any]) -> Any:
-        size = int(np.prod(tensor["shape"], dtype=np.int64)) * np.dtype(tensor["dtype"]).itemsize
-        raw = self.storages[tensor["storage"]][tensor["offset"] : tensor["offset"] + size]
-        return raw.view(tensor["dtype"]).reshape(tensor["shape"])
-
-    def _argument(self, arg: dict[str, Any], tensors: list[str], scratch: dict[str, Any]) -> Any:
-        if "param" in arg:
-            return self.tensors[tensors[arg["param"]]]
-        return scratch[arg["scratch"]] if "scratch" in arg else np.dtype(arg["dtype"]).type(arg["scalar"])
-
-    def call(self, only: str | None = None) -> None:
-        for function, kernel, grid, block, args, shared in self.launches:
-            if only is None or function == only:
-                kernel(grid, block, args, shared_mem=shared)
-
-    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        for tensor, array in zip(self.inputs, inputs):
-            tensor[...] = self.cupy.asarray(array)
-        self.call()
-        self.cupy.cuda.Device().synchronize()
-        return [self.cupy.asnumpy(out) for out in self.outputs]
-
-    def time(self, repeat: int, min_repeat_ms: float) -> list[float]:
-        """Seconds per whole call, one figure per repeat, each call replayed from one CUDA graph."""
-        return _timings(self.cupy, lambda: self.call(), repeat, min_repeat_ms)
-
-    def profile(self, min_repeat_ms: float) -> dict[str, dict[str, float]]:
-        """Each function's calls alone, replayed from a graph: seconds per model call, and its launches."""
-        names = sorted({launch[0] for launch in self.launches})
-        found = {}
-        for name in names:
-            seconds = _timings(self.cupy, lambda name=name: self.call(name), 3, min_repeat_ms)
-            found[name] = {"seconds": float(np.median(seconds)),
-                           "launches": sum(1 for launch in self.launches if launch[0] == name)}
-        return found
-
-
-def _constants(bundle: Path, manifest: dict[str, Any]) -> Any:
+def _constants(bundle: Path, manifest: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
     """Each constant by tensor name: from the carried file, or made again from its seed and checked."""
     carried = np.load(bundle / manifest["constants"]["file"])
     for name in carried.files:
@@ -170,43 +135,6 @@ def _constants(bundle: Path, manifest: dict[str, Any]) -> Any:
         if digest(array) != spec["digest"]:
             raise _BundleError(f"constant {name} made from its seed differs from the one the bundle was built with")
         yield name, array
-
-
-def _kernel(module: Any, name: str, shared: int) -> Any:
-    kernel = module.get_function(name)
-    if shared > _DEFAULT_SHARED_LIMIT:
-        kernel.max_dynamic_shared_size_bytes = shared
-    return kernel
-
-
-def _timings(cupy: Any, call: Any, repeat: int, min_repeat_ms: float) -> list[float]:
-    """Seconds per ``call``, one figure per repeat, replayed from a CUDA graph captured once on a side stream."""
-    cupy.cuda.Device().synchronize()
-    stream = cupy.cuda.Stream(non_blocking=True)
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    with stream:
-        call()  # a warm-up outside the graph
-        stream.begin_capture()
-        try:
-            call()
-        finally:
-            graph = stream.end_capture()
-        graph.launch(stream)
-        start.record(stream)
-        graph.launch(stream)
-        end.record(stream)
-        end.synchronize()
-        once = max(float(cupy.cuda.get_elapsed_time(start, end)) / 1e3, 1e-7)
-        number = max(1, int(min_repeat_ms / 1e3 / once))
-        found = []
-        for _ in range(repeat):
-            start.record(stream)
-            for _ in range(number):
-                graph.launch(stream)
-            end.record(stream)
-            end.synchronize()
-            found.append(float(cupy.cuda.get_elapsed_time(start, end)) / 1e3 / number)
-    return found
 
 
 def _error(got: np.ndarray, want: np.ndarray, rtol: float) -> dict[str, float]:

@@ -55,7 +55,7 @@ class RunTask:
     rtol: float
     atol: float
     artifact_path: str
-    device: int  # DLPack device type, as tvm.device takes it (1: the CPU, 2: CUDA, ...)
+    device: int  # DLPack device type, as tvm.device takes it (1: the CPU; others: GPUs and accelerators)
     repeat: int
     min_repeat_ms: float
     warmup: int

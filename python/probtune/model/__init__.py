@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from probtune.model.check import CheckReport, check_outputs
     from probtune.model.compile import CompiledModel
     from probtune.model.importer import InputSpec, Model, load_model
-    from probtune.model.tasks import ModelTask, extract_tasks, fuse
+    from probtune.model.tasks import extract_tasks, fuse
     from probtune.model.tuning import ModelTuneResult, TaskRow, tune_model
 
 __all__ = [
@@ -19,7 +19,6 @@ __all__ = [
     "CompiledModel",
     "InputSpec",
     "Model",
-    "ModelTask",
     "ModelTuneResult",
     "TaskRow",
     "check_outputs",
@@ -36,7 +35,6 @@ _SOURCE_OF = {
     "InputSpec": "probtune.model.importer",
     "Model": "probtune.model.importer",
     "load_model": "probtune.model.importer",
-    "ModelTask": "probtune.model.tasks",
     "extract_tasks": "probtune.model.tasks",
     "fuse": "probtune.model.tasks",
     "ModelTuneResult": "probtune.model.tuning",

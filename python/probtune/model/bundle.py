@@ -1,11 +1,12 @@
-"""Model bundles: a whole compiled model written for a GPU that only exchanges files with this machine.
+"""Model bundles: a whole compiled model written for a device that only exchanges files with this machine.
 
 :func:`write_model_bundle` lays the model out as a plan (:mod:`probtune.model.plan`),
-compiles each of its functions to a cubin with its launch table (the target's
-compiler, as for a candidate's bundle), and writes them with the model's
-constants, reference inputs and outputs and the stand-alone script
-:mod:`probtune.measure.run_model_bundle`, which runs, checks and times the
-model there with CuPy. Weights too large to carry travel as seeds: before
+compiles each of its functions to device code with its launch table (the
+target's compiler, as for a candidate's bundle), and writes them with the
+model's constants, reference inputs and outputs, the stand-alone script
+:mod:`probtune.measure.run_model_bundle` and the bundle runtimes that
+launch that code, which run, check and time the model there without TVM.
+Weights too large to carry travel as seeds: before
 anything is compiled, each floating-point constant of at least
 ``SEEDED_ELEMENTS`` elements is replaced by seeded values with its own mean
 and deviation, so the bundle checks the model with those weights, against
@@ -27,9 +28,10 @@ import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
 
+from probtune.bundle import carry_runtimes, device_code_of, write_device_code
 from probtune.errors import ModelCompileError, TuningConfigError, summary
 from probtune.interfaces import TargetSpec
-from probtune.measure import run_model_bundle
+from probtune.measure import bundle_runtimes, run_model_bundle
 from probtune.model.check import outputs_to_numpy
 from probtune.model.compile import place_programs
 from probtune.model.importer import InputSpec
@@ -78,26 +80,26 @@ def write_model_bundle(
     out = Path(output)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise TuningConfigError(f"{out} exists and is not an empty folder: a bundle is written into a new one")
-    kernels = getattr(target.compiler, "kernels", None)
-    if kernels is None:
-        raise TuningConfigError(f"target {target.name!r} compiles no launch tables: model bundles are for CUDA targets")
+    coded = device_code_of(target)
+    if coded is None:
+        raise TuningConfigError(f"target {target.name!r} compiles no device code with launch tables, which model bundles "
+                                "carry (a GPU target's compiler gives them)")
+    device_code, kind = coded
     seeded_mod, seeded = seed_constants(fused, seed, seeded_elements)
     arrays = [spec.random(np.random.default_rng(seed)) for spec in inputs]
     expected = _untuned_outputs(seeded_mod, arrays)
     try:
         mod, _, _ = place_programs(seeded_mod, programs, target, prepack=False)
         plan = plan_model(mod, target.tvm_target)
-        tables = {function: kernels(module, target.tvm_target) for function, module in plan.functions.items()}
+        codes = {function: device_code(module, target.tvm_target) for function, module in plan.functions.items()}
     except Exception as exc:  # TVM's lowering, a plan it cannot say, or a kernel the lint refuses
         raise ModelCompileError(
             f"the model cannot be written as a bundle for target {target.name!r}: {summary(exc)}. Nothing was "
             "written; the tuned records are kept"
         ) from exc
     (out / "kernels").mkdir(parents=True)
-    functions = {}
-    for function, (cubin, table) in tables.items():
-        (out / "kernels" / f"{function}.cubin").write_bytes(cubin)
-        functions[function] = {"cubin": f"kernels/{function}.cubin", **table}
+    functions = {function: write_device_code(code, kind, out, Path("kernels") / function) for function, code in codes.items()}
+    runtimes = carry_runtimes(out, kind)
     carried, by_seed = _split_constants(plan, seeded)
     reference: dict[str, Any] = {f"input_{i}": a for i, a in enumerate(arrays)}  # numpy's stub reads a key as allow_pickle
     reference.update({f"output_{i}": a for i, a in enumerate(expected)})
@@ -108,10 +110,11 @@ def write_model_bundle(
         "plan": plan.to_json(), "functions": functions, "reference": "reference.npz",
         "reference_from": "TVM's untuned CPU build of the same module, with the same constants",
         "constants": {"file": "constants.npz", "seeded": by_seed},
-        "tolerance": {"rtol": tolerance.rtol, "atol_scale": tolerance.atol_scale},
+        "tolerance": {"rtol": tolerance.rtol, "atol_scale": tolerance.atol_scale}, "runtimes": runtimes,
     }
     (out / run_model_bundle.MANIFEST).write_text(json.dumps(manifest, indent=1))
-    shutil.copyfile(run_model_bundle.__file__, out / "run_model_bundle.py")
+    for module in (run_model_bundle, bundle_runtimes):
+        shutil.copyfile(str(module.__file__), out / Path(str(module.__file__)).name)
     launches = sum(len(functions[call.function]["launches"]) for call in plan.calls)
     return ModelBundleWritten(out, len(functions), launches, sum(a.nbytes for a in carried.values()),
                               sum(int(np.prod(s["shape"])) * np.dtype(s["dtype"]).itemsize for s in by_seed.values()))

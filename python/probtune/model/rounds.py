@@ -27,14 +27,16 @@ from probtune.defaults import MODEL_ROUND_CANDIDATES
 from probtune.errors import TuningConfigError
 from probtune.interfaces import TargetSpec
 from probtune.measure import run_bundle
+from probtune.measure_key import MeasureKey
 from probtune.model.bundle import ModelBundleWritten, Tolerance, write_model_bundle
 from probtune.model.compile import default_programs
 from probtune.model.importer import Model, ShapeArg, load_model
 from probtune.model.precision import TOLERANCES, convert_precision
-from probtune.model.tasks import ModelTask, extract_tasks, fuse
+from probtune.model.tasks import extract_tasks, fuse
 from probtune.session import best_replayable
 from probtune.space import generate_space
 from probtune.targets import resolve_target
+from probtune.task import Task
 
 __all__ = ["ModelRound", "import_model_round", "model_programs", "write_model_round"]
 
@@ -54,7 +56,7 @@ class ModelRound:
 
 
 def model_programs(
-    fused: tvm.IRModule, tasks: list[ModelTask], target: TargetSpec, database: str | Path, device: str, seed: int = 0
+    fused: tvm.IRModule, tasks: list[Task], target: TargetSpec, database: str | Path, device: str, seed: int = 0
 ) -> tuple[dict[str, tvm.IRModule], int]:
     """Each fused function's program: its task's best record measured on ``device``, else a default program that
     compiles; and how many tasks have such a record."""
@@ -62,9 +64,9 @@ def model_programs(
     programs = default_programs(spaces, seed, target)
     tuned = 0
     with Database(database) as db:
-        keyed = dataclasses.replace(target, name=db.measured_on(target.name, target.tvm_target, device))
+        key = db.measured_on(MeasureKey(target.name, device), target.tvm_target)
         for task, (functions, space, _) in zip(tasks, spaces):
-            best = best_replayable(db, db.commit_workload(task.workload.key, task.workload.mod), keyed, space)
+            best = best_replayable(db, db.commit_workload(task.workload.key, task.workload.mod), key, space)
             if best is not None:
                 programs.update({function: best.program for function in functions})
                 tuned += 1

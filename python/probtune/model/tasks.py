@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
 from tvm import relax
 
-from probtune.constant_layouts import LAYOUT_FREE_ATTR, layout_free_params
+from probtune.constant_layouts import LAYOUT_FREE_ATTR
 from probtune.errors import ModelCompileError, WorkloadShapeError, summary, warn_caller
 from probtune.interfaces import GraphRewrite, TargetSpec
 from probtune.model.concatenation import split_concatenations
@@ -25,34 +24,10 @@ from probtune.model.layouts import convert_layouts
 from probtune.model.legalize import legalize
 from probtune.model.prepack import constant_arguments
 from probtune.model.rewrites import REWRITES_ATTR, apply_graph_rewrites
+from probtune.task import Task
 from probtune.workload import Workload
 
-__all__ = ["ModelTask", "extract_tasks", "fuse"]
-
-
-@dataclass(frozen=True)
-class ModelTask:
-    """One distinct fused PrimFunc of a model: its workload, call sites, and the names it has in the fused module.
-
-    The workload's PrimFunc lists the parameter positions where every call
-    passes a constant (a weight; TVM's ``layout_free_buffers``): the compiled
-    model makes their layout copies once, the task's candidates are timed so
-    (:mod:`probtune.constant_layouts`), and its design space knows such a
-    copy costs nothing per call.
-    """
-
-    workload: Workload
-    weight: int
-    functions: tuple[str, ...]
-
-    @property
-    def name(self) -> str:
-        return self.workload.name
-
-    @property
-    def constants(self) -> frozenset[int]:
-        """The parameter positions its callers pass as constants."""
-        return frozenset(layout_free_params(self.workload.mod["main"]))
+__all__ = ["extract_tasks", "fuse"]
 
 
 def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite] | None = None) -> tvm.IRModule:
@@ -77,7 +52,7 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
     return fused.with_attr(REWRITES_ATTR, counts) if counts else fused
 
 
-def extract_tasks(fused: tvm.IRModule) -> list[ModelTask]:
+def extract_tasks(fused: tvm.IRModule) -> list[Task]:
     """One task per distinct PrimFunc called from the fused module's Relax functions, heaviest first.
 
     A model with no such call (it only reshapes, say) has no task: it is compiled as it is.
@@ -101,7 +76,7 @@ def extract_tasks(fused: tvm.IRModule) -> list[ModelTask]:
         by_structure.setdefault(key, []).append(gv.name_hint)
         workloads.setdefault(key, workload)
     tasks = [
-        ModelTask(workloads[key], sum(calls[name] for name in names), tuple(sorted(names)))
+        Task(workloads[key], sum(calls[name] for name in names), tuple(sorted(names)))
         for key, names in by_structure.items()
     ]
     return sorted(tasks, key=lambda task: (-task.weight * (task.workload.flops or 0.0), task.name))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
@@ -18,13 +17,13 @@ from probtune.defaults import (
     BATCH_SIZE,
     BUILD_TIMEOUT,
     CONFIRM,
-    CONFIRM_SHARE,
     MODEL_CACHE_FLUSH,
     MODEL_TRIALS,
     RUN_TIMEOUT,
     SCHEDULER,
 )
-from probtune.errors import ModelCompileError, warn_caller
+from probtune.driver import Driven, drive
+from probtune.errors import ModelCompileError
 from probtune.interfaces import Builder, CostModel, GraphRewrite, Runner, TargetSpec
 from probtune.model.check import check_outputs
 from probtune.model.compile import CompiledModel, compile_model, default_programs
@@ -32,12 +31,13 @@ from probtune.model.importer import Model, ShapeArg, load_model
 from probtune.model.precision import TOLERANCES, convert_precision
 from probtune.model.remote import RemoteModel
 from probtune.model.rewrites import rewrite_counts
-from probtune.model.tasks import ModelTask, extract_tasks, fuse
-from probtune.pipeline import MeasurePipeline, Progress, open_pipeline, resolve_cost_model
-from probtune.session import TaskSession, best_replayable
+from probtune.model.tasks import extract_tasks, fuse
+from probtune.pipeline import Progress, open_pipeline, resolve_cost_model
 from probtune.space import generate_space
+from probtune.strategies import strategy_kind
 from probtune.targets import resolve_target
-from probtune.task_scheduler import TaskProgress, TaskScheduler, make_scheduler, spend
+from probtune.task import Task
+from probtune.task_scheduler import TaskScheduler, make_scheduler
 from probtune.tuning import check_tuning_options
 
 __all__ = ["ModelTuneResult", "TaskRow", "tune_model"]
@@ -204,35 +204,25 @@ def tune_model(
     fused = fuse(dataclasses.replace(model, mod=convert_precision(model.mod, precision)), spec, graph_rewrites)
     tasks = extract_tasks(fused)
     fallback, precompiled = _compile_before_tuning(fused, tasks, spec, seed)
-    cost = resolve_cost_model(cost_model, seed) if strategy == "evolutionary" else None
-    options = search_options or {}
+    kind = strategy_kind(strategy)
+    cost = resolve_cost_model(cost_model, seed) if kind.uses_cost_model else None
     if cache_flush is None and (runner is None or isinstance(runner, str)):
         cache_flush = MODEL_CACHE_FLUSH
     with open_pipeline(spec, database, cost, trials=trials, build_timeout=build_timeout, run_timeout=run_timeout,
                        progress=progress, cache_flush=cache_flush, builder=builder, runner=runner) as pipeline:
-        sessions = _Sessions(pipeline, tasks, cost, seed, options)
-        with contextlib.closing(sessions):
-            progress_rows = [sessions.progress(i) for i in range(len(tasks))]
-            _warn_unreached(tasks, progress_rows, trials)
-            spent = spend(trials, progress_rows, chooser, sessions.run_round, batch_size)
-            confirmed = sessions.worth_confirming() if confirm else []
-            for index, session in enumerate(confirmed):
-                log.info("timing the best %d programs of task %d of %d again: %s", confirm, index + 1,
-                         len(confirmed), session.workload.name)
-                pipeline.confirm(session, confirm)
-            rows, programs = _results(pipeline, sessions, tasks, fallback)
-        database_path = pipeline.db.path
-        search_seconds = sum(s.search_seconds for s in sessions.opened())
-        measure_seconds = pipeline.measure_seconds
+        driven = drive(pipeline, tasks, trials, chooser, strategy=kind, cost_model=cost, batch_size=batch_size,
+                       confirm=confirm, seed=seed, search_options=search_options)
+    rows, programs = _results(driven, fallback)
+    search_seconds = sum(outcome.search_seconds for outcome in driven.outcomes)
     untuned = all(programs[name] is fallback[name] for name in programs)  # the model compiled before tuning
     return ModelTuneResult(
-        model, spec, database_path, fused, rows, spent, time.perf_counter() - started,
-        search_seconds, measure_seconds, programs, precompiled if untuned else None, precision,
+        model, spec, pipeline.db.path, fused, rows, driven.spent, time.perf_counter() - started,
+        search_seconds, pipeline.measure_seconds, programs, precompiled if untuned else None, precision,
     )
 
 
 def _compile_before_tuning(
-    fused: tvm.IRModule, tasks: list[ModelTask], spec: TargetSpec, seed: int
+    fused: tvm.IRModule, tasks: list[Task], spec: TargetSpec, seed: int
 ) -> tuple[dict[str, tvm.IRModule], tuple[Any, int, int]]:
     """Each task's default program, and the model compiled with them: what cannot compile fails before any trial.
 
@@ -257,100 +247,21 @@ def _compile_before_tuning(
         ) from exc
 
 
-class _Sessions:
-    """The tasks' search sessions, each opened when its task first gets a round."""
-
-    def __init__(
-        self, pipeline: MeasurePipeline, tasks: list[ModelTask], model: CostModel | None, seed: int,
-        options: dict[str, Any],
-    ) -> None:
-        self.pipeline = pipeline
-        self.tasks = tasks
-        self.model = model
-        self.seed = seed
-        self.options = {"realize_helpers": pipeline.realize_helpers, **options}
-        self.workload_ids = [pipeline.db.commit_workload(task.workload.key, task.workload.mod) for task in tasks]
-        self._open: dict[int, TaskSession] = {}
-
-    def progress(self, index: int) -> TaskProgress:
-        """The task's progress so far, from the database: a task tuned before (in any model) starts where it was."""
-        db, target, task = self.pipeline.db, self.pipeline.target, self.tasks[index]
-        count = db.count(self.workload_ids[index], target.name)
-        best = db.best(self.workload_ids[index], target.name)
-        rounds = [(count, best[0].mean_latency if best else None)] if count else []
-        return TaskProgress(task.name, float(task.weight), trials=count, rounds=rounds)
-
-    def session(self, index: int) -> TaskSession:
-        if index not in self._open:
-            task = self.tasks[index]
-            self._open[index] = TaskSession.open(
-                task.workload, self.pipeline.target, self.pipeline.db, self.model,
-                workdir=self.pipeline.workdir, seed=self.seed, search_options=self.options,
-            )
-        return self._open[index]
-
-    def run_round(self, index: int, size: int) -> tuple[int, float | None]:
-        session = self.session(index)
-        measured = self.pipeline.round(session, size)
-        return measured, session.best_latency
-
-    def get(self, index: int) -> TaskSession | None:
-        """The task's session, if it was opened."""
-        return self._open.get(index)
-
-    def opened(self) -> list[TaskSession]:
-        return list(self._open.values())
-
-    def worth_confirming(self) -> list[TaskSession]:
-        """The measured tasks whose weighted best latency is at least ``CONFIRM_SHARE`` of the model's estimate.
-
-        Timing a task's best records again costs a build and a timing each; a
-        task that is a sliver of the model cannot move its latency by much.
-        """
-        weighted = {
-            index: self.tasks[index].weight * session.best_latency
-            for index, session in self._open.items() if session.measured and session.best_latency is not None
-        }
-        total = sum(weighted.values())
-        return [self._open[index] for index, value in weighted.items() if value >= CONFIRM_SHARE * total]
-
-    def close(self) -> None:
-        for session in self._open.values():
-            session.close()
-
-
-def _warn_unreached(tasks: list[ModelTask], rows: list[TaskProgress], trials: int) -> None:
-    untuned = [task.name for task, row in zip(tasks, rows) if not row.rounds]
-    if len(untuned) > trials > 0:
-        warn_caller(
-            f"{trials} trials cannot reach all {len(untuned)} untuned tasks of the model: the lightest "
-            f"{len(untuned) - trials} get none and are compiled with a default program (see the task table)"
-        )
-
-
-def _results(
-    pipeline: MeasurePipeline, sessions: _Sessions, tasks: list[ModelTask], fallback: dict[str, tvm.IRModule]
-) -> tuple[list[TaskRow], dict[str, tvm.IRModule]]:
+def _results(driven: Driven, fallback: dict[str, tvm.IRModule]) -> tuple[list[TaskRow], dict[str, tvm.IRModule]]:
     """A row per task and the program of each fused PrimFunc: its best correct record's, or its ``fallback``."""
-    db, target = pipeline.db, pipeline.target
-    found: list[tuple[ModelTask, Any, int, int]] = []
     programs: dict[str, tvm.IRModule] = {}
-    for index, task in enumerate(tasks):
-        opened = sessions.get(index)
-        workload_id = sessions.workload_ids[index]
-        best = best_replayable(db, workload_id, target, opened.space) if opened else None
-        if best is None and not opened and db.count(workload_id, target.name):
-            best = best_replayable(db, workload_id, target, generate_space(task.workload, target, seed=sessions.seed))
-        programs.update({name: best.program if best else fallback[name] for name in task.functions})
-        found.append((task, best, opened.measured if opened else 0, db.count(workload_id, target.name)))
-    total = sum(task.weight * best.record.mean_latency for task, best, _, _ in found if best)
+    latencies: list[float | None] = []
+    for outcome in driven.outcomes:
+        best = outcome.best
+        programs.update({name: best.program if best else fallback[name] for name in outcome.task.functions})
+        latencies.append(best.record.mean_latency if best else None)
+    total = sum(o.task.weight * t for o, t in zip(driven.outcomes, latencies) if t is not None)
     rows = [
         TaskRow(
-            task.name, task.weight, task.workload.flops, trials, count,
-            best.record.mean_latency if best else None,
-            task.weight * best.record.mean_latency / total if best and total else None,
-            TUNED if best else DEFAULT,
+            o.task.name, o.task.weight, o.task.workload.flops, o.trials, o.total_trials, latency,
+            o.task.weight * latency / total if latency is not None and total else None,
+            TUNED if latency is not None else DEFAULT,
         )
-        for task, best, trials, count in found
+        for o, latency in zip(driven.outcomes, latencies)
     ]
     return rows, programs

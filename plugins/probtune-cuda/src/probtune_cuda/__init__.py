@@ -6,7 +6,9 @@ registers, or, for float16 and int8 matmul-like blocks, run on the tensor
 cores (WMMA or mma.sync) warp by warp, software-pipelined or not; they build here
 without a GPU or a CUDA toolkit (the module keeps its CUDA source, compiled
 when a machine with a GPU loads it), and are timed only where TVM's runtime
-sees a CUDA device.
+sees a CUDA device, or in a bundle, whose cubins the plugin's bundle runtime
+(``cupy``) launches with CuPy. The plugin also gives cost models the GPU
+columns of a program's features (the feature extractor ``gpu``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from probtune.plugin import hookimpl
+from probtune_cuda.bundles import CUPY_RUNTIME
+from probtune_cuda.features import GPUFeatures
 from probtune_cuda.instructions import PAD_EINSUM
 from probtune_cuda.mma import RewriteMMASync
 from probtune_cuda.multi_level_tiling import GPUMultiLevelTiling
@@ -36,6 +40,7 @@ from probtune_cuda.unroll import GPU_AUTO_UNROLL, RewriteGPUUnroll
 __all__ = [
     "GPUAutoBind",
     "GPUCrossThreadReduction",
+    "GPUFeatures",
     "GPUMultiLevelTiling",
     "RewriteCooperativeFetch",
     "RewriteGPUReductionBlock",
@@ -82,3 +87,13 @@ def probtune_register_validators(register: Callable[[Any], None]) -> None:
     register(RewriteSoftwarePipeline())
     register(VerifyRegisterTile())
     register(VerifyGPUCode())
+
+
+@hookimpl
+def probtune_register_bundle_runtimes(register: Callable[[Any], None]) -> None:
+    register(CUPY_RUNTIME)
+
+
+@hookimpl
+def probtune_register_feature_extractors(register: Callable[[Any], None]) -> None:
+    register(GPUFeatures())

@@ -19,6 +19,8 @@ from typing import Any
 
 import tvm
 
+from probtune.plugin import DeviceCode
+from probtune_cuda.cupy_runtime import KIND
 from probtune_cuda.launch import UnsupportedLaunch, kernel_launches
 from probtune_cuda.lowering import build_options
 from probtune_cuda.nvrtc import KernelResources, compile_cubin, kernel_resources
@@ -58,6 +60,7 @@ class NVRTCCompiler:
     """
 
     lint_cubin: bool = True
+    device_code_kind = KIND  # what device_code gives: a cubin, which the cupy bundle runtime launches
 
     def __call__(self, mod: tvm.IRModule, tvm_target: dict[str, Any]) -> Any:
         with build_options(mod):
@@ -67,12 +70,13 @@ class NVRTCCompiler:
                 self.check(device_module.inspect_source(), tvm_target)
         return executable
 
-    def kernels(self, mod: tvm.IRModule, tvm_target: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
-        """The program's kernels as one linted cubin, and the table that launches them without TVM.
+    def device_code(self, mod: tvm.IRModule, tvm_target: dict[str, Any]) -> DeviceCode:
+        """The program's kernels as one linted cubin (kind ``cubin``), and the table that launches them without TVM.
 
         The table (:func:`probtune_cuda.launch.kernel_launches`) lists each
         launch in order, ``{"kernel", "args", "grid", "block", "shared"}``,
-        and the ``scratch`` buffers the launches share.
+        and the ``scratch`` buffers the launches share; the ``cupy`` bundle
+        runtime (:mod:`probtune_cuda.cupy_runtime`) reads it.
         """
         with build_options(mod):
             executable = tvm.compile(mod, target=tvm.target.Target(tvm_target))
@@ -83,7 +87,7 @@ class NVRTCCompiler:
         cubin = self.check(sources[0], tvm_target)
         table = {"launches": [launch.to_json() for launch in launches],
                  "scratch": [{"name": b.name, "dtype": b.dtype, "elements": b.elements} for b in scratch]}
-        return cubin, table
+        return DeviceCode(cubin, table)
 
     def check(self, source: str, tvm_target: Mapping[str, Any]) -> bytes:
         """Compile ``source`` for the target's architecture; the cubin, or CUDALintError naming what is wrong."""

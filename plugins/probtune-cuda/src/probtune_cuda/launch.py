@@ -1,6 +1,6 @@
 """The kernel launches of a finished CUDA program: which kernels, in what order, on what grid, with what arguments.
 
-A machine with a GPU but no TVM (:mod:`probtune.measure.run_bundle`) runs a
+A machine with a GPU but no TVM (a bundle, :mod:`probtune_cuda.cupy_runtime`) runs a
 candidate from its cubin with this table, as TVM's host code would: TVM's
 own lowering runs up to the split of host and device code, and each
 ``call_ffi_kernel`` of the host function gives one launch. An argument is a

@@ -13,25 +13,17 @@ its stride along each loop and the box of elements a set of inner loops touches.
 
 Layout. Every column is log2(1 + x) of a non-negative raw quantity x (so flags
 stay 0/1 and counts, sizes and strides are compressed); ``STORE_FEATURE_NAMES``
-and ``PROGRAM_FEATURE_NAMES`` name the columns.
+and ``ProgramFeatures.names`` name the columns.
 
-``program_features(mod)``: float32, ``2 + 2 * 145 + 11 = 303`` columns:
+``ProgramFeatures(extractors)(mod)``: float32, ``2 + 2 * 145 = 292`` columns
+(``BASE_FEATURE_NAMES``), then those of the feature extractors:
     ``num_stores``, ``total_float_ops`` (whole program), then ``sum.*``: the
     sum of all store rows, then ``main.*``: the row of the store with the most
     float operations (the first such; zeros if the program has no store),
-    then ``gpu.*`` (``GPU_FEATURE_NAMES``), all zero for a CPU program:
-    ``blocks``, ``threads`` and ``vthreads`` (the largest extent bound to
-    ``blockIdx``, ``threadIdx`` and ``vthread`` axes, multiplied over each
-    kind's axes, over the kernels), ``shared_bytes``, ``local_bytes`` and
-    ``fragment_bytes`` (buffers the blocks allocate in shared memory,
-    registers and tensor-core fragments: WMMA's, or ``warp`` buffers), and
-    the 16x16 tiles the tensor-core intrinsics the program calls work on,
-    each times the loop iterations around it: ``mma_calls``,
-    ``fragment_loads``, ``fragment_stores`` (WMMA's, or ``ldmatrix`` and
-    ``mma.sync``, whose fragments are stored by plain stores). A
-    tensor-core program's multiply-accumulate is such a call, not a store.
-    Then ``pipeline_stages`` (the most stages of a software-pipelined loop;
-    0 if none) and ``async_copies`` (1 if a pipeline copies asynchronously).
+    then each extractor's columns (``<name>.<column>``, log2(1 + x) of what
+    it gives), in the order given; :meth:`ProgramFeatures.registered` orders
+    the registered extractors by name (probtune-cuda's ``gpu``: 11 columns of
+    threads, memories and tensor cores, all zero for a CPU program).
 
 ``store_features(mod)``: float32, one row per buffer store in program order
 (a reduction's init and update are two stores), 145 columns:
@@ -77,6 +69,7 @@ and ``PROGRAM_FEATURE_NAMES`` name the columns.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -84,16 +77,14 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.ir import expr as ir_expr
 
-from probtune.plugin import as_list, child_stmts, identity, thread_tag
+from probtune.plugin import FeatureExtractor, as_list, child_stmts, get_registry, identity
 
 __all__ = [
     "AUTO_UNROLL_KEY",
-    "GPU_FEATURE_NAMES",
+    "BASE_FEATURE_NAMES",
     "LEVELS",
-    "PROGRAM_FEATURE_NAMES",
     "STORE_FEATURE_NAMES",
-    "gpu_features",
-    "program_features",
+    "ProgramFeatures",
     "store_features",
 ]
 
@@ -126,16 +117,11 @@ STORE_FEATURE_NAMES: tuple[str, ...] = (
     + tuple(f"working_set.{level}.{what}" for level in LEVELS for what in ("bytes", "lines"))
     + tuple(f"{slot}.{name}" for slot in _SLOTS for name in _SLOT_NAMES)
 )
-GPU_FEATURE_NAMES: tuple[str, ...] = (
-    "blocks", "threads", "vthreads", "shared_bytes", "local_bytes", "fragment_bytes",
-    "mma_calls", "fragment_loads", "fragment_stores", "pipeline_stages", "async_copies",
-)
-PROGRAM_FEATURE_NAMES: tuple[str, ...] = (
+BASE_FEATURE_NAMES: tuple[str, ...] = (
     "num_stores",
     "total_float_ops",
     *(f"sum.{n}" for n in STORE_FEATURE_NAMES),
     *(f"main.{n}" for n in STORE_FEATURE_NAMES),
-    *(f"gpu.{n}" for n in GPU_FEATURE_NAMES),
 )
 
 _SERIAL, _PARALLEL, _VECTORIZED, _UNROLLED = (int(k) for k in (
@@ -488,87 +474,48 @@ def store_features(program: tvm.IRModule | tirx.PrimFunc) -> np.ndarray:
     return np.log2(1.0 + rows).astype(np.float32)
 
 
-def program_features(program: tvm.IRModule | tirx.PrimFunc) -> np.ndarray:
-    """The fixed-length vector of a program (columns: ``PROGRAM_FEATURE_NAMES``)."""
-    out = np.zeros(len(PROGRAM_FEATURE_NAMES), dtype=np.float32)
-    func = _main_func(program)
-    if _launches_kernels(func):  # a CPU program skips the second walk: its gpu.* columns stay zero
-        out[-len(GPU_FEATURE_NAMES) :] = np.log2(1.0 + gpu_features(func))
-    stores = _Walker(func).run()
-    if not stores:
-        return out
-    rows, float_ops = _rows(stores)
-    rows = np.log2(1.0 + rows)
-    width = len(STORE_FEATURE_NAMES)
-    out[0] = np.log2(1.0 + len(stores))
-    out[1] = np.log2(1.0 + float_ops.sum())
-    out[2 : 2 + width] = rows.sum(axis=0)
-    out[2 + width : 2 + 2 * width] = rows[int(np.argmax(float_ops))]
-    return out
+@dataclass(frozen=True)
+class ProgramFeatures:
+    """The fixed-length vector of a program (columns: ``names``): the store features, then each extractor's columns.
 
-
-_GPU_COLUMN = {name: index for index, name in enumerate(GPU_FEATURE_NAMES)}
-_TENSOR_CORE_CALLS = {  # intrinsic (without its namespace) -> its column, and the 16x16 tiles one call does
-    "tvm_mma_sync": (_GPU_COLUMN["mma_calls"], 1.0), "tvm_bmma_sync": (_GPU_COLUMN["mma_calls"], 1.0),
-    "mma": (_GPU_COLUMN["mma_calls"], 0.5),  # PTX mma.sync: a 16x8x16 half tile
-    "tvm_load_matrix_sync": (_GPU_COLUMN["fragment_loads"], 1.0), "ldmatrix": (_GPU_COLUMN["fragment_loads"], 1.0),
-    "tvm_store_matrix_sync": (_GPU_COLUMN["fragment_stores"], 1.0), "mma_store_legacy": (_GPU_COLUMN["fragment_stores"], 1.0),
-}
-_THREAD_KINDS = {"blockIdx": _GPU_COLUMN["blocks"], "threadIdx": _GPU_COLUMN["threads"], "vthread": _GPU_COLUMN["vthreads"]}
-_SCOPE_KINDS = {"shared": _GPU_COLUMN["shared_bytes"], "shared.dyn": _GPU_COLUMN["shared_bytes"], "local": _GPU_COLUMN["local_bytes"]}
-
-
-def _launches_kernels(func: tirx.PrimFunc) -> bool:
-    """Whether a loop nest at the root is bound to a GPU axis (a GPU program binds every nest's outermost loop)."""
-    body = func.body.block.body if isinstance(func.body, s_tir.SBlockRealize) else func.body
-    nests = child_stmts(body) if isinstance(body, tirx.SeqStmt) else [body]
-    return any(isinstance(nest, tirx.For) and nest.thread_binding is not None for nest in nests)
-
-
-def _pipeline_features(loop: tirx.For, raw: np.ndarray) -> None:
-    """Raise the pipeline columns to what ``loop``'s software-pipeline annotations (TVM's) say."""
-    stages = loop.annotations.get("software_pipeline_stage")
-    if stages is not None:
-        raw[_GPU_COLUMN["pipeline_stages"]] = max(raw[_GPU_COLUMN["pipeline_stages"]], 1 + max(int(s) for s in stages))
-    if "software_pipeline_async_stages" in loop.annotations:
-        raw[_GPU_COLUMN["async_copies"]] = 1
-
-
-def gpu_features(func: tirx.PrimFunc) -> np.ndarray:
-    """The raw ``GPU_FEATURE_NAMES`` quantities of a scheduled program (all zero without GPU bindings).
-
-    Tensor-core calls are counted per thread: times the loops around them that
-    no block or thread axis runs in parallel (virtual threads run in turn).
+    ``extractors`` are feature extractors (``probtune.plugin.FeatureExtractor``),
+    their columns appended in this order as ``<name>.<column>``, each
+    log2(1 + x) of the raw quantity it gives. A dataclass, so that it pickles
+    into the search's helper processes (the extractors with it).
     """
-    raw = np.zeros(len(GPU_FEATURE_NAMES), dtype=np.float64)
-    kernels: list[dict[str, int]] = []  # per kernel (a root-level nest with bound loops): thread tag -> extent
-    stack: list[tuple[tirx.Stmt, float, dict[str, int] | None]] = [(func.body, 1.0, None)]
-    while stack:
-        node, iterations, kernel = stack.pop()
-        if isinstance(node, tirx.For):
-            tag = thread_tag(node)
-            if tag and kernel is None:
-                kernel = {}
-                kernels.append(kernel)
-            if tag and kernel is not None:
-                kernel[tag] = max(kernel.get(tag, 1), _int(node.extent))
-            _pipeline_features(node, raw)
-            parallel = tag.startswith(("blockIdx", "threadIdx"))
-            stack.append((node.body, iterations * (1 if parallel else _int(node.extent)), kernel))
-            continue
-        if isinstance(node, s_tir.SBlockRealize):
-            for buffer in as_list(node.block.alloc_buffers):
-                scope = str(buffer.scope())
-                index = _GPU_COLUMN["fragment_bytes"] if scope.startswith("wmma.") or scope == "warp" else _SCOPE_KINDS.get(scope)
-                if index is not None:
-                    raw[index] += float(np.prod([max(_int(d), 1) for d in as_list(buffer.shape)])) * buffer.dtype.itemsize
-        elif isinstance(node, tirx.Evaluate) and isinstance(node.value, tvm.ir.Call):
-            call = _TENSOR_CORE_CALLS.get(str(getattr(node.value.op, "name", "")).rpartition(".")[2])
-            if call is not None:
-                raw[call[0]] += iterations * call[1]
-        stack.extend((child, iterations, kernel) for child in reversed(child_stmts(node)))
-    for kernel in kernels:
-        for kind, index in _THREAD_KINDS.items():
-            extent = math.prod(extent for tag, extent in kernel.items() if tag.startswith(kind))
-            raw[index] = max(raw[index], extent)
-    return raw
+
+    extractors: tuple[FeatureExtractor, ...] = ()
+
+    @classmethod
+    def registered(cls) -> ProgramFeatures:
+        """With every registered feature extractor, ordered by name (a plugin's load order does not move columns)."""
+        extractors = get_registry().feature_extractors
+        return cls(tuple(extractors[name] for name in sorted(extractors)))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return BASE_FEATURE_NAMES + tuple(f"{e.name}.{column}" for e in self.extractors for column in e.columns)
+
+    def __call__(self, program: tvm.IRModule | tirx.PrimFunc) -> np.ndarray:
+        func = _main_func(program)
+        out = np.zeros(len(BASE_FEATURE_NAMES), dtype=np.float32)
+        extra = [np.log2(1.0 + _extracted(extractor, func)) for extractor in self.extractors]
+        stores = _Walker(func).run()
+        if stores:
+            rows, float_ops = _rows(stores)
+            rows = np.log2(1.0 + rows)
+            width = len(STORE_FEATURE_NAMES)
+            out[0] = np.log2(1.0 + len(stores))
+            out[1] = np.log2(1.0 + float_ops.sum())
+            out[2 : 2 + width] = rows.sum(axis=0)
+            out[2 + width : 2 + 2 * width] = rows[int(np.argmax(float_ops))]
+        return np.concatenate([out, *extra], dtype=np.float32) if extra else out
+
+
+def _extracted(extractor: FeatureExtractor, func: tirx.PrimFunc) -> np.ndarray:
+    """An extractor's raw columns of ``func``, refused unless one finite non-negative value per column."""
+    values = np.asarray(extractor.extract(func))
+    if values.shape != (len(extractor.columns),) or not (np.isfinite(values) & (values >= 0)).all():
+        raise ValueError(f"feature extractor {extractor.name!r} gave {values.shape} values, not {len(extractor.columns)} "
+                         "finite non-negative ones")
+    return values

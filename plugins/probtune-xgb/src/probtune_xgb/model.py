@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from probtune_xgb.features import PROGRAM_FEATURE_NAMES, program_features
+from probtune.plugin import FeatureExtractor
+from probtune_xgb.features import ProgramFeatures
 
 if TYPE_CHECKING:
     import tvm
@@ -29,8 +30,12 @@ if TYPE_CHECKING:
 __all__ = ["RandomCostModel", "XGBCostModel"]
 
 FORMAT_VERSION = 1
-# Samples featurized under another layout cannot be mixed with new ones: a saved state names its layout.
-FEATURE_LAYOUT = zlib.crc32("\n".join(PROGRAM_FEATURE_NAMES).encode())
+
+
+def feature_layout(names: Sequence[str]) -> int:
+    """The checksum of a feature vector's column names: a saved state names the layout its samples were featurized
+    under, since they cannot be mixed with samples of another."""
+    return zlib.crc32("\n".join(names).encode())
 
 
 def _xgboost() -> Any:
@@ -98,11 +103,12 @@ class XGBCostModel:
     30 rounds at a learning rate of 0.35 rank held-out programs as well as 50
     at 0.2 did, in less time (bench/results/NOTES.md).
     Until some workload has two samples with different labels there is
-    nothing to rank by, and predictions are seeded random scores.
+    nothing to rank by, and predictions are seeded random scores. The
+    features' last columns are those of ``extractors`` (default: every
+    registered feature extractor, by name).
     """
 
     name = "xgb"
-    program_features = staticmethod(program_features)  # lets the search featurize in its helper processes
 
     def __init__(
         self,
@@ -112,8 +118,12 @@ class XGBCostModel:
         max_depth: int = 6,
         learning_rate: float = 0.35,
         nthread: int = 2,
+        extractors: Sequence[FeatureExtractor] | None = None,
     ) -> None:
         self.seed = seed
+        # A picklable function of one program: it lets the search featurize in its helper processes.
+        self.program_features = ProgramFeatures.registered() if extractors is None else ProgramFeatures(tuple(extractors))
+        self.feature_layout = feature_layout(self.program_features.names)
         self.num_rounds = num_rounds
         self.params: dict[str, Any] = {
             "objective": "rank:pairwise",
@@ -200,7 +210,7 @@ class XGBCostModel:
             buffer,
             model=np.array(self.name),
             format=np.array(FORMAT_VERSION),
-            feature_layout=np.array(FEATURE_LAYOUT),
+            feature_layout=np.array(self.feature_layout),
             features=self._features,
             latencies=self._latencies,
             groups=self._groups,
@@ -211,7 +221,7 @@ class XGBCostModel:
         return buffer.getvalue()
 
     def load(self, data: bytes) -> None:
-        state = _read_archive(data)
+        state = _read_archive(data, self.feature_layout)
         features, latencies, groups = state["features"], state["latencies"], state["groups"]
         names = [str(n) for n in state["group_names"]]
         if features.ndim != 2 or latencies.ndim != 1 or groups.ndim != 1:
@@ -256,8 +266,8 @@ _XGB_FIELDS = {
 }
 
 
-def _read_archive(data: bytes) -> dict[str, np.ndarray]:
-    """The arrays of a saved XGBCostModel, after checking that they are one."""
+def _read_archive(data: bytes, layout: int) -> dict[str, np.ndarray]:
+    """The arrays of a saved XGBCostModel, after checking that they are one, of samples featurized under ``layout``."""
     try:
         with np.load(io.BytesIO(bytes(data)), allow_pickle=False) as archive:
             state = {key: archive[key] for key in archive.files}
@@ -276,7 +286,7 @@ def _read_archive(data: bytes) -> dict[str, np.ndarray]:
         raise ValueError(f"the state is of cost model {str(state['model'])!r}, not 'xgb'")
     if int(state["format"]) != FORMAT_VERSION:
         raise ValueError(f"xgb cost model state has format {int(state['format'])}; this version reads {FORMAT_VERSION}")
-    if int(state["feature_layout"]) != FEATURE_LAYOUT:
+    if int(state["feature_layout"]) != layout:
         raise ValueError("xgb cost model state holds samples featurized under another feature layout")
     return state
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from conftest import assert_program_correct
 from tvm import s_tir
 
+from conftest import assert_program_correct
 from probtune.catalog import resolve_workload
 from probtune.space import generate_space
 from probtune.targets import resolve_target

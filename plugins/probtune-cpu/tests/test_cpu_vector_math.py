@@ -8,9 +8,9 @@ import re
 import numpy as np
 import pytest
 import tvm
-from conftest import context_of, run_module
 from tvm import s_tir, te, tirx
 
+from conftest import context_of, run_module
 from probtune import Rng, generate_space
 from probtune.codegen import compile_for
 from probtune.search import RandomSearch

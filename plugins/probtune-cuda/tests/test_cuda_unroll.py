@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import categorical_sites
 
+from conftest import categorical_sites
 from probtune import Rng
 from probtune.catalog import resolve_workload
 from probtune.space import generate_space

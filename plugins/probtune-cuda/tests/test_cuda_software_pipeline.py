@@ -7,8 +7,8 @@ import re
 
 import pytest
 import tvm
-from conftest import categorical_sites, multiplies_on_tensor_cores, valid_samples
 
+from conftest import categorical_sites, multiplies_on_tensor_cores, valid_samples
 from probtune import Rng, Schedule
 from probtune.catalog import resolve_workload
 from probtune.codegen import compile_for

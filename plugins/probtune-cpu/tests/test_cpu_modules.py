@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import tvm
 import tvm_ffi
-from conftest import assert_program_correct, assert_samples_correct
 from tvm import s_tir, te, tirx
 
+from conftest import assert_program_correct, assert_samples_correct
 from probtune import Rng, Schedule, generate_space
 from probtune.catalog import BUILTIN_WORKLOADS
 from probtune.plugin import AutoUnroll

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm
-from conftest import matmul_module, run_module
 from tvm import s_tir
 
+from conftest import matmul_module, run_module
 from probtune.measure import LocalBuilder
 from probtune.targets import resolve_target
 from probtune_arm import AARCH64_LINKER

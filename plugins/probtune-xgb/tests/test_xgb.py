@@ -10,24 +10,23 @@ import time
 import numpy as np
 import pytest
 import tvm
-from conftest import categorical_sites
 from tvm import s_tir, te
 from tvm.script import tirx as T
 
-from probtune import Rng
+import probtune.plugins
+from conftest import categorical_sites
+from probtune import Rng, hookimpl
 from probtune.catalog import resolve_workload
 from probtune.interfaces import CostModel
-from probtune.plugins import get_registry
+from probtune.plugin import iter_stmts
+from probtune.plugins import get_registry, load_registry
 from probtune.space import generate_space
+from probtune_cuda.features import GPU_FEATURE_NAMES
 from probtune_xgb import RandomCostModel, XGBCostModel
-from probtune_xgb.features import (
-    AUTO_UNROLL_KEY,
-    GPU_FEATURE_NAMES,
-    PROGRAM_FEATURE_NAMES,
-    STORE_FEATURE_NAMES,
-    program_features,
-    store_features,
-)
+from probtune_xgb.features import AUTO_UNROLL_KEY, STORE_FEATURE_NAMES, ProgramFeatures, store_features
+
+program_features = ProgramFeatures.registered()  # the xgb model's: the registered extractors' columns (gpu.*) last
+PROGRAM_FEATURE_NAMES = program_features.names
 
 COLUMN = {name: i for i, name in enumerate(STORE_FEATURE_NAMES)}
 
@@ -451,3 +450,54 @@ def test_model_fits_real_timings(host):
     features = model.featurize([c.mod for c in candidates])
     model.update(features, latencies, [workload.key] * len(candidates))
     assert _pairwise_accuracy(model.predict(features), np.array(latencies)) > 0.8
+
+
+# ---- feature extractors registered by plugins -----------------------------------
+
+
+class _Loops:
+    """An extractor of a plugin's own: how many loops a program has, and a constant."""
+
+    name = "aaa-loops"
+    columns = ("loops", "seven")
+
+    def extract(self, func) -> np.ndarray:
+        return np.array([sum(isinstance(stmt, tvm.tirx.For) for stmt in iter_stmts(func.body)), 7.0])
+
+
+class _Broken:
+    name = "broken"
+    columns = ("one",)
+
+    def extract(self, func) -> np.ndarray:
+        return np.array([1.0, 2.0])
+
+
+class _ExtractorPlugin:
+    __name__ = "extractors"
+
+    @hookimpl
+    def probtune_register_feature_extractors(self, register):
+        register(_Loops())
+
+
+def test_a_plugins_feature_extractor_adds_its_columns_and_a_layout_of_its_own(monkeypatch, matmul_programs):
+    """The model asks the registry: the columns of every extractor, ordered by name, as log2(1 + x)."""
+    base = XGBCostModel(seed=0)
+    monkeypatch.setattr(probtune.plugins, "_registry", load_registry(extra_plugins=[_ExtractorPlugin()]))
+    model = XGBCostModel(seed=0)
+    names = model.program_features.names
+    assert names[: len(base.program_features.names) - len(GPU_FEATURE_NAMES)] == base.program_features.names[:292]
+    assert names[292:] == ("aaa-loops.loops", "aaa-loops.seven", *(f"gpu.{n}" for n in GPU_FEATURE_NAMES))
+    vector = model.featurize(matmul_programs[:1])[0]
+    assert vector.shape == (len(names),) and vector[293] == np.float32(np.log2(8.0)) and vector[292] > 0
+    assert np.array_equal(np.delete(vector, [292, 293]), base.featurize(matmul_programs[:1])[0])
+    rng = np.random.default_rng(0)
+    base.update([rng.random(len(base.program_features.names)) for _ in range(4)], [1e-3, 2e-3, 3e-3, None], ["w"] * 4)
+    with pytest.raises(ValueError, match="another feature layout"):  # samples of other columns are not mixed in
+        model.load(base.save())
+
+
+def test_an_extractor_that_gives_other_columns_than_it_names_is_refused(matmul_programs):
+    with pytest.raises(ValueError, match="'broken' gave"):
+        ProgramFeatures((_Broken(),))(matmul_programs[0])

@@ -7,8 +7,8 @@ import re
 
 import pytest
 import tvm
-from conftest import valid_samples
 
+from conftest import valid_samples
 from probtune import Rng, Schedule, UnsupportedTargetError
 from probtune.catalog import resolve_workload
 from probtune.space import generate_space

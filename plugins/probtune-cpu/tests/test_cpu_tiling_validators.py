@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import tvm
-from conftest import assert_program_correct, matmul_module, run_module
 from tvm import te
 from tvm.script import tirx as T
 
+from conftest import assert_program_correct, matmul_module, run_module
 from probtune import Rng, SpaceContext, Trace, generate_space
 from probtune.catalog import BUILTIN_WORKLOADS
 from probtune.constant_layouts import LAYOUT_FREE_ATTR

@@ -7,9 +7,9 @@ import re
 
 import pytest
 import tvm_ffi
-from conftest import multiplies_on_tensor_cores, valid_samples
 from tvm import te, topi
 
+from conftest import multiplies_on_tensor_cores, valid_samples
 from probtune import Rng, Schedule
 from probtune.catalog import resolve_workload
 from probtune.codegen import compile_for

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import categorical_sites
 
+from conftest import categorical_sites
 from probtune import Rng, Schedule
 from probtune.catalog import resolve_workload
 from probtune.codegen import compile_for

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from conftest import context_of, run_module, softmax_samples_with
 from tvm import s_tir, te
 
+from conftest import context_of, run_module, softmax_samples_with
 from probtune import SpaceContext
 from probtune.catalog import BUILTIN_WORKLOADS
 from probtune.targets import resolve_target

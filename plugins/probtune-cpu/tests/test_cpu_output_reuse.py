@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from conftest import assert_program_correct, run_module, softmax_samples_with
 from tvm import s_tir, te
 
+from conftest import assert_program_correct, run_module, softmax_samples_with
 from probtune import Rng, generate_space
 from probtune.catalog import BUILTIN_WORKLOADS
 from probtune_cpu.output_reuse import RewriteOutputReuse

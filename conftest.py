@@ -1,4 +1,7 @@
-"""Shared fixtures: small workloads that compile fast on a 2-core machine."""
+"""Shared fixtures and helpers of the kernel's tests (tests/) and the plugins' (plugins/*/tests/).
+
+Small workloads that compile fast on a 2-core machine.
+"""
 
 from __future__ import annotations
 

@@ -104,8 +104,9 @@ def test_a_program_gives_its_cubin_and_the_table_that_launches_it_without_tvm():
     """A forced tiling with a known launch: 2x2 blocks of 8x8 threads, fused into 4 blocks of 64 threads."""
     target = resolve_target("cuda-sm80")
     sch, _ = forced_tiling(64, [2, 8, 4])
-    cubin, table = target.compiler.kernels(sch.mod, dict(target.tvm_target))
-    assert cubin[:4] == b"\x7fELF"
+    code = target.compiler.device_code(sch.mod, dict(target.tvm_target))
+    cubin, table = code.code, code.table
+    assert cubin[:4] == b"\x7fELF" and target.compiler.device_code_kind == "cubin"
     assert table == {
         "launches": [{"kernel": "main_kernel", "args": [{"param": 0}, {"param": 1}, {"param": 2}],
                       "grid": [4, 1, 1], "block": [64, 1, 1], "shared": 0}],
@@ -115,7 +116,7 @@ def test_a_program_gives_its_cubin_and_the_table_that_launches_it_without_tvm():
 
 def test_kernels_that_pass_values_through_host_buffers_share_them_as_scratch():
     target = resolve_target("cuda-sm80")
-    _, table = target.compiler.kernels(valid_program("softmax", "64,256"), dict(target.tvm_target))
+    table = target.compiler.device_code(valid_program("softmax", "64,256"), dict(target.tvm_target)).table
     used = {arg.get("scratch") for launch in table["launches"] for arg in launch["args"]} - {None}
     assert used == {buffer["name"] for buffer in table["scratch"]} and used
     params = {arg.get("param") for launch in table["launches"] for arg in launch["args"]} - {None}
