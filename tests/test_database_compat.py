@@ -7,9 +7,9 @@ import shutil
 import sqlite3
 
 import pytest
-from conftest import host_key
 from test_model_tuning import CNN_SHAPES
 
+from conftest import host_key
 from probtune import generate_space, tune_model
 from probtune.catalog import resolve_workload
 from probtune.database import Database

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 import tvm
-from conftest import host_key
 from tvm.rpc.tracker import Tracker
 
 import probtune
+from conftest import host_key
 from probtune import Database
 from probtune.cli import main
 from probtune.measure.rpc import tracker_servers

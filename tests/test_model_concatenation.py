@@ -6,10 +6,10 @@ import numpy as np
 import onnx
 import pytest
 import tvm
-from conftest import untuned_runner
 from onnx import TensorProto, helper, numpy_helper
 from tvm import s_tir, te, topi
 
+from conftest import untuned_runner
 from probtune import Rng
 from probtune.model import concatenation, extract_tasks, fuse, load_model
 from probtune.model.check import check_outputs

@@ -9,10 +9,10 @@ import numpy as np
 import onnx
 import pytest
 import tvm
-from conftest import untuned_runner
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax, te, topi
 
+from conftest import untuned_runner
 from probtune.model import extract_tasks, fuse, load_model
 from probtune.model.check import check_outputs
 from probtune.model.examples import make_model

@@ -12,10 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from conftest import host_key
 from tvm import relax
 
 import probtune
+from conftest import host_key
 from probtune.database import Database
 from probtune.errors import ModelCheckError
 from probtune.model import CompiledModel, tune_model

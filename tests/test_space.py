@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 import tvm_ffi
-from conftest import assert_samples_correct, matmul_module
 
+from conftest import assert_samples_correct, matmul_module
 from probtune import Rng, generate_space
 from probtune.catalog import BUILTIN_WORKLOADS
 from probtune.errors import PluginError

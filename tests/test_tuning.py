@@ -15,9 +15,9 @@ import warnings
 import numpy as np
 import pytest
 import tvm
-from conftest import host_key, matmul_module, run_module
 
 import probtune
+from conftest import host_key, matmul_module, run_module
 from probtune import Database, Trace, Workload
 from probtune.constant_layouts import MeasuredForm
 from probtune.measure import prepare_reference
