@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from probtune.task_scheduler import GradientScheduler, RoundRobinScheduler, TaskProgress, make_scheduler, spend
+from probtune.driver import make_scheduler
+from probtune.task_scheduler import GradientScheduler, RoundRobinScheduler, TaskProgress, spend
 
 
 class FakeTasks:

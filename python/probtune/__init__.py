@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from probtune._core import Rng, Trace
     from probtune.catalog import WorkloadSpec
     from probtune.database import Database, Record
+    from probtune.design_space import DesignSpace
     from probtune.errors import (
         DatabaseError,
         DatabaseRowError,
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from probtune.measure import LocalBuilder, LocalRunner, MeasureStatus, RPCRunner
     from probtune.model import CompiledModel, Model, ModelTuneResult, load_model, tune_model
     from probtune.schedule import BlockRV, ExprRV, InstructionKind, LoopRV, Schedule
-    from probtune.space import DesignSpace, generate_space
+    from probtune.space import generate_space
     from probtune.task import Task
     from probtune.tuning import TrialOutcome, TuneResult, compile_best, tune
     from probtune.workload import Workload
@@ -117,7 +118,7 @@ _SOURCE_OF = {
     "InstructionKind": "probtune.schedule",
     "Trace": "probtune._core",
     "Rng": "probtune._core",
-    "DesignSpace": "probtune.space",
+    "DesignSpace": "probtune.design_space",
     "generate_space": "probtune.space",
     "Workload": "probtune.workload",
     "Task": "probtune.task",

@@ -58,8 +58,8 @@ def _numpy_seconds(workload, repeat: int = 10) -> float | None:  # type: ignore[
 def _cmd_tune(args: argparse.Namespace) -> int:
     from probtune import tune
     from probtune.catalog import resolve_workload
+    from probtune.driver import strategy_kind
     from probtune.plugins import get_registry
-    from probtune.strategies import strategy_kind
     from probtune.targets import resolve_target
 
     # resolved before the header, so that a refused run shows only its error

@@ -4,7 +4,8 @@ MetaSchedule's task scheduler over its tune contexts: each task's search
 session is opened when the scheduler first gives it a round; every round
 draws candidates, builds and times them, records them and trains the cost
 model (:meth:`~probtune.pipeline.MeasurePipeline.round`). :func:`probtune.tune`
-drives one task, :func:`probtune.tune_model` a model's tasks.
+drives one task, :func:`probtune.tune_model` a model's tasks. Schedulers
+and strategies are looked up here by their registered names.
 """
 
 from __future__ import annotations
@@ -17,16 +18,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from probtune.defaults import CONFIRM_SHARE
-from probtune.errors import warn_caller
+from probtune.design_space import DesignSpace
+from probtune.errors import TuningConfigError, warn_caller
 from probtune.interfaces import CostModel, SpaceModule
 from probtune.pipeline import MeasurePipeline
+from probtune.plugins import get_registry
 from probtune.session import Replayed, TaskSession, best_replayable
-from probtune.space import DesignSpace, generate_space
+from probtune.space import generate_space
 from probtune.strategies import StrategyKind
 from probtune.task import Task
 from probtune.task_scheduler import TaskProgress, TaskScheduler, spend
 
-__all__ = ["Driven", "TaskOutcome", "drive"]
+__all__ = ["Driven", "TaskOutcome", "drive", "make_scheduler", "strategy_kind"]
 
 log = logging.getLogger("probtune.tuning")
 """The stages of a run outside its trials (timing the best programs again), at INFO; the CLI shows them."""
@@ -166,3 +169,22 @@ def _warn_unreached(tasks: list[Task], rows: list[TaskProgress], trials: int) ->
             f"{trials} trials cannot reach all {len(untuned)} untuned tasks of the model: the lightest "
             f"{len(untuned) - trials} get none and are compiled with a default program (see the task table)"
         )
+
+
+def make_scheduler(name: str | TaskScheduler) -> TaskScheduler:
+    """A new scheduler of the registered ``name`` (a scheduler object is used as it is)."""
+    if not isinstance(name, str):
+        return name
+    registered = get_registry().task_schedulers
+    if name not in registered:
+        raise TuningConfigError(f"unknown task scheduler {name!r}; choose one of {', '.join(registered)}")
+    return registered[name]()
+
+
+def strategy_kind(name: str) -> StrategyKind:
+    """The registered strategy ``name``; an unknown name is a :class:`~probtune.errors.TuningConfigError`."""
+    registered = get_registry().search_strategies
+    if name not in registered:
+        raise TuningConfigError(f"unknown search strategy {name!r}; choose one of {', '.join(registered)}")
+    kind: StrategyKind = registered[name]
+    return kind

@@ -22,6 +22,7 @@ from probtune._lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from probtune.constant_layouts import layout_free_params
+    from probtune.design_space import Candidate
     from probtune.errors import (
         NOT_REPLAYABLE,
         InvalidDecisionError,
@@ -57,7 +58,6 @@ if TYPE_CHECKING:
     from probtune.plugins import get_registry
     from probtune.schedule import BlockRV, ExprRV, InstructionKind, LoopRV, Schedule
     from probtune.search import SearchStrategy
-    from probtune.space import Candidate
     from probtune.strategies import SearchStart, StrategyKind
     from probtune.task_scheduler import TaskProgress, TaskScheduler
     from probtune.tir import (
@@ -100,7 +100,7 @@ _FROM = {
     ],
     "probtune.unroll": ["UNROLL_KEY", "AutoUnroll"],
     "probtune.search": ["SearchStrategy"],
-    "probtune.space": ["Candidate"],
+    "probtune.design_space": ["Candidate"],
     "probtune.strategies": ["SearchStart", "StrategyKind"],
     "probtune.task_scheduler": ["TaskProgress", "TaskScheduler"],
     "probtune.constant_layouts": ["layout_free_params"],

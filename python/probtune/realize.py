@@ -20,12 +20,12 @@ import numpy as np
 import tvm
 
 from probtune._core import Rng, Trace
+from probtune.design_space import REPLAY_FAILED, DesignSpace, program_hash
 from probtune.errors import NOT_REPLAYABLE, warn_caller
 from probtune.interfaces import CostModel, SpaceContext, SpaceModule, TargetSpec, Validator
 from probtune.measure._process import WorkerProcess, WorkerStartError
 from probtune.measure.builder import LocalBuilder
 from probtune.schedule import InstructionKind, Schedule
-from probtune.space import REPLAY_FAILED, DesignSpace, program_hash
 from probtune.workload import Workload
 
 __all__ = ["REPLAY_FAILED", "Realized", "Realizer", "Rejected"]

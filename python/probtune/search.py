@@ -17,11 +17,11 @@ import numpy as np
 
 from probtune._core import DecisionSet, Rng, Trace, evolve
 from probtune.defaults import BATCH_SIZE
+from probtune.design_space import Candidate, DesignSpace, program_hash
 from probtune.errors import NOT_REPLAYABLE
 from probtune.interfaces import CostModel, Mutator
 from probtune.mutators import compute_location_sites
 from probtune.realize import Lend, Realized, Realizer
-from probtune.space import Candidate, DesignSpace, program_hash
 
 __all__ = ["BATCH_SIZE", "INIT_MEASURED", "EvolutionarySearch", "RandomSearch", "SearchStrategy"]
 

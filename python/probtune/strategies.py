@@ -14,15 +14,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from probtune.errors import TuningConfigError
-from probtune.plugins import get_registry
 from probtune.search import EvolutionarySearch, RandomSearch, SearchStrategy
 
 if TYPE_CHECKING:
     from probtune._core import Rng, Trace
+    from probtune.design_space import DesignSpace
     from probtune.interfaces import CostModel, Mutator
-    from probtune.space import DesignSpace
 
-__all__ = ["BUILTIN_STRATEGIES", "EVOLUTIONARY", "RANDOM", "SearchStart", "StrategyKind", "strategy_kind"]
+__all__ = ["BUILTIN_STRATEGIES", "EVOLUTIONARY", "RANDOM", "SearchStart", "StrategyKind"]
 
 
 @dataclass(frozen=True)
@@ -82,12 +81,3 @@ EVOLUTIONARY = StrategyKind("evolutionary", True, _start_evolutionary)
 RANDOM = StrategyKind("random", False, _start_random)
 BUILTIN_STRATEGIES = (EVOLUTIONARY, RANDOM)
 """The kernel's strategies, registered by its own plugin."""
-
-
-def strategy_kind(name: str) -> StrategyKind:
-    """The registered strategy ``name``; an unknown name is a :class:`~probtune.errors.TuningConfigError`."""
-    registered = get_registry().search_strategies
-    if name not in registered:
-        raise TuningConfigError(f"unknown search strategy {name!r}; choose one of {', '.join(registered)}")
-    kind: StrategyKind = registered[name]
-    return kind

@@ -15,16 +15,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from probtune.errors import TuningConfigError
-from probtune.plugins import get_registry
-
 __all__ = [
     "BUILTIN_SCHEDULERS",
     "GradientScheduler",
     "RoundRobinScheduler",
     "TaskProgress",
     "TaskScheduler",
-    "make_scheduler",
     "spend",
 ]
 
@@ -116,16 +112,6 @@ class GradientScheduler:
 
 BUILTIN_SCHEDULERS: tuple[type[GradientScheduler] | type[RoundRobinScheduler], ...] = (GradientScheduler, RoundRobinScheduler)
 """The kernel's schedulers, registered by its own plugin (``probtune_register_task_schedulers``)."""
-
-
-def make_scheduler(name: str | TaskScheduler) -> TaskScheduler:
-    """A new scheduler of the registered ``name`` (a scheduler object is used as it is)."""
-    if not isinstance(name, str):
-        return name
-    registered = get_registry().task_schedulers
-    if name not in registered:
-        raise TuningConfigError(f"unknown task scheduler {name!r}; choose one of {', '.join(registered)}")
-    return registered[name]()
 
 
 RoundFn = Callable[[int, int], tuple[int, "float | None"]]

@@ -16,7 +16,7 @@ from probtune.catalog import resolve_workload
 from probtune.codegen import compile_for
 from probtune.database import Database, Record
 from probtune.defaults import BATCH_SIZE, BUILD_TIMEOUT, CONFIRM, OPERATOR_TRIALS, RUN_TIMEOUT
-from probtune.driver import drive
+from probtune.driver import drive, strategy_kind
 from probtune.errors import TuningConfigError
 from probtune.interfaces import Builder, CostModel, Runner, SpaceModule, TargetSpec
 from probtune.measure.runner import local_device_name
@@ -25,7 +25,6 @@ from probtune.pipeline import Progress, TrialOutcome, open_pipeline, resolve_cos
 from probtune.plugins import get_registry
 from probtune.session import best_replayable
 from probtune.space import DesignSpace, generate_space
-from probtune.strategies import strategy_kind
 from probtune.targets import resolve_target
 from probtune.task import Task
 from probtune.task_scheduler import RoundRobinScheduler

@@ -19,6 +19,7 @@ from tvm import relax
 
 from probtune._core import Rng
 from probtune.codegen import compile_for, export_with
+from probtune.design_space import DesignSpace
 from probtune.errors import NOT_REPLAYABLE, ModelCompileError, summary, warn_caller
 from probtune.interfaces import Compiler, TargetSpec
 from probtune.model.check import CheckReport, outputs_to_numpy
@@ -26,7 +27,6 @@ from probtune.model.importer import InputSpec
 from probtune.model.inplace import write_in_place
 from probtune.model.prepack import prepack_weights
 from probtune.model.threads import PoolThread
-from probtune.space import DesignSpace
 
 __all__ = [
     "CompiledModel", "checked_inputs", "compile_model", "default_program", "default_programs", "export_model",

@@ -22,7 +22,7 @@ from probtune.defaults import (
     RUN_TIMEOUT,
     SCHEDULER,
 )
-from probtune.driver import Driven, drive
+from probtune.driver import Driven, drive, make_scheduler, strategy_kind
 from probtune.errors import ModelCompileError
 from probtune.interfaces import Builder, CostModel, GraphRewrite, Runner, TargetSpec
 from probtune.model.check import check_outputs
@@ -34,10 +34,9 @@ from probtune.model.rewrites import rewrite_counts
 from probtune.model.tasks import extract_tasks, fuse
 from probtune.pipeline import Progress, open_pipeline, resolve_cost_model
 from probtune.space import generate_space
-from probtune.strategies import strategy_kind
 from probtune.targets import resolve_target
 from probtune.task import Task
-from probtune.task_scheduler import TaskScheduler, make_scheduler
+from probtune.task_scheduler import TaskScheduler
 from probtune.tuning import check_tuning_options
 
 __all__ = ["ModelTuneResult", "TaskRow", "tune_model"]
