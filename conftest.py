@@ -12,11 +12,11 @@ import tvm_ffi
 from tvm import te
 
 from probtune import Rng, SpaceContext, generate_space
-from probtune.catalog import BUILTIN_WORKLOADS
-from probtune.codegen import compile_for
-from probtune.search import RandomSearch
+from probtune.measure.codegen import compile_for
+from probtune.search.search_strategy import RandomSearch
 from probtune.targets import resolve_target
-from probtune.workload import Workload
+from probtune.workloads.catalog import BUILTIN_WORKLOADS
+from probtune.workloads.workload import Workload
 from probtune_cpu.host_cpu import cpu_model
 
 

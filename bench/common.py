@@ -25,7 +25,7 @@ import numpy as np
 import tvm
 
 from probtune.plugins import get_registry
-from probtune.workload import Workload, parse_shape
+from probtune.workloads.workload import Workload, parse_shape
 
 MS_FAILED_SECONDS = 1e9
 """What TVM MetaSchedule records for a candidate that failed to build or run."""

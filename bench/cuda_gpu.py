@@ -43,13 +43,13 @@ from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
 from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerResult
 
 from probtune import Trace
-from probtune.bundle import import_results, write_bundle, write_manifest, write_reference
-from probtune.catalog import resolve_workload
 from probtune.measure import run_bundle, timing
+from probtune.measure.bundle import import_results, write_bundle, write_manifest, write_reference
 from probtune.measure.runner import prepare_reference
-from probtune.space import generate_space
+from probtune.space.space_generator import generate_space
 from probtune.targets import resolve_target
-from probtune.workload import Workload
+from probtune.workloads.catalog import resolve_workload
+from probtune.workloads.workload import Workload
 
 ROOT = Path(__file__).resolve().parent.parent / ".gpu"
 RESULTS = Path(__file__).resolve().parent / "results"

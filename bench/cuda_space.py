@@ -30,9 +30,9 @@ from common import cpu_model, program_kind
 from tvm import s_tir
 
 from probtune import Rng
-from probtune.catalog import resolve_workload
-from probtune.space import generate_space
+from probtune.space.space_generator import generate_space
 from probtune.targets import resolve_target
+from probtune.workloads.catalog import resolve_workload
 from probtune_cuda.codegen import NVRTCCompiler
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -61,7 +61,7 @@ def _specs(text: str) -> list[tuple[str, int]]:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from probtune.bundle import write_bundle
+    from probtune.measure.bundle import write_bundle
     from probtune.targets import resolve_target
 
     spec = resolve_target(TARGET)

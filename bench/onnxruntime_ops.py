@@ -27,8 +27,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from probtune.catalog import BUILTIN_WORKLOADS, WorkloadSpec, resolve_workload
-from probtune.workload import Workload
+from probtune.workloads.catalog import BUILTIN_WORKLOADS, WorkloadSpec, resolve_workload
+from probtune.workloads.workload import Workload
 
 __all__ = ["SUPPORTED", "bind", "onnx_model", "self_check", "time_onnxruntime"]
 

@@ -49,10 +49,10 @@ from common import (  # first: it sets TVM_NUM_THREADS before TVM is imported
 )
 
 import probtune
-from probtune.codegen import compile_for
 from probtune.errors import ProbtuneError
+from probtune.measure.codegen import compile_for
 from probtune.targets import resolve_target
-from probtune.workload import Workload
+from probtune.workloads.workload import Workload
 
 DEFAULT_SUITE = (
     "matmul:512,512,512",

@@ -19,6 +19,7 @@ import numpy as np
 import tvm
 
 import probtune
+from probtune.workloads.workload import parse_shape
 
 CALLS_PER_REPEAT = 5
 
@@ -52,7 +53,7 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results/tune_matmul.json")
     args = parser.parse_args()
 
-    m, n, k = probtune.workload.parse_shape(args.shape)
+    m, n, k = parse_shape(args.shape)
     flops = 2.0 * m * n * k
     with tempfile.TemporaryDirectory() as scratch:
         started = time.perf_counter()

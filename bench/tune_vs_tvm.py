@@ -60,11 +60,11 @@ from tvm.ir.utils import derived_object
 
 import probtune
 from probtune import Database, Trace
-from probtune.codegen import compile_for
 from probtune.defaults import BATCH_SIZE
 from probtune.errors import ProbtuneError
+from probtune.measure.codegen import compile_for
 from probtune.targets import resolve_target
-from probtune.workload import Workload
+from probtune.workloads.workload import Workload
 
 DEFAULT_SUITE = (
     "matmul:1024,1024,1024",

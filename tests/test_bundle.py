@@ -17,9 +17,9 @@ import tvm
 
 import probtune.plugins
 from probtune import Database, TuningConfigError, hookimpl
-from probtune.bundle import FILL_ROUNDS, BundleWritten, _filled_batch, import_results, write_bundle
 from probtune.cli import main
 from probtune.interfaces import DeviceCode
+from probtune.measure.bundle import FILL_ROUNDS, BundleWritten, _filled_batch, import_results, write_bundle
 from probtune.measure.run_bundle import BROKEN, DIED, MANIFEST, RESULTS, read_results
 from probtune.plugins import load_registry
 from probtune.targets import resolve_target

@@ -7,9 +7,9 @@ import pytest
 import tvm
 import tvm_ffi
 
-from probtune.catalog import BUILTIN_WORKLOADS, WorkloadSpec
 from probtune.errors import WorkloadShapeError
-from probtune.workload import Workload
+from probtune.workloads.catalog import BUILTIN_WORKLOADS, WorkloadSpec
+from probtune.workloads.workload import Workload
 
 SPECS = {spec.name: spec for spec in BUILTIN_WORKLOADS}
 HOST = tvm.target.Target(

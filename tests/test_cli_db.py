@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from probtune.cli import main
-from probtune.database import Database
-from probtune.measure_key import MeasureKey
+from probtune.database.database import Database
+from probtune.database.measure_key import MeasureKey
 
 HOST = {"kind": "llvm", "mcpu": "znver4"}
 

@@ -7,12 +7,12 @@ import pytest
 from tvm import s_tir
 
 from probtune import Rng
-from probtune.constant_layouts import MeasuredForm, layout_copies, read_constants_packed
 from probtune.measure import LocalBuilder, LocalRunner, prepare_reference
+from probtune.measure.constant_layouts import MeasuredForm, layout_copies, read_constants_packed
+from probtune.measure.pipeline import measure
 from probtune.model import extract_tasks, fuse, load_model
-from probtune.pipeline import measure
-from probtune.search import RandomSearch
-from probtune.space import generate_space
+from probtune.search.search_strategy import RandomSearch
+from probtune.space.space_generator import generate_space
 
 WEIGHT = 1  # a dense layer's weight: the second parameter, a constant in the model
 

@@ -16,14 +16,14 @@ import tvm
 import tvm_ffi
 from tvm import te
 
-import probtune.database
-from probtune.database import SCHEMA_VERSION, STATUSES, Database, Record
+import probtune.database.database
+from probtune.database.database import SCHEMA_VERSION, STATUSES, Database, Record
+from probtune.database.measure_key import MeasureKey
 from probtune.errors import DatabaseError, DatabaseRowError, SchemaVersionError
-from probtune.measure_key import MeasureKey
 
 TARGET = '{"kind": "llvm", "mcpu": "znver4"}'
 OTHER_TARGET = '{"kind": "llvm", "mtriple": "aarch64-linux-gnu"}'
-PYTHON_DIR = Path(probtune.database.__file__).resolve().parents[1]  # holds the package
+PYTHON_DIR = Path(probtune.database.database.__file__).resolve().parents[2]  # holds the package
 
 
 def matmul_module(m: int = 16, n: int = 16, k: int = 16) -> tvm.IRModule:
@@ -193,7 +193,7 @@ def test_two_open_databases_see_each_others_records(db_path: Path) -> None:
 # A process that adds records, printing "id index" once each one is committed.
 WRITER = """
     import os
-    from probtune.database import Database
+    from probtune.database.database import Database
     db = Database({path!r})
     for index in range({count}):
         trace = f"trace {{index}}"
@@ -257,7 +257,7 @@ RACER = """
     import time
     import tvm
     from tvm import te
-    from probtune.database import Database
+    from probtune.database.database import Database
     a = te.placeholder((16, 16), name="A")
     b = te.placeholder((16, 16), name="B")
     r = te.reduce_axis((0, 16), name="k")

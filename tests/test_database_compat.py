@@ -11,10 +11,10 @@ from test_model_tuning import CNN_SHAPES
 
 from conftest import host_key
 from probtune import generate_space, tune_model
-from probtune.catalog import resolve_workload
-from probtune.database import Database
+from probtune.database.database import Database
 from probtune.plugins import get_registry
-from probtune.session import replayable
+from probtune.task.session import replayable
+from probtune.workloads.catalog import resolve_workload
 from probtune_cpu.host_cpu import cpu_model
 
 OLD = "tests/data/old_database.db"

@@ -14,14 +14,14 @@ import probtune.measure
 def test_importing_the_packages_loads_neither_tvm_nor_the_core():
     probe = (
         "import sys, probtune, probtune.measure, probtune.measure._worker\n"
-        "print(sorted(m for m in ('tvm', 'probtune._core', 'probtune.tuning') if m in sys.modules))\n"
+        "print(sorted(m for m in ('tvm', 'probtune._core', 'probtune.task.tuning') if m in sys.modules))\n"
         "probtune.tune\n"
-        "print(sorted(m for m in ('tvm', 'probtune._core', 'probtune.tuning') if m in sys.modules))\n"
+        "print(sorted(m for m in ('tvm', 'probtune._core', 'probtune.task.tuning') if m in sys.modules))\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     before, after = done.stdout.splitlines()
     assert before == "[]"
-    assert after == "['probtune._core', 'probtune.tuning', 'tvm']"
+    assert after == "['probtune._core', 'probtune.task.tuning', 'tvm']"
 
 
 @pytest.mark.parametrize("package", [probtune, probtune.measure])

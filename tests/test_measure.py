@@ -34,7 +34,7 @@ from probtune.measure import (
     prepare_reference,
 )
 from probtune.measure._process import _BOOTSTRAP
-from probtune.workload import Workload
+from probtune.workloads.workload import Workload
 
 N = 64
 TARGET = TargetSpec("test-cpu", "this CPU", {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu(), "num-cores": 2}, ())

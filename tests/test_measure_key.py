@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from probtune.database import Database
-from probtune.measure_key import COLD_CACHE, MeasureKey
+from probtune.database.database import Database
+from probtune.database.measure_key import COLD_CACHE, MeasureKey
 
 XEON = "Intel(R) Xeon(R) Processor @ 2.50GHz"  # a real CPU model: an '@' inside the device's name
 HOST = {"kind": "llvm", "mcpu": "znver4"}

@@ -137,7 +137,7 @@ def test_wrong_crashing_and_hanging_candidates_cost_only_themselves(tmp_path):
     from test_measure import CANDIDATES, TARGET, matmul
 
     from probtune.measure import LocalBuilder, prepare_reference
-    from probtune.workload import Workload
+    from probtune.workloads.workload import Workload
 
     names = ["good", "wrong", "segfaults", "hangs", "good"]
     reference = prepare_reference(Workload.from_module(matmul(), name="matmul"), tmp_path, seed=0)

@@ -18,7 +18,7 @@ from probtune.model import extract_tasks, fuse, load_model
 from probtune.model.bundle import Tolerance, write_model_bundle
 from probtune.model.compile import default_programs
 from probtune.model.precision import TOLERANCES, convert_precision
-from probtune.space import generate_space
+from probtune.space.space_generator import generate_space
 from probtune.targets import resolve_target
 
 FAKE_CUPY = Path(__file__).resolve().parent / "fake_cupy"
@@ -116,7 +116,7 @@ def test_a_target_without_launch_tables_writes_no_model_bundle(small_cnn_onnx, h
 
 def test_the_cli_writes_a_model_round_and_imports_what_the_device_measured(small_cnn_onnx, tmp_path, capsys):
     from probtune.cli import main
-    from probtune.database import Database
+    from probtune.database.database import Database
 
     round_, db = tmp_path / "round1", str(tmp_path / "t.db")
     assert main(["bundle", str(round_), "--device", "h200", "--model", str(small_cnn_onnx), "--input-shape", "x=1,3,16,16",

@@ -16,10 +16,10 @@ from probtune.model.check import check_outputs
 from probtune.model.compile import CompiledModel, compile_model, default_program
 from probtune.model.concatenation import MIN_INPUTS, split_concatenation, split_concatenations
 from probtune.model.examples import make_model
-from probtune.space import generate_space
+from probtune.schedule.analysis import iter_stmts
+from probtune.space.space_generator import generate_space
 from probtune.targets import resolve_target
-from probtune.tir import iter_stmts
-from probtune.workload import Workload
+from probtune.workloads.workload import Workload
 
 
 def _blocks(func: tvm.tirx.PrimFunc) -> list[str]:

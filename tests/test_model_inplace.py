@@ -12,7 +12,7 @@ from probtune.model import extract_tasks, fuse, load_model
 from probtune.model.check import check_outputs
 from probtune.model.compile import CompiledModel, compile_model, default_program
 from probtune.model.inplace import overwritable_inputs, write_in_place
-from probtune.space import generate_space
+from probtune.space.space_generator import generate_space
 
 
 @T.prim_func(s_tir=True)

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import tvm
 
-from probtune.codegen import compile_for
+from probtune.measure.codegen import compile_for
 from probtune.model import extract_tasks, fuse, load_model
 from probtune.model.compile import CompiledModel, compile_model, default_programs, place_programs
 from probtune.model.plan import ModelPlan, plan_model
-from probtune.space import generate_space
+from probtune.space.space_generator import generate_space
 
 
 def _defaults(fused, target):

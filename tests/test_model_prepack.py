@@ -5,13 +5,13 @@ from __future__ import annotations
 import tvm
 
 from probtune import Rng
-from probtune.constant_layouts import layout_copies
+from probtune.measure.constant_layouts import layout_copies
 from probtune.model import extract_tasks, fuse, load_model
 from probtune.model.check import check_outputs
 from probtune.model.compile import CompiledModel, compile_model, default_program
 from probtune.model.prepack import prepack_weights
-from probtune.search import RandomSearch
-from probtune.space import generate_space
+from probtune.search.search_strategy import RandomSearch
+from probtune.space.space_generator import generate_space
 
 
 def _programs_with_a_weight_copy(fused, host):

@@ -48,7 +48,7 @@ def test_the_model_reports_its_threads(encoder_onnx, host):
     from probtune.model import fuse, load_model
     from probtune.model.compile import CompiledModel, compile_model, default_program
     from probtune.model.tasks import extract_tasks
-    from probtune.space import generate_space
+    from probtune.space.space_generator import generate_space
 
     model = load_model(encoder_onnx)
     fused = fuse(model, host)

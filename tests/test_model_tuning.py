@@ -16,11 +16,11 @@ from tvm import relax
 
 import probtune
 from conftest import host_key
-from probtune.database import Database
+from probtune.database.database import Database
 from probtune.errors import ModelCheckError
+from probtune.measure.pipeline import COLD_CACHE
 from probtune.model import CompiledModel, tune_model
 from probtune.model import check as check_module
-from probtune.pipeline import COLD_CACHE
 
 CNN_SHAPES = {"x": (1, 3, 16, 16)}
 FAST = dict(batch_size=4, confirm=0)
@@ -131,7 +131,7 @@ def test_a_model_tvm_cannot_compile_is_refused_before_the_first_trial(tmp_path):
 
 def test_only_tasks_that_weigh_in_the_model_are_confirmed(small_cnn_onnx, tmp_path, monkeypatch):
     from probtune.defaults import CONFIRM_SHARE
-    from probtune.pipeline import MeasurePipeline
+    from probtune.measure.pipeline import MeasurePipeline
 
     confirmed = []
     monkeypatch.setattr(MeasurePipeline, "confirm", lambda self, session, top: confirmed.append(session.workload.name))

@@ -7,12 +7,12 @@ import dataclasses
 import pytest
 
 from probtune import Rng
-from probtune.catalog import resolve_workload
 from probtune.errors import ReplayError, TuningConfigError
-from probtune.mutators import ComputeLocationMutator, CoreMutator
 from probtune.plugins import get_registry
-from probtune.session import target_mutators
-from probtune.space import generate_space
+from probtune.search.mutators import ComputeLocationMutator, CoreMutator
+from probtune.space.space_generator import generate_space
+from probtune.task.session import target_mutators
+from probtune.workloads.catalog import resolve_workload
 
 
 def _space(name: str, host):

@@ -157,7 +157,7 @@ def test_conflicting_registration_is_reported(monkeypatch):
 
 def test_a_plugin_adds_instruction_kinds_but_not_over_the_language_s(monkeypatch):
     from probtune import hookimpl
-    from probtune.schedule import PRIMITIVES, InstructionKind
+    from probtune.schedule.schedule import PRIMITIVES, InstructionKind
 
     def noop(sch, inputs, attrs):
         return None

@@ -11,14 +11,14 @@ import tvm
 import tvm_ffi
 
 import probtune.plugins
-import probtune.realize as realize_module
+import probtune.search.realize as realize_module
 from probtune import Rng, hookimpl
-from probtune.catalog import resolve_workload
 from probtune.plugins import get_registry, load_registry
-from probtune.realize import REPLAY_FAILED, Realized, Realizer, Rejected, _Chunks, realize_in_process
-from probtune.schedule import InstructionKind
-from probtune.search import EvolutionarySearch
-from probtune.space import generate_space
+from probtune.schedule.schedule import InstructionKind
+from probtune.search.realize import REPLAY_FAILED, Realized, Realizer, Rejected, _Chunks, realize_in_process
+from probtune.search.search_strategy import EvolutionarySearch
+from probtune.space.space_generator import generate_space
+from probtune.workloads.catalog import resolve_workload
 from probtune_xgb.model import XGBCostModel
 
 _PARENT_PID = "PROBTUNE_TEST_PARENT_PID"

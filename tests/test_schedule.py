@@ -11,7 +11,7 @@ import tvm_ffi
 from tvm import s_tir
 
 from probtune import InvalidDecisionError, ReplayError, Rng, Schedule, Trace, TraceFormatError
-from probtune.schedule import InstructionKind
+from probtune.schedule.schedule import InstructionKind
 
 
 def tile_matmul(sch: Schedule) -> None:
@@ -94,7 +94,7 @@ def test_replay_with_other_decisions_gives_that_program(matmul_mod):
 
 
 def _rv(sch: Schedule, index: int):
-    from probtune.schedule import ExprRV
+    from probtune.schedule.schedule import ExprRV
 
     return ExprRV(sch.trace.instructions[index].outputs[0])
 

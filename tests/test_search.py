@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import probtune.search as search_module
+import probtune.search.search_strategy as search_module
 from probtune import Rng
-from probtune.catalog import resolve_workload
-from probtune.mutators import compute_location_sites
 from probtune.plugins import get_registry
-from probtune.search import EvolutionarySearch, RandomSearch
-from probtune.space import generate_space
+from probtune.search.mutators import compute_location_sites
+from probtune.search.search_strategy import EvolutionarySearch, RandomSearch
+from probtune.space.space_generator import generate_space
+from probtune.workloads.catalog import resolve_workload
 
 
 class LoopCountModel:

@@ -10,11 +10,11 @@ import tvm_ffi
 
 from conftest import assert_samples_correct, matmul_module
 from probtune import Rng, generate_space
-from probtune.catalog import BUILTIN_WORKLOADS
 from probtune.errors import PluginError
-from probtune.search import RandomSearch
-from probtune.space import MAX_DRAWS
-from probtune.workload import Workload
+from probtune.search.search_strategy import RandomSearch
+from probtune.space.design_space import MAX_DRAWS
+from probtune.workloads.catalog import BUILTIN_WORKLOADS
+from probtune.workloads.workload import Workload
 from probtune_cpu.multi_level_tiling import MultiLevelTiling
 from probtune_cpu.vector_unit import vector_width
 

@@ -8,11 +8,11 @@ import pytest
 
 import probtune
 import probtune.plugins
-from probtune.driver import strategy_kind
 from probtune.errors import TuningConfigError
 from probtune.plugin import SearchStart, StrategyKind, hookimpl
 from probtune.plugins import load_registry
-from probtune.search import RandomSearch
+from probtune.search.search_strategy import RandomSearch
+from probtune.task.driver import strategy_kind
 
 SMALL = dict(shape=(64, 64, 64), target="host", batch_size=4, confirm=0)
 

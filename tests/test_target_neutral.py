@@ -15,7 +15,7 @@ import tvm
 import probtune
 import probtune.plugins
 from probtune import InstructionKind, TargetSpec, hookimpl
-from probtune.database import Database
+from probtune.database.database import Database
 from probtune.measure import BuildResult, MeasureReference, RunResult
 from probtune.plugins import load_registry
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from probtune.driver import make_scheduler
-from probtune.task_scheduler import GradientScheduler, RoundRobinScheduler, TaskProgress, spend
+from probtune.task.driver import make_scheduler
+from probtune.task.task_scheduler import GradientScheduler, RoundRobinScheduler, TaskProgress, spend
 
 
 class FakeTasks:

@@ -19,18 +19,18 @@ import tvm
 import probtune
 from conftest import host_key, matmul_module, run_module
 from probtune import Database, Trace, Workload
-from probtune.constant_layouts import MeasuredForm
+from probtune.database.measure_key import MeasureKey
 from probtune.measure import prepare_reference
 from probtune.measure.builder import LocalBuilder
+from probtune.measure.constant_layouts import MeasuredForm
+from probtune.measure.pipeline import COLD_CACHE
+from probtune.measure.pipeline import confirm_best as _confirm_best
 from probtune.measure.results import BuildResult, RunResult
 from probtune.measure.runner import LocalRunner
-from probtune.measure_key import MeasureKey
-from probtune.pipeline import COLD_CACHE
-from probtune.pipeline import confirm_best as _confirm_best
-from probtune.realize import Realizer
-from probtune.session import replayable as _replayable
-from probtune.space import program_hash
+from probtune.search.realize import Realizer
+from probtune.space.design_space import program_hash
 from probtune.targets import resolve_target
+from probtune.task.session import replayable as _replayable
 from probtune_cpu.host_cpu import cpu_features
 
 SMALL = dict(shape=(64, 64, 64), target="host", batch_size=4)

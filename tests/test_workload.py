@@ -9,9 +9,9 @@ import pytest
 import tvm
 from tvm.script import tirx as T
 
-from probtune.catalog import BUILTIN_WORKLOADS, resolve_workload
 from probtune.errors import UnknownWorkloadError, WorkloadShapeError
-from probtune.workload import Workload, count_inputs, parse_shape
+from probtune.workloads.catalog import BUILTIN_WORKLOADS, resolve_workload
+from probtune.workloads.workload import Workload, count_inputs, parse_shape
 
 SPECS = {spec.name: spec for spec in BUILTIN_WORKLOADS}
 

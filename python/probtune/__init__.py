@@ -13,9 +13,7 @@ from probtune._lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from probtune._core import Rng, Trace
-    from probtune.catalog import WorkloadSpec
-    from probtune.database import Database, Record
-    from probtune.design_space import DesignSpace
+    from probtune.database.database import Database, Record
     from probtune.errors import (
         DatabaseError,
         DatabaseRowError,
@@ -39,11 +37,13 @@ if TYPE_CHECKING:
     from probtune.interfaces import SpaceContext, TargetSpec
     from probtune.measure import LocalBuilder, LocalRunner, MeasureStatus, RPCRunner
     from probtune.model import CompiledModel, Model, ModelTuneResult, load_model, tune_model
-    from probtune.schedule import BlockRV, ExprRV, InstructionKind, LoopRV, Schedule
-    from probtune.space import generate_space
-    from probtune.task import Task
-    from probtune.tuning import TrialOutcome, TuneResult, compile_best, tune
-    from probtune.workload import Workload
+    from probtune.schedule.schedule import BlockRV, ExprRV, InstructionKind, LoopRV, Schedule
+    from probtune.space.design_space import DesignSpace
+    from probtune.space.space_generator import generate_space
+    from probtune.task.task import Task
+    from probtune.task.tuning import TrialOutcome, TuneResult, compile_best, tune
+    from probtune.workloads.catalog import WorkloadSpec
+    from probtune.workloads.workload import Workload
 
 __version__ = "0.1.0"
 
@@ -102,35 +102,35 @@ __all__ = [
 # probtune itself loads neither TVM nor the compiled core, so a measurement child
 # that only needs TVM's runtime (or a CLI asked for --help) does not pay for them.
 _SOURCE_OF = {
-    "tune": "probtune.tuning",
-    "compile_best": "probtune.tuning",
-    "TuneResult": "probtune.tuning",
-    "TrialOutcome": "probtune.pipeline",
+    "tune": "probtune.task.tuning",
+    "compile_best": "probtune.task.tuning",
+    "TuneResult": "probtune.task.tuning",
+    "TrialOutcome": "probtune.measure.pipeline",
     "load_model": "probtune.model",
     "tune_model": "probtune.model",
     "Model": "probtune.model",
     "ModelTuneResult": "probtune.model",
     "CompiledModel": "probtune.model",
-    "Schedule": "probtune.schedule",
-    "BlockRV": "probtune.schedule",
-    "LoopRV": "probtune.schedule",
-    "ExprRV": "probtune.schedule",
-    "InstructionKind": "probtune.schedule",
+    "Schedule": "probtune.schedule.schedule",
+    "BlockRV": "probtune.schedule.schedule",
+    "LoopRV": "probtune.schedule.schedule",
+    "ExprRV": "probtune.schedule.schedule",
+    "InstructionKind": "probtune.schedule.schedule",
     "Trace": "probtune._core",
     "Rng": "probtune._core",
-    "DesignSpace": "probtune.design_space",
-    "generate_space": "probtune.space",
-    "Workload": "probtune.workload",
-    "Task": "probtune.task",
-    "WorkloadSpec": "probtune.catalog",
+    "DesignSpace": "probtune.space.design_space",
+    "generate_space": "probtune.space.space_generator",
+    "Workload": "probtune.workloads.workload",
+    "Task": "probtune.task.task",
+    "WorkloadSpec": "probtune.workloads.catalog",
     "TargetSpec": "probtune.interfaces",
     "SpaceContext": "probtune.interfaces",
-    "Database": "probtune.database",
+    "Database": "probtune.database.database",
     "LocalBuilder": "probtune.measure",
     "LocalRunner": "probtune.measure",
     "MeasureStatus": "probtune.measure",
     "RPCRunner": "probtune.measure",
-    "Record": "probtune.database",
+    "Record": "probtune.database.database",
     "hookimpl": "probtune.hookspecs",
     **{name: "probtune.errors" for name in __all__ if name.endswith("Error")},
 }

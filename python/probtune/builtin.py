@@ -25,7 +25,7 @@ __all__ = [
 
 @hookimpl
 def probtune_register_workloads(register: Callable[[Any], None]) -> None:
-    from probtune.catalog import BUILTIN_WORKLOADS
+    from probtune.workloads.catalog import BUILTIN_WORKLOADS
 
     for spec in BUILTIN_WORKLOADS:
         register(spec)
@@ -33,7 +33,7 @@ def probtune_register_workloads(register: Callable[[Any], None]) -> None:
 
 @hookimpl
 def probtune_register_instructions(register: Callable[[Any], None]) -> None:
-    from probtune.schedule import PRIMITIVES
+    from probtune.schedule.schedule import PRIMITIVES
 
     for kind in PRIMITIVES.values():
         register(kind)
@@ -41,7 +41,7 @@ def probtune_register_instructions(register: Callable[[Any], None]) -> None:
 
 @hookimpl
 def probtune_register_mutators(register: Callable[[Any], None]) -> None:
-    from probtune.mutators import BUILTIN_MUTATORS
+    from probtune.search.mutators import BUILTIN_MUTATORS
 
     for mutator in BUILTIN_MUTATORS:
         register(mutator)
@@ -72,7 +72,7 @@ def probtune_register_runners(register: Callable[[str, Any], None]) -> None:
 
 @hookimpl
 def probtune_register_task_schedulers(register: Callable[[str, Any], None]) -> None:
-    from probtune.task_scheduler import BUILTIN_SCHEDULERS
+    from probtune.task.task_scheduler import BUILTIN_SCHEDULERS
 
     for scheduler in BUILTIN_SCHEDULERS:
         register(scheduler.name, scheduler)
@@ -80,7 +80,7 @@ def probtune_register_task_schedulers(register: Callable[[str, Any], None]) -> N
 
 @hookimpl
 def probtune_register_search_strategies(register: Callable[[Any], None]) -> None:
-    from probtune.strategies import BUILTIN_STRATEGIES
+    from probtune.search.strategies import BUILTIN_STRATEGIES
 
     for kind in BUILTIN_STRATEGIES:
         register(kind)

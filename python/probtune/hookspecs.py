@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from probtune.catalog import WorkloadSpec
     from probtune.interfaces import (
         BuilderFactory,
         BundleRuntime,
@@ -28,9 +27,10 @@ if TYPE_CHECKING:
         TargetSpec,
         Validator,
     )
-    from probtune.schedule import InstructionKind
-    from probtune.strategies import StrategyKind
-    from probtune.task_scheduler import TaskScheduler
+    from probtune.schedule.schedule import InstructionKind
+    from probtune.search.strategies import StrategyKind
+    from probtune.task.task_scheduler import TaskScheduler
+    from probtune.workloads.catalog import WorkloadSpec
 
 __all__ = [
     "hookimpl",

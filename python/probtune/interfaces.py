@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 
     from probtune._core import Rng, Trace
     from probtune.measure.results import BuildResult, MeasureReference, RunResult
-    from probtune.schedule import BlockRV, InstructionKind, Schedule
-    from probtune.workload import Workload
+    from probtune.schedule.schedule import BlockRV, InstructionKind, Schedule
+    from probtune.workloads.workload import Workload
 
 __all__ = [
     "Builder",
@@ -52,7 +52,7 @@ Optional methods: ``export(executable, path, workspace_dir)`` links the
 shared library; ``device_code(mod, tvm_target) -> DeviceCode``, with the
 attribute ``device_code_kind`` (a short name of the code's format, used as
 its file extension), gives the program's machine code for its device and the table that
-launches it, which a measurement bundle (:mod:`probtune.bundle`) carries to
+launches it, which a measurement bundle (:mod:`probtune.measure.bundle`) carries to
 a machine without TVM, with the bundle runtimes that launch code of that
 kind (:class:`BundleRuntime`).
 """
@@ -100,7 +100,7 @@ class TargetSpec:
 
     It is sent to builder processes, so it must pickle (a module-level function or a small dataclass). Where it
     has a method ``export(executable, path, workspace_dir)``, shared libraries are written with it (a cross
-    linker, say) rather than with ``executable.export_library`` (:func:`probtune.codegen.export_with`)."""
+    linker, say) rather than with ``executable.export_library`` (:func:`probtune.measure.codegen.export_with`)."""
     runs_here: Callable[[], str | None] | None = None
     """Asked before a local runner starts: why this machine cannot run the target's code, or None if it can.
 
@@ -144,7 +144,7 @@ class SpaceModule(Protocol):
     ``tvm.s_tir.Schedule`` of a fresh random draw of the space (replayed,
     before the validators), returns the probability in ``[0, 1]`` of keeping
     that draw; a draw not kept is drawn again (:meth:`DesignSpace.draw
-    <probtune.space.DesignSpace.draw>`). It shapes where a search starts, not
+    <probtune.space.design_space.DesignSpace.draw>`). It shapes where a search starts, not
     what it can reach: mutated and recorded traces are never weighed.
 
     Optional: ``after_blocks = True`` applies the module in a second pass,
@@ -220,7 +220,7 @@ class CostModel(Protocol):
 
     Optional: a ``program_features`` attribute, a picklable function of one
     program giving what ``featurize`` gives for it, lets the evolutionary
-    search featurize in its helper processes (see :mod:`probtune.realize`).
+    search featurize in its helper processes (see :mod:`probtune.search.realize`).
     """
 
     name: str
@@ -249,7 +249,7 @@ class Builder(Protocol):
 
     Each program comes as an ``IRModule`` or as its ``tvm.ir.save_json`` text
     (what a search helper process sends back). A builder compiles it as the
-    target says (:func:`probtune.codegen.compile_for`), so that it runs as
+    target says (:func:`probtune.measure.codegen.compile_for`), so that it runs as
     :func:`probtune.compile_best` will compile it.
     """
 

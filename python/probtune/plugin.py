@@ -5,7 +5,7 @@ module implements hooks (:mod:`probtune.hookspecs`) with ``@hookimpl``. What
 it registers satisfies the Protocols here (:mod:`probtune.interfaces`); a
 design-space module writes programs with :class:`Schedule` and its random
 variables, a plugin's own schedule instruction is an :class:`InstructionKind`;
-the TIR analysis (:mod:`probtune.tir`) reads programs; :class:`AutoUnroll` is
+the TIR analysis (:mod:`probtune.schedule.analysis`) reads programs; :class:`AutoUnroll` is
 a space module every target's space shares; a task scheduler or a search
 strategy reads :class:`TaskProgress` or starts from :class:`SearchStart`; a graph rewrite edits a
 Relax module with :func:`mutated`; a cost model finds the registered feature
@@ -21,8 +21,6 @@ from typing import TYPE_CHECKING
 from probtune._lazy import lazy_attributes
 
 if TYPE_CHECKING:
-    from probtune.constant_layouts import layout_free_params
-    from probtune.design_space import Candidate
     from probtune.errors import (
         NOT_REPLAYABLE,
         InvalidDecisionError,
@@ -54,13 +52,10 @@ if TYPE_CHECKING:
         TargetSpec,
         Validator,
     )
+    from probtune.measure.constant_layouts import layout_free_params
     from probtune.model.transposes import mutated, static_shape
     from probtune.plugins import get_registry
-    from probtune.schedule import BlockRV, ExprRV, InstructionKind, LoopRV, Schedule
-    from probtune.search import SearchStrategy
-    from probtune.strategies import SearchStart, StrategyKind
-    from probtune.task_scheduler import TaskProgress, TaskScheduler
-    from probtune.tir import (
+    from probtune.schedule.analysis import (
         OTHER,
         REDUCTION,
         SPATIAL,
@@ -83,7 +78,12 @@ if TYPE_CHECKING:
         thread_tag,
         variable_ids,
     )
-    from probtune.unroll import UNROLL_KEY, AutoUnroll
+    from probtune.schedule.schedule import BlockRV, ExprRV, InstructionKind, LoopRV, Schedule
+    from probtune.search.search_strategy import SearchStrategy
+    from probtune.search.strategies import SearchStart, StrategyKind
+    from probtune.space.design_space import Candidate
+    from probtune.space.unroll import UNROLL_KEY, AutoUnroll
+    from probtune.task.task_scheduler import TaskProgress, TaskScheduler
 
 _FROM = {
     "probtune.hookspecs": ["hookimpl"],
@@ -92,18 +92,18 @@ _FROM = {
         "FeatureExtractor", "GraphRewrite", "Mutator",
         "OnnxConverter", "Runner", "RunnerFactory", "SpaceContext", "SpaceModule", "TargetSpec", "Validator",
     ],
-    "probtune.schedule": ["BlockRV", "ExprRV", "InstructionKind", "LoopRV", "Schedule"],
-    "probtune.tir": [
+    "probtune.schedule.schedule": ["BlockRV", "ExprRV", "InstructionKind", "LoopRV", "Schedule"],
+    "probtune.schedule.analysis": [
         "OTHER", "REDUCTION", "SPATIAL", "as_list", "at_root", "block_names", "child_stmts", "contiguous_along",
         "find_realize", "identity", "indexing_dims", "is_spatial", "iter_stmts", "loop_kinds", "nested_sblocks",
         "realize_of", "reuses_data", "root_tile", "sblock_names", "thread_tag", "variable_ids",
     ],
-    "probtune.unroll": ["UNROLL_KEY", "AutoUnroll"],
-    "probtune.search": ["SearchStrategy"],
-    "probtune.design_space": ["Candidate"],
-    "probtune.strategies": ["SearchStart", "StrategyKind"],
-    "probtune.task_scheduler": ["TaskProgress", "TaskScheduler"],
-    "probtune.constant_layouts": ["layout_free_params"],
+    "probtune.space.unroll": ["UNROLL_KEY", "AutoUnroll"],
+    "probtune.search.search_strategy": ["SearchStrategy"],
+    "probtune.space.design_space": ["Candidate"],
+    "probtune.search.strategies": ["SearchStart", "StrategyKind"],
+    "probtune.task.task_scheduler": ["TaskProgress", "TaskScheduler"],
+    "probtune.measure.constant_layouts": ["layout_free_params"],
     "probtune.model.transposes": ["mutated", "static_shape"],
     "probtune.plugins": ["get_registry"],
     "probtune.errors": [

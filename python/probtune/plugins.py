@@ -23,7 +23,6 @@ from probtune import hookspecs
 from probtune.errors import PluginError
 
 if TYPE_CHECKING:
-    from probtune.catalog import WorkloadSpec
     from probtune.interfaces import (
         BuilderFactory,
         BundleRuntime,
@@ -37,9 +36,10 @@ if TYPE_CHECKING:
         TargetSpec,
         Validator,
     )
-    from probtune.schedule import InstructionKind
-    from probtune.strategies import StrategyKind
-    from probtune.task_scheduler import TaskScheduler
+    from probtune.schedule.schedule import InstructionKind
+    from probtune.search.strategies import StrategyKind
+    from probtune.task.task_scheduler import TaskScheduler
+    from probtune.workloads.catalog import WorkloadSpec
 
 __all__ = [
     "PROJECT",
@@ -184,7 +184,7 @@ def load_registry(extra_plugins: list[ModuleType | object] | None = None) -> Reg
     """Load the kernel's own plugin, every wanted entry point and ``extra_plugins``; collect registrations."""
     from probtune import builtin
     from probtune.measure.run_bundle import TVM_RUNTIME
-    from probtune.schedule import SAMPLING_KINDS
+    from probtune.schedule.schedule import SAMPLING_KINDS
 
     # The sampling instructions and the TVM bundle runtime are the kernel's, not registered.
     reserved = {"instructions": frozenset(SAMPLING_KINDS), "bundle_runtimes": frozenset({TVM_RUNTIME})}

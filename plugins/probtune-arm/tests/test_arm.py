@@ -12,10 +12,10 @@ import pytest
 import tvm
 
 from probtune import Rng, generate_space, tune
-from probtune.catalog import BUILTIN_WORKLOADS
 from probtune.errors import DeviceError
-from probtune.search import RandomSearch
+from probtune.search.search_strategy import RandomSearch
 from probtune.targets import resolve_target
+from probtune.workloads.catalog import BUILTIN_WORKLOADS
 
 # fmla on four fp32 lanes, vector by vector or vector by element: v0.4s, v1.4s, v2.4s / v2.s[1]
 NEON_FMA_4S = re.compile(r"\bfmla\s+v\d+\.4s,")

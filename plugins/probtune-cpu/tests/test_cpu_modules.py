@@ -9,11 +9,11 @@ from tvm import s_tir, te, tirx
 
 from conftest import assert_program_correct, assert_samples_correct
 from probtune import Rng, Schedule, generate_space
-from probtune.catalog import BUILTIN_WORKLOADS
 from probtune.plugin import AutoUnroll
-from probtune.search import RandomSearch
-from probtune.tir import block_names, child_stmts, find_realize, iter_stmts
-from probtune.workload import Workload
+from probtune.schedule.analysis import block_names, child_stmts, find_realize, iter_stmts
+from probtune.search.search_strategy import RandomSearch
+from probtune.workloads.catalog import BUILTIN_WORKLOADS
+from probtune.workloads.workload import Workload
 from probtune_cpu.auto_inline import AutoInline
 from probtune_cpu.defaults import DEFAULT_MODULES
 from probtune_cpu.parallel_vectorize import MAX_UNROLLED_EXTREMUM_STEPS, VECTOR_SPLIT_KEY

@@ -9,7 +9,7 @@ from tvm import s_tir, te
 
 from conftest import assert_program_correct, run_module, softmax_samples_with
 from probtune import Rng, generate_space
-from probtune.catalog import BUILTIN_WORKLOADS
+from probtune.workloads.catalog import BUILTIN_WORKLOADS
 from probtune_cpu.output_reuse import RewriteOutputReuse
 
 CATALOG = {spec.name: spec for spec in BUILTIN_WORKLOADS}

@@ -9,8 +9,8 @@ from tvm import s_tir, te
 
 from conftest import context_of, run_module, softmax_samples_with
 from probtune import SpaceContext
-from probtune.catalog import BUILTIN_WORKLOADS
 from probtune.targets import resolve_target
+from probtune.workloads.catalog import BUILTIN_WORKLOADS
 from probtune_cpu.llvm_features import llvm_target_has
 from probtune_cpu.polynomial_exp import RewriteExpPolynomial, _is_float32_exp
 from probtune_cpu.stored_values import workload_stores_any

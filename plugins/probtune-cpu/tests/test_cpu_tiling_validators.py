@@ -15,12 +15,12 @@ from tvm.script import tirx as T
 
 from conftest import assert_program_correct, matmul_module, run_module
 from probtune import Rng, SpaceContext, Trace, generate_space
-from probtune.catalog import BUILTIN_WORKLOADS
-from probtune.constant_layouts import LAYOUT_FREE_ATTR
-from probtune.schedule import BlockRV, Schedule
+from probtune.measure.constant_layouts import LAYOUT_FREE_ATTR
+from probtune.schedule.analysis import block_names
+from probtune.schedule.schedule import BlockRV, Schedule
 from probtune.targets import resolve_target
-from probtune.tir import block_names
-from probtune.workload import Workload
+from probtune.workloads.catalog import BUILTIN_WORKLOADS
+from probtune.workloads.workload import Workload
 from probtune_cpu.multi_level_tiling import (
     PACKED_DIM_KEY,
     PANEL_DIM_KEY,

@@ -12,9 +12,9 @@ from tvm import s_tir, te, tirx
 
 from conftest import context_of, run_module
 from probtune import Rng, generate_space
-from probtune.codegen import compile_for
-from probtune.search import RandomSearch
-from probtune.workload import Workload
+from probtune.measure.codegen import compile_for
+from probtune.search.search_strategy import RandomSearch
+from probtune.workloads.workload import Workload
 from probtune_cpu.vector_math import RewriteVectorMath
 
 _FUNCTIONS = {

@@ -6,10 +6,10 @@ import pytest
 import tvm
 
 from probtune import Rng, Schedule
-from probtune.catalog import resolve_workload
-from probtune.codegen import compile_for
-from probtune.space import generate_space
+from probtune.measure.codegen import compile_for
+from probtune.space.space_generator import generate_space
 from probtune.targets import resolve_target
+from probtune.workloads.catalog import resolve_workload
 from probtune_cuda import nvrtc
 from probtune_cuda.codegen import CUDALintError, lint
 from probtune_cuda.nvrtc import CUDAToolchainError, KernelResources, compile_cubin, kernel_resources

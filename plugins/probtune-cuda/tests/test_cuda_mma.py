@@ -8,10 +8,10 @@ import pytest
 
 from conftest import categorical_sites
 from probtune import Rng, Schedule
-from probtune.catalog import resolve_workload
-from probtune.codegen import compile_for
-from probtune.space import generate_space
+from probtune.measure.codegen import compile_for
+from probtune.space.space_generator import generate_space
 from probtune.targets import resolve_target
+from probtune.workloads.catalog import resolve_workload
 from probtune_cuda.codegen import CUDALintError
 from probtune_cuda.mma import (
     INSTRUCTION_KEY,

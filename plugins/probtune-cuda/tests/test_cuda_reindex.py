@@ -6,9 +6,9 @@ import pytest
 from tvm import s_tir
 
 from conftest import assert_program_correct
-from probtune.catalog import resolve_workload
-from probtune.space import generate_space
+from probtune.space.space_generator import generate_space
 from probtune.targets import resolve_target
+from probtune.workloads.catalog import resolve_workload
 from probtune_cuda.intrinsics import load_tensor_intrinsics
 from probtune_cuda.reindex import contiguous_widths, intrinsic_layout, transform_to_intrinsic
 

@@ -10,10 +10,10 @@ import tvm
 
 from conftest import categorical_sites, multiplies_on_tensor_cores, valid_samples
 from probtune import Rng, Schedule
-from probtune.catalog import resolve_workload
-from probtune.codegen import compile_for
-from probtune.space import generate_space
+from probtune.measure.codegen import compile_for
+from probtune.space.space_generator import generate_space
 from probtune.targets import resolve_target
+from probtune.workloads.catalog import resolve_workload
 from probtune_cuda.codegen import CUDALintError
 from probtune_cuda.lowering import build_options
 from probtune_cuda.software_pipeline import (

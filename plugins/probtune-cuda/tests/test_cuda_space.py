@@ -10,9 +10,9 @@ import tvm
 
 from conftest import valid_samples
 from probtune import Rng, Schedule, UnsupportedTargetError
-from probtune.catalog import resolve_workload
-from probtune.space import generate_space
+from probtune.space.space_generator import generate_space
 from probtune.targets import resolve_target
+from probtune.workloads.catalog import resolve_workload
 from probtune_cuda.postprocs import VerifyGPUCode
 
 pytestmark = pytest.mark.filterwarnings("ignore")

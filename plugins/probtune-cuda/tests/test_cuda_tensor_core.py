@@ -11,11 +11,11 @@ from tvm import te, topi
 
 from conftest import multiplies_on_tensor_cores, valid_samples
 from probtune import Rng, Schedule
-from probtune.catalog import resolve_workload
-from probtune.codegen import compile_for
-from probtune.space import generate_space
+from probtune.measure.codegen import compile_for
+from probtune.space.space_generator import generate_space
 from probtune.targets import resolve_target
-from probtune.workload import Workload
+from probtune.workloads.catalog import resolve_workload
+from probtune.workloads.workload import Workload
 from probtune_cuda.codegen import CUDALintError
 from probtune_cuda.intrinsics import TENSORIZE_KEY
 from probtune_cuda.software_pipeline import loop_buffers

@@ -7,10 +7,10 @@ import re
 import pytest
 
 from probtune import Rng, Schedule
-from probtune.catalog import resolve_workload
-from probtune.codegen import compile_for
-from probtune.space import generate_space
+from probtune.measure.codegen import compile_for
+from probtune.space.space_generator import generate_space
 from probtune.targets import resolve_target
+from probtune.workloads.catalog import resolve_workload
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

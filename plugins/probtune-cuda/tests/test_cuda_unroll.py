@@ -6,9 +6,9 @@ import pytest
 
 from conftest import categorical_sites
 from probtune import Rng
-from probtune.catalog import resolve_workload
-from probtune.space import generate_space
+from probtune.space.space_generator import generate_space
 from probtune.targets import resolve_target
+from probtune.workloads.catalog import resolve_workload
 from probtune_cuda.mma import MMA_SYNC, WMMA
 from probtune_cuda.unroll import GPU_AUTO_UNROLL
 

@@ -16,11 +16,11 @@ from tvm.script import tirx as T
 import probtune.plugins
 from conftest import categorical_sites
 from probtune import Rng, hookimpl
-from probtune.catalog import resolve_workload
 from probtune.interfaces import CostModel
 from probtune.plugin import iter_stmts
 from probtune.plugins import get_registry, load_registry
-from probtune.space import generate_space
+from probtune.space.space_generator import generate_space
+from probtune.workloads.catalog import resolve_workload
 from probtune_cuda.features import GPU_FEATURE_NAMES
 from probtune_xgb import RandomCostModel, XGBCostModel
 from probtune_xgb.features import AUTO_UNROLL_KEY, STORE_FEATURE_NAMES, ProgramFeatures, store_features

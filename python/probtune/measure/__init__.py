@@ -4,6 +4,12 @@ Every candidate gets a result, even one that fails to compile, crashes or hangs
 its process, or computes a wrong answer; results are yielded as they arrive so
 that the caller can record each at once.  The caller builds a batch, then runs
 it: idle builder workers use no CPU, so compilation does not disturb timings.
+
+Also here, imported by their own paths: the pipeline a run's tasks share
+(``pipeline``), how a finished program is compiled (``codegen``), the form a
+candidate is timed in (``constant_layouts``) and measurement bundles
+(``bundle``, with the files copied into them: ``run_bundle``, ``run_model_bundle``,
+``bundle_runtimes``, ``timing``).
 """
 
 from typing import TYPE_CHECKING

@@ -51,7 +51,7 @@ def build_worker_main(connection: Connection) -> None:
     import psutil
     import tvm
 
-    from probtune.codegen import compile_with, export_with
+    from probtune.measure.codegen import compile_with, export_with
 
     me = psutil.Process()
 

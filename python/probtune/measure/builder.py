@@ -88,7 +88,7 @@ class LocalBuilder:
         """Yield ``(index into programs, result)`` for every candidate, in the order they finish.
 
         A program is an ``IRModule`` or its ``tvm.ir.save_json`` text, compiled
-        as ``target`` compiles it (:func:`probtune.codegen.compile_for`).
+        as ``target`` compiles it (:func:`probtune.measure.codegen.compile_for`).
 
         Stopping the iteration early kills the workers still compiling.
         """

@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 import tvm
 
-from probtune.codegen import device_type
 from probtune.defaults import RUN_TIMEOUT
 from probtune.errors import DeviceError, warn_caller
 from probtune.interfaces import TargetSpec
+from probtune.measure.codegen import device_type
 from probtune.measure.results import BuildResult, MeasureReference, MeasureStatus, RunResult, not_built
 from probtune.measure.timing import RunReply, RunTask, check_and_time, describe_error, read_reference
 

@@ -21,16 +21,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tvm
 
-from probtune.codegen import device_type
 from probtune.defaults import LOCAL
 from probtune.interfaces import TargetSpec
 from probtune.measure._process import WorkerProcess
 from probtune.measure._worker import run_worker_main
+from probtune.measure.codegen import device_type
 from probtune.measure.results import BuildResult, MeasureReference, MeasureStatus, RunResult, not_built
 from probtune.measure.timing import RunTask, sha256
 
 if TYPE_CHECKING:
-    from probtune.workload import Workload
+    from probtune.workloads.workload import Workload
 
 __all__ = ["LocalRunner", "local_device_name", "prepare_reference", "save_reference"]
 

@@ -28,10 +28,10 @@ import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
 
-from probtune.bundle import carry_runtimes, device_code_of, write_device_code
 from probtune.errors import ModelCompileError, TuningConfigError, summary
 from probtune.interfaces import TargetSpec
 from probtune.measure import bundle_runtimes, run_model_bundle
+from probtune.measure.bundle import carry_runtimes, device_code_of, write_device_code
 from probtune.model.check import outputs_to_numpy
 from probtune.model.compile import place_programs
 from probtune.model.importer import InputSpec

@@ -18,15 +18,15 @@ import tvm
 from tvm import relax
 
 from probtune._core import Rng
-from probtune.codegen import compile_for, export_with
-from probtune.design_space import DesignSpace
 from probtune.errors import NOT_REPLAYABLE, ModelCompileError, summary, warn_caller
 from probtune.interfaces import Compiler, TargetSpec
+from probtune.measure.codegen import compile_for, export_with
 from probtune.model.check import CheckReport, outputs_to_numpy
 from probtune.model.importer import InputSpec
 from probtune.model.inplace import write_in_place
 from probtune.model.prepack import prepack_weights
 from probtune.model.threads import PoolThread
+from probtune.space.design_space import DesignSpace
 
 __all__ = [
     "CompiledModel", "checked_inputs", "compile_model", "default_program", "default_programs", "export_model",
@@ -42,7 +42,7 @@ def compile_model(
 ) -> tuple[Any, int, int]:
     """``fused`` with each named PrimFunc replaced by the ``main`` of its program, compiled for ``target``.
 
-    The programs are compiled as the tuner measured them (:func:`probtune.codegen.compile_for`),
+    The programs are compiled as the tuner measured them (:func:`probtune.measure.codegen.compile_for`),
     except that a layout copy of a constant weight is made once, here (:mod:`probtune.model.prepack`), and
     an output that may overwrite an input read element for element (a residual) does so (:mod:`probtune.model.inplace`).
     Returns the executable, how many weights were packed so and how many calls write in place.

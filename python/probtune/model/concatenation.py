@@ -22,7 +22,7 @@ import tvm
 from tvm import s_tir, tirx
 
 from probtune.errors import summary, warn_caller
-from probtune.tir import as_list, identity, is_spatial, iter_stmts, variable_ids
+from probtune.schedule.analysis import as_list, identity, is_spatial, iter_stmts, variable_ids
 
 __all__ = ["MIN_INPUTS", "split_concatenation", "split_concatenations"]
 

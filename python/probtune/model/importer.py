@@ -22,7 +22,7 @@ from tvm import relax
 
 from probtune.errors import ModelImportError, last_line, warn_caller
 from probtune.plugins import get_registry
-from probtune.workload import parse_shape
+from probtune.workloads.workload import parse_shape
 
 __all__ = ["InputSpec", "Model", "load_model"]
 

@@ -3,7 +3,7 @@ made once, when the model is compiled.
 
 Where every call site of a program passes a constant at a position (a weight
 bound in the model), the program reads that input already in its copy's
-layout (:func:`probtune.constant_layouts.read_constants_packed`), and each
+layout (:func:`probtune.measure.constant_layouts.read_constants_packed`), and each
 call site passes the constant through a Relax ``layout_transform`` that
 constant folding evaluates at compile time.
 """
@@ -17,7 +17,7 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.ir.expr import Constant
 
-from probtune.constant_layouts import read_constants_packed
+from probtune.measure.constant_layouts import read_constants_packed
 
 __all__ = ["constant_arguments", "global_for", "prepack_weights"]
 

@@ -13,8 +13,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from probtune.codegen import device_type
 from probtune.interfaces import TargetSpec
+from probtune.measure.codegen import device_type
 from probtune.model.check import CheckReport, outputs_to_numpy
 from probtune.model.compile import checked_inputs, export_model
 from probtune.model.importer import InputSpec

@@ -12,7 +12,7 @@ import tvm
 
 from probtune.errors import ModelImportError
 from probtune.interfaces import GraphRewrite, TargetSpec
-from probtune.space import resolve_graph_rewrites
+from probtune.space.space_generator import resolve_graph_rewrites
 
 __all__ = ["REWRITES_ATTR", "apply_graph_rewrites", "rewrite_counts"]
 

@@ -4,7 +4,7 @@
 writes a model bundle of it compiled with each task's best record measured on
 the device so far (a default program where none is), and, with
 ``candidates``, a bundle of that many new candidates of every task (the
-search and cost model as in :func:`probtune.bundle.write_bundle`), each
+search and cost model as in :func:`probtune.measure.bundle.write_bundle`), each
 model's heaviest tasks first. On the device, each task bundle's
 ``run_bundle.py`` and the model's ``run_model_bundle.py`` run; back here
 :func:`import_model_round` records the tasks' results, and the next round goes
@@ -21,22 +21,22 @@ from typing import Any
 
 import tvm
 
-from probtune.bundle import BundleImport, import_results, write_bundle
-from probtune.database import Database
+from probtune.database.database import Database
+from probtune.database.measure_key import MeasureKey
 from probtune.defaults import MODEL_ROUND_CANDIDATES
 from probtune.errors import TuningConfigError
 from probtune.interfaces import TargetSpec
 from probtune.measure import run_bundle
-from probtune.measure_key import MeasureKey
+from probtune.measure.bundle import BundleImport, import_results, write_bundle
 from probtune.model.bundle import ModelBundleWritten, Tolerance, write_model_bundle
 from probtune.model.compile import default_programs
 from probtune.model.importer import Model, ShapeArg, load_model
 from probtune.model.precision import TOLERANCES, convert_precision
 from probtune.model.tasks import extract_tasks, fuse
-from probtune.session import best_replayable
-from probtune.space import generate_space
+from probtune.space.space_generator import generate_space
 from probtune.targets import resolve_target
-from probtune.task import Task
+from probtune.task.session import best_replayable
+from probtune.task.task import Task
 
 __all__ = ["ModelRound", "import_model_round", "model_programs", "write_model_round"]
 

@@ -15,17 +15,17 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from probtune.constant_layouts import LAYOUT_FREE_ATTR
 from probtune.errors import ModelCompileError, WorkloadShapeError, summary, warn_caller
 from probtune.interfaces import GraphRewrite, TargetSpec
+from probtune.measure.constant_layouts import LAYOUT_FREE_ATTR
 from probtune.model.concatenation import split_concatenations
 from probtune.model.importer import Model
 from probtune.model.layouts import convert_layouts
 from probtune.model.legalize import legalize
 from probtune.model.prepack import constant_arguments
 from probtune.model.rewrites import REWRITES_ATTR, apply_graph_rewrites
-from probtune.task import Task
-from probtune.workload import Workload
+from probtune.task.task import Task
+from probtune.workloads.workload import Workload
 
 __all__ = ["extract_tasks", "fuse"]
 

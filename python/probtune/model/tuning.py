@@ -22,9 +22,9 @@ from probtune.defaults import (
     RUN_TIMEOUT,
     SCHEDULER,
 )
-from probtune.driver import Driven, drive, make_scheduler, strategy_kind
 from probtune.errors import ModelCompileError
 from probtune.interfaces import Builder, CostModel, GraphRewrite, Runner, TargetSpec
+from probtune.measure.pipeline import Progress, open_pipeline, resolve_cost_model
 from probtune.model.check import check_outputs
 from probtune.model.compile import CompiledModel, compile_model, default_programs
 from probtune.model.importer import Model, ShapeArg, load_model
@@ -32,12 +32,12 @@ from probtune.model.precision import TOLERANCES, convert_precision
 from probtune.model.remote import RemoteModel
 from probtune.model.rewrites import rewrite_counts
 from probtune.model.tasks import extract_tasks, fuse
-from probtune.pipeline import Progress, open_pipeline, resolve_cost_model
-from probtune.space import generate_space
+from probtune.space.space_generator import generate_space
 from probtune.targets import resolve_target
-from probtune.task import Task
-from probtune.task_scheduler import TaskScheduler
-from probtune.tuning import check_tuning_options
+from probtune.task.driver import Driven, drive, make_scheduler, strategy_kind
+from probtune.task.task import Task
+from probtune.task.task_scheduler import TaskScheduler
+from probtune.task.tuning import check_tuning_options
 
 __all__ = ["ModelTuneResult", "TaskRow", "tune_model"]
 
@@ -180,7 +180,7 @@ def tune_model(
     database that already holds records of a task (from this model or
     another) is continued, and its cost model goes on learning. With
     ``cache_flush``, tasks are timed with cold caches, as they run in the model
-    (records apart from warm ones: :func:`~probtune.pipeline.open_pipeline`);
+    (records apart from warm ones: :func:`~probtune.measure.pipeline.open_pipeline`);
     None is ``MODEL_CACHE_FLUSH``, or a runner object's own setting.
     ``builder`` and ``runner`` are as for :func:`probtune.tune`.
     ``graph_rewrites`` names the graph rewrites applied to the model before it

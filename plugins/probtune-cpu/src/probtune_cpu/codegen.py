@@ -10,7 +10,7 @@ of its vector register file, as a larger buffer spills anyway and runs better
 in its workspace.
 
 A CPU target's ``compiler`` is an :class:`LLVMCompiler`, so that every
-compile of its programs (:func:`probtune.codegen.compile_for`) goes through
+compile of its programs (:func:`probtune.measure.codegen.compile_for`) goes through
 :func:`compile_program`.
 """
 

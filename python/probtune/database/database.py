@@ -28,9 +28,9 @@ from typing import Any, TypeVar
 import tvm
 import tvm_ffi
 
+from probtune.database.measure_key import MeasureKey
 from probtune.errors import DatabaseError, DatabaseRowError, SchemaVersionError, warn_caller
 from probtune.measure.results import MeasureStatus
-from probtune.measure_key import MeasureKey
 
 __all__ = [
     "SCHEMA_VERSION",

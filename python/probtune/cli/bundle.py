@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from probtune.cli_model import input_shape_option, input_shapes
+from probtune.cli.model import input_shape_option, input_shapes
 from probtune.defaults import BATCH_SIZE, BUNDLE_REFERENCE_MB, MODEL_ROUND_CANDIDATES, PRECISIONS
 from probtune.errors import TuningConfigError
 
@@ -47,7 +47,7 @@ def add_bundle_commands(sub: Any, non_negative_int: Callable[[str], int], defaul
 
 
 def _cmd_bundle(args: argparse.Namespace) -> int:
-    from probtune.bundle import write_bundle
+    from probtune.measure.bundle import write_bundle
 
     if args.model:
         return _model_round(args)
@@ -81,7 +81,7 @@ def _model_round(args: argparse.Namespace) -> int:
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from probtune.bundle import import_results
+    from probtune.measure.bundle import import_results
 
     if Path(args.bundle, "tasks").is_dir() or Path(args.bundle, "model").is_dir():
         return _import_round(args)

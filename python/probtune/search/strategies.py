@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from probtune.errors import TuningConfigError
-from probtune.search import EvolutionarySearch, RandomSearch, SearchStrategy
+from probtune.search.search_strategy import EvolutionarySearch, RandomSearch, SearchStrategy
 
 if TYPE_CHECKING:
     from probtune._core import Rng, Trace
-    from probtune.design_space import DesignSpace
     from probtune.interfaces import CostModel, Mutator
+    from probtune.space.design_space import DesignSpace
 
 __all__ = ["BUILTIN_STRATEGIES", "EVOLUTIONARY", "RANDOM", "SearchStart", "StrategyKind"]
 

@@ -3,7 +3,7 @@
 MetaSchedule's task scheduler over its tune contexts: each task's search
 session is opened when the scheduler first gives it a round; every round
 draws candidates, builds and times them, records them and trains the cost
-model (:meth:`~probtune.pipeline.MeasurePipeline.round`). :func:`probtune.tune`
+model (:meth:`~probtune.measure.pipeline.MeasurePipeline.round`). :func:`probtune.tune`
 drives one task, :func:`probtune.tune_model` a model's tasks. Schedulers
 and strategies are looked up here by their registered names.
 """
@@ -18,16 +18,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from probtune.defaults import CONFIRM_SHARE
-from probtune.design_space import DesignSpace
 from probtune.errors import TuningConfigError, warn_caller
 from probtune.interfaces import CostModel, SpaceModule
-from probtune.pipeline import MeasurePipeline
+from probtune.measure.pipeline import MeasurePipeline
 from probtune.plugins import get_registry
-from probtune.session import Replayed, TaskSession, best_replayable
-from probtune.space import generate_space
-from probtune.strategies import StrategyKind
-from probtune.task import Task
-from probtune.task_scheduler import TaskProgress, TaskScheduler, spend
+from probtune.search.strategies import StrategyKind
+from probtune.space.design_space import DesignSpace
+from probtune.space.space_generator import generate_space
+from probtune.task.session import Replayed, TaskSession, best_replayable
+from probtune.task.task import Task
+from probtune.task.task_scheduler import TaskProgress, TaskScheduler, spend
 
 __all__ = ["Driven", "TaskOutcome", "drive", "make_scheduler", "strategy_kind"]
 

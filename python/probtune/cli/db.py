@@ -31,7 +31,7 @@ def add_db_commands(sub: Any, default_database: str) -> None:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    from probtune.database import Database
+    from probtune.database.database import Database
 
     if not os.path.exists(args.database):
         print(f"error: no database at {args.database}", file=sys.stderr)
@@ -64,7 +64,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 def _merge(into: str, source: str, args: argparse.Namespace, done: str) -> int:
     """Merge ``source``'s records (of ``--target`` and ``--device``) into the database at ``into``, and say how many."""
-    from probtune.database import Database
+    from probtune.database.database import Database
 
     if not os.path.exists(source):  # opening it would make an empty one
         print(f"error: no database at {source}", file=sys.stderr)

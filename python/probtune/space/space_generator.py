@@ -1,4 +1,4 @@
-"""The space generator: the registered modules build a workload's design space for a target (:mod:`probtune.design_space`)."""
+"""The space generator: the registered modules build a workload's design space for a target (:mod:`probtune.space.design_space`)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 from probtune._core import Rng
-from probtune.design_space import MAX_DRAWS, REPLAY_FAILED, Candidate, DesignSpace, Rejection, program_hash
 from probtune.errors import PluginError
 from probtune.interfaces import GraphRewrite, SpaceContext, SpaceModule, TargetSpec, Validator
 from probtune.plugins import get_registry
-from probtune.schedule import PRIMITIVES, InstructionKind, Schedule
-from probtune.tir import block_names
-from probtune.workload import Workload
+from probtune.schedule.analysis import block_names
+from probtune.schedule.schedule import PRIMITIVES, InstructionKind, Schedule
+from probtune.space.design_space import MAX_DRAWS, REPLAY_FAILED, Candidate, DesignSpace, Rejection, program_hash
+from probtune.workloads.workload import Workload
 
 __all__ = [
     "MAX_DRAWS",

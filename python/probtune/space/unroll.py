@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from probtune.interfaces import SpaceContext
-from probtune.schedule import BlockRV, Schedule
-from probtune.tir import at_root, root_tile
+from probtune.schedule.analysis import at_root, root_tile
+from probtune.schedule.schedule import BlockRV, Schedule
 
 __all__ = ["UNROLL_KEY", "AutoUnroll"]
 

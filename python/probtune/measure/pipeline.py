@@ -19,17 +19,17 @@ from typing import Any
 
 import tvm
 
-from probtune.constant_layouts import MeasuredForm
-from probtune.database import Database, Record
+from probtune.database.database import Database, Record
+from probtune.database.measure_key import COLD_CACHE, MeasureKey
 from probtune.defaults import LOCAL
-from probtune.design_space import Candidate, DesignSpace
 from probtune.errors import PluginError, TuningConfigError, warn_caller
 from probtune.interfaces import Builder, CostModel, Runner, TargetSpec
 from probtune.measure import MeasureReference, MeasureStatus
-from probtune.measure_key import COLD_CACHE, MeasureKey
+from probtune.measure.constant_layouts import MeasuredForm
 from probtune.plugins import get_registry
-from probtune.session import TaskSession, replayable
+from probtune.space.design_space import Candidate, DesignSpace
 from probtune.targets import check_runs_here
+from probtune.task.session import TaskSession, replayable
 
 __all__ = [
     "COLD_CACHE",

@@ -28,22 +28,23 @@ import numpy as np
 import tvm
 
 from probtune._core import Trace
-from probtune.catalog import resolve_workload
-from probtune.codegen import device_type
-from probtune.database import Database
+from probtune.database.database import Database
+from probtune.database.measure_key import MeasureKey
 from probtune.defaults import BATCH_SIZE, BUILD_TIMEOUT, BUNDLE_REFERENCE_MB
 from probtune.errors import NOT_REPLAYABLE, TuningConfigError
 from probtune.interfaces import CostModel, DeviceCode, TargetSpec
 from probtune.measure import bundle_runtimes, run_bundle, timing
+from probtune.measure.codegen import device_type
+from probtune.measure.pipeline import build, load_cost_model_state, make_builder, resolve_cost_model
 from probtune.measure.results import MeasureReference, MeasureStatus
 from probtune.measure.runner import CPU_DEVICE
-from probtune.measure_key import MeasureKey
-from probtune.pipeline import build, load_cost_model_state, make_builder, resolve_cost_model
 from probtune.plugins import get_registry
-from probtune.session import TaskSession
-from probtune.space import Candidate, generate_space
+from probtune.space.design_space import Candidate
+from probtune.space.space_generator import generate_space
 from probtune.targets import resolve_target
-from probtune.workload import Workload
+from probtune.task.session import TaskSession
+from probtune.workloads.catalog import resolve_workload
+from probtune.workloads.workload import Workload
 
 __all__ = [
     "BundleImport", "BundleWritten", "carry_runtimes", "device_code_of", "import_results", "write_bundle", "write_device_code",

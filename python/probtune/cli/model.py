@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from probtune import defaults
-from probtune.cli_rpc import add_rpc_options, rpc_runner
+from probtune.cli.rpc import add_rpc_options, rpc_runner
 from probtune.plugins import name_list
 
 __all__ = ["add_model_commands"]

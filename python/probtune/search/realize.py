@@ -20,13 +20,13 @@ import numpy as np
 import tvm
 
 from probtune._core import Rng, Trace
-from probtune.design_space import REPLAY_FAILED, DesignSpace, program_hash
 from probtune.errors import NOT_REPLAYABLE, warn_caller
 from probtune.interfaces import CostModel, SpaceContext, SpaceModule, TargetSpec, Validator
 from probtune.measure._process import WorkerProcess, WorkerStartError
 from probtune.measure.builder import LocalBuilder
-from probtune.schedule import InstructionKind, Schedule
-from probtune.workload import Workload
+from probtune.schedule.schedule import InstructionKind, Schedule
+from probtune.space.design_space import REPLAY_FAILED, DesignSpace, program_hash
+from probtune.workloads.workload import Workload
 
 __all__ = ["REPLAY_FAILED", "Realized", "Realizer", "Rejected"]
 

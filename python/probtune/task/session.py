@@ -1,7 +1,7 @@
 """One task's search session: its workload, design space, search strategy, reference outputs and progress.
 
 A session owns what is particular to one task; the measurement pipeline
-(:mod:`probtune.pipeline`) that builds, times and records its candidates is
+(:mod:`probtune.measure.pipeline`) that builds, times and records its candidates is
 shared by every task of a run. ``tune`` drives one session, ``tune_model``
 many, under a task scheduler.
 """
@@ -18,17 +18,18 @@ from typing import Any
 import tvm
 
 from probtune._core import Rng, Trace
-from probtune.constant_layouts import MeasuredForm, layout_free_params
-from probtune.database import Database, Record
+from probtune.database.database import Database, Record
+from probtune.database.measure_key import MeasureKey
 from probtune.errors import NOT_REPLAYABLE, TuningConfigError, warn_caller
 from probtune.interfaces import CostModel, Mutator, SpaceModule, TargetSpec
 from probtune.measure import prepare_reference
-from probtune.measure_key import MeasureKey
+from probtune.measure.constant_layouts import MeasuredForm, layout_free_params
 from probtune.plugins import get_registry
-from probtune.search import INIT_MEASURED, SearchStrategy
-from probtune.space import Candidate, DesignSpace, generate_space
-from probtune.strategies import EVOLUTIONARY, SearchStart, StrategyKind
-from probtune.workload import Workload
+from probtune.search.search_strategy import INIT_MEASURED, SearchStrategy
+from probtune.search.strategies import EVOLUTIONARY, SearchStart, StrategyKind
+from probtune.space.design_space import Candidate, DesignSpace
+from probtune.space.space_generator import generate_space
+from probtune.workloads.workload import Workload
 
 __all__ = ["Replayed", "TaskSession", "best_replayable", "replayable"]
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from probtune._core import Rng, Trace, mutate_categorical, mutate_tile_size
 from probtune.errors import NOT_REPLAYABLE
 from probtune.interfaces import SpaceContext
-from probtune.schedule import BlockRV, Schedule, tvm_compute_location
+from probtune.schedule.schedule import BlockRV, Schedule, tvm_compute_location
 
 __all__ = ["BUILTIN_MUTATORS", "ComputeLocationMutator", "CoreMutator"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from probtune.constant_layouts import layout_free_params
-from probtune.workload import Workload
+from probtune.measure.constant_layouts import layout_free_params
+from probtune.workloads.workload import Workload
 
 __all__ = ["Task"]
 
@@ -19,7 +19,7 @@ class Task:
     The workload's PrimFunc lists the parameter positions where every call
     passes a constant (a weight; TVM's ``layout_free_buffers``): the compiled
     model makes their layout copies once, the task's candidates are timed so
-    (:mod:`probtune.constant_layouts`), and its design space knows such a
+    (:mod:`probtune.measure.constant_layouts`), and its design space knows such a
     copy costs nothing per call.
     """
 

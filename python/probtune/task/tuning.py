@@ -1,4 +1,4 @@
-"""Tuning one operator: the one tuning loop (:mod:`probtune.driver`) with one task."""
+"""Tuning one operator: the one tuning loop (:mod:`probtune.task.driver`) with one task."""
 
 from __future__ import annotations
 
@@ -12,23 +12,24 @@ from typing import Any
 import tvm
 
 from probtune._core import Trace
-from probtune.catalog import resolve_workload
-from probtune.codegen import compile_for
-from probtune.database import Database, Record
+from probtune.database.database import Database, Record
+from probtune.database.measure_key import MeasureKey
 from probtune.defaults import BATCH_SIZE, BUILD_TIMEOUT, CONFIRM, OPERATOR_TRIALS, RUN_TIMEOUT
-from probtune.driver import drive, strategy_kind
 from probtune.errors import TuningConfigError
 from probtune.interfaces import Builder, CostModel, Runner, SpaceModule, TargetSpec
+from probtune.measure.codegen import compile_for
+from probtune.measure.pipeline import Progress, TrialOutcome, open_pipeline, resolve_cost_model
 from probtune.measure.runner import local_device_name
-from probtune.measure_key import MeasureKey
-from probtune.pipeline import Progress, TrialOutcome, open_pipeline, resolve_cost_model
 from probtune.plugins import get_registry
-from probtune.session import best_replayable
-from probtune.space import DesignSpace, generate_space
+from probtune.space.design_space import DesignSpace
+from probtune.space.space_generator import generate_space
 from probtune.targets import resolve_target
-from probtune.task import Task
-from probtune.task_scheduler import RoundRobinScheduler
-from probtune.workload import Workload
+from probtune.task.driver import drive, strategy_kind
+from probtune.task.session import best_replayable
+from probtune.task.task import Task
+from probtune.task.task_scheduler import RoundRobinScheduler
+from probtune.workloads.catalog import resolve_workload
+from probtune.workloads.workload import Workload
 
 __all__ = ["TrialOutcome", "TuneResult", "compile_best", "tune"]
 

@@ -1,6 +1,6 @@
 """Design spaces: the probabilistic program of one workload and target, its points and their programs.
 
-A space is made by :func:`probtune.space.generate_space` (the space
+A space is made by :func:`probtune.space.space_generator.generate_space` (the space
 generator, which reads the registered modules); this module reads no
 registry, so that the search and its strategies can be registered by the
 kernel's own plugin without an import cycle.
@@ -20,8 +20,8 @@ from tvm import s_tir
 from probtune._core import Rng, Trace
 from probtune.errors import ReplayError
 from probtune.interfaces import SpaceContext, SpaceModule, Validator
-from probtune.schedule import Schedule
-from probtune.workload import Workload
+from probtune.schedule.schedule import Schedule
+from probtune.workloads.workload import Workload
 
 __all__ = ["MAX_DRAWS", "REPLAY_FAILED", "Candidate", "DesignSpace", "Rejection", "program_hash"]
 

@@ -17,11 +17,11 @@ import numpy as np
 
 from probtune._core import DecisionSet, Rng, Trace, evolve
 from probtune.defaults import BATCH_SIZE
-from probtune.design_space import Candidate, DesignSpace, program_hash
 from probtune.errors import NOT_REPLAYABLE
 from probtune.interfaces import CostModel, Mutator
-from probtune.mutators import compute_location_sites
-from probtune.realize import Lend, Realized, Realizer
+from probtune.search.mutators import compute_location_sites
+from probtune.search.realize import Lend, Realized, Realizer
+from probtune.space.design_space import Candidate, DesignSpace, program_hash
 
 __all__ = ["BATCH_SIZE", "INIT_MEASURED", "EvolutionarySearch", "RandomSearch", "SearchStrategy"]
 
@@ -132,7 +132,7 @@ class EvolutionarySearch:
     pool that rotates: each batch draws ``fresh_per_batch`` new ones and
     drops the oldest (a fresh sample costs more to realize than a mutant and
     is itself almost never chosen; it gives the mutations new material).
-    Candidates are realized by a :class:`~probtune.realize.Realizer` that
+    Candidates are realized by a :class:`~probtune.search.realize.Realizer` that
     shares the work with ``realize_workers`` helper processes, lent by
     ``realize_helpers`` (the builder's ``lend_workers``) or else its own,
     which :meth:`close` stops.

@@ -44,7 +44,7 @@ import tvm
 from tvm import te
 
 from probtune.errors import UnknownWorkloadError, WorkloadShapeError
-from probtune.workload import Workload, WorkloadLike, count_inputs, parse_shape
+from probtune.workloads.workload import Workload, WorkloadLike, count_inputs, parse_shape
 
 __all__ = ["BUILTIN_WORKLOADS", "WorkloadSpec", "resolve_workload"]
 

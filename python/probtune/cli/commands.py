@@ -12,10 +12,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from probtune import defaults
-from probtune.cli_bundle import add_bundle_commands
-from probtune.cli_db import add_db_commands
-from probtune.cli_model import add_model_commands
-from probtune.cli_rpc import add_rpc_command, add_rpc_options, rpc_runner
+from probtune.cli.bundle import add_bundle_commands
+from probtune.cli.db import add_db_commands
+from probtune.cli.model import add_model_commands
+from probtune.cli.rpc import add_rpc_command, add_rpc_options, rpc_runner
 
 __all__ = ["main"]
 
@@ -57,10 +57,10 @@ def _numpy_seconds(workload, repeat: int = 10) -> float | None:  # type: ignore[
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     from probtune import tune
-    from probtune.catalog import resolve_workload
-    from probtune.driver import strategy_kind
     from probtune.plugins import get_registry
     from probtune.targets import resolve_target
+    from probtune.task.driver import strategy_kind
+    from probtune.workloads.catalog import resolve_workload
 
     # resolved before the header, so that a refused run shows only its error
     target = resolve_target(args.target)
@@ -104,7 +104,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 def _cmd_best(args: argparse.Namespace) -> int:
     from tvm.s_tir.analysis import estimate_tir_flops
 
-    from probtune.database import Database
+    from probtune.database.database import Database
 
     if not os.path.exists(args.database):
         print(f"error: no database at {args.database}", file=sys.stderr)
@@ -254,6 +254,3 @@ def _show_stages() -> None:
             stages.addHandler(handler)
             stages.setLevel(logging.INFO)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

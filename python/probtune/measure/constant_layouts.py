@@ -24,7 +24,7 @@ from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
 
 from probtune.measure import MeasureReference, save_reference
-from probtune.tir import is_spatial
+from probtune.schedule.analysis import is_spatial
 
 __all__ = ["LAYOUT_FREE_ATTR", "LayoutCopy", "MeasuredForm", "layout_copies", "layout_free_params", "read_constants_packed"]
 

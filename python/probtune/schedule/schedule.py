@@ -31,7 +31,7 @@ from probtune._core import (
     sample_perfect_tile,
 )
 from probtune.errors import ReplayError, last_line
-from probtune.tir import identity
+from probtune.schedule.analysis import identity
 
 __all__ = [
     "PRIMITIVES",
@@ -417,7 +417,7 @@ class Schedule:
         """Go on replaying ``trace`` from instruction ``start`` (up to ``until``) on this schedule, replayed that far.
 
         A draw can then be judged half-way (:meth:`DesignSpace.draw
-        <probtune.space.DesignSpace.draw>`) and finished only if it is kept.
+        <probtune.space.design_space.DesignSpace.draw>`) and finished only if it is kept.
         """
         decisions = trace.decisions
         for index, inst in enumerate(trace.instructions[start:until], start):

@@ -1,0 +1,7 @@
+"""``python -m probtune.cli``: the ``probtune`` command."""
+
+import sys
+
+from probtune.cli.commands import main
+
+sys.exit(main())

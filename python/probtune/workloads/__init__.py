@@ -1,0 +1,3 @@
+"""What probtune tunes: a workload, one TIR PrimFunc with what checks and rates it (``workload``), and
+the built-in operators (``catalog``).
+"""
