@@ -18,11 +18,24 @@ import tvm
 import probtune.plugins
 from probtune import Database, TuningConfigError, hookimpl
 from probtune.cli import main
+from probtune.database.measure_key import MeasureKey
 from probtune.interfaces import DeviceCode
-from probtune.measure.bundle import FILL_ROUNDS, BundleWritten, _filled_batch, import_results, write_bundle
+from probtune.measure.bundle import (
+    FILL_ROUNDS,
+    BundlePipeline,
+    BundleWritten,
+    _filled_batch,
+    drive_bundles,
+    import_results,
+    open_bundle_pipeline,
+    write_bundle,
+)
+from probtune.measure.pipeline import resolve_cost_model
 from probtune.measure.run_bundle import BROKEN, DIED, MANIFEST, RESULTS, read_results
-from probtune.plugins import load_registry
+from probtune.plugins import get_registry, load_registry
 from probtune.targets import resolve_target
+from probtune.task.task import Task
+from probtune.workloads.catalog import resolve_workload
 
 FAKE_CUPY = Path(__file__).resolve().parent / "fake_cupy"  # stands for CuPy: PYTHONPATH=FAKE_CUPY
 SHAPE = (32, 32, 32)
@@ -321,6 +334,28 @@ def test_a_bundle_carries_the_runtime_a_plugin_registers_for_its_code_and_the_sc
     assert plain["runtimes"] == {}  # no device code: TVM's runtime measures it
 
 
+def test_a_carried_runtime_that_does_not_load_on_the_device_is_named_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "echo_runtime.py"
+    source.write_text(ECHO_RUNTIME)
+    monkeypatch.setattr(probtune.plugins, "_registry", load_registry(extra_plugins=[EchoPlugin(source)]))
+    written = write_bundle("matmul", tmp_path / "b", device=DEVICE, target="host-text", shape=SHAPE,
+                           database=tmp_path / "t.db", candidates=2)
+    carried = written.path / "runtime_echo.py"
+    carried.write_text("import a_module_the_device_lacks\n" + ECHO_RUNTIME)  # as a runtime whose library is missing
+    asked = subprocess.run([sys.executable, str(written.path / "run_bundle.py"), "--runtime", "echo"],
+                           capture_output=True, text=True, timeout=300, check=False)
+    assert asked.returncode == 2 and "Traceback" not in asked.stderr
+    assert "runtime 'echo' (runtime_echo.py) does not load here: ModuleNotFoundError" in asked.stderr
+    assert "--runtime tvm measures" in asked.stderr
+    default = _run_script(written.path)  # passed over: TVM's runtime measures the candidates' libraries
+    assert default.returncode == 0, default.stderr
+    assert "note: passing over runtime 'echo'" in default.stderr and "Traceback" not in default.stderr
+    header, results = read_results(written.path / RESULTS)
+    assert header["device"] != "echo device" and len(results) == written.candidates
+
+
 def test_cold_timings_are_refused_for_a_gpu_bundle(tmp_path: Path) -> None:
     with pytest.raises(TuningConfigError, match="cache_flush flushes CPU caches; target 'cuda-sm80'"):
         write_bundle("matmul", tmp_path / "b", device="h100", target="cuda-sm80", shape=SHAPE,
@@ -347,3 +382,34 @@ def test_a_bundle_asks_the_search_again_until_it_is_full_or_the_search_runs_dry(
     assert _filled_batch(_Offers([]), 4) == []
     stingy = _Offers(*[[n] for n in range(10)])
     assert len(_filled_batch(stingy, 10)) == 1 + FILL_ROUNDS
+
+
+def test_a_round_of_many_tasks_is_one_driver_writing_one_bundle_per_task(tmp_path: Path) -> None:
+    """A model's round: the one tuning loop through a bundle pipeline, each task's bundle in its own folder."""
+    works = [resolve_workload("matmul", shape, "float32", get_registry().workloads) for shape in ((16, 16, 16), SHAPE)]
+    model = resolve_cost_model("xgb", 0)
+    folders = {work.key: tmp_path / f"task{i}" for i, work in enumerate(works)}
+    with open_bundle_pipeline(resolve_target("host"), tmp_path / "t.db", model, device=DEVICE,
+                              folders=lambda session: folders[session.name]) as pipeline:
+        drive_bundles(pipeline, [Task(work) for work in works], 2, model, seed=0)
+        assert list(pipeline.written) == [work.key for work in works] and not pipeline.refused
+        assert pipeline.round(_Named(works[0].key), 2) == 0  # one bundle per task
+    for work in works:
+        manifest = json.loads((folders[work.key] / MANIFEST).read_text())
+        assert manifest["measured_on"] == KEY and manifest["workload"]["shape"] == list(work.shape)
+        assert len(manifest["candidates"]) == pipeline.written[work.key].candidates >= 1
+
+
+class _Named(_Offers):
+    def __init__(self, name: str, *offers: list[int]) -> None:
+        super().__init__(*offers)
+        self.name = name
+
+
+def test_a_task_whose_space_the_device_has_measured_through_is_named_and_gets_no_bundle(tmp_path: Path) -> None:
+    pipeline = BundlePipeline(None, resolve_target("host"), MeasureKey("host", DEVICE), None, str(tmp_path),
+                              lambda session: tmp_path / "never", seed=0, reference_mb=1.0)
+    dry = _Named("matmul_1x1x1")
+    assert pipeline.round(dry, 4) == 0 and not (tmp_path / "never").exists()
+    assert pipeline.refused == {"matmul_1x1x1": f"the space of matmul_1x1x1 has no candidate left that {KEY} has not measured"}
+    assert pipeline.round(dry, 4) == 0 and dry.asked == [4]

@@ -6,8 +6,8 @@ Nothing is imported here, so that the CLI can read them before TVM loads.
 from __future__ import annotations
 
 __all__ = [
-    "BATCH_SIZE", "BUILD_TIMEOUT", "BUNDLE_REFERENCE_MB", "CONFIRM", "CONFIRM_SHARE", "LOCAL", "MODEL_CACHE_FLUSH", "MODEL_TRIALS",
-    "OPERATOR_TRIALS", "RUN_TIMEOUT", "SCHEDULER",
+    "BATCH_SIZE", "BUILD_TIMEOUT", "BUNDLE_REFERENCE_MB", "CONFIRM", "CONFIRM_SHARE", "COST_MODEL", "LOCAL", "MODEL_CACHE_FLUSH",
+    "MODEL_ROUND_CANDIDATES", "MODEL_TRIALS", "OPERATOR_TRIALS", "PRECISIONS", "RUN_TIMEOUT", "SCHEDULER",
 ]
 
 OPERATOR_TRIALS = 64
@@ -46,11 +46,16 @@ LOCAL = "local"
 SCHEDULER = "gradient"
 """The task scheduler of a model's run."""
 
+COST_MODEL = "xgb"
+"""The registered cost model that guides the evolutionary search (the probtune-xgb plugin's)."""
+
 BUNDLE_REFERENCE_MB = 16.0
 """The largest reference (inputs and outputs, MB) a measurement bundle carries whole.
 
 A larger one travels as its inputs' seed and its outputs at sampled positions."""
+
 PRECISIONS = ("fp32", "fp16")
 """What a model can be compiled in (:mod:`probtune.model.precision`): as its file has it, or converted to float16."""
+
 MODEL_ROUND_CANDIDATES = 16
 """New candidates of each task in one round of a model tuned through bundles (:mod:`probtune.model.rounds`)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from probtune.cli.model import input_shape_option, input_shapes
-from probtune.defaults import BATCH_SIZE, BUNDLE_REFERENCE_MB, MODEL_ROUND_CANDIDATES, PRECISIONS
+from probtune.defaults import BATCH_SIZE, BUNDLE_REFERENCE_MB, COST_MODEL, MODEL_ROUND_CANDIDATES, PRECISIONS
 from probtune.errors import TuningConfigError
 
 __all__ = ["add_bundle_commands"]
@@ -31,7 +31,7 @@ def add_bundle_commands(sub: Any, non_negative_int: Callable[[str], int], defaul
     bundle_p.add_argument("--candidates", type=non_negative_int, default=None,
                           help=f"how many (default: one search round's); of a model, per task (default "
                                f"{MODEL_ROUND_CANDIDATES}; 0: the model bundle alone)")
-    bundle_p.add_argument("--cost-model", default="xgb")
+    bundle_p.add_argument("--cost-model", default=COST_MODEL)
     bundle_p.add_argument("--seed", type=int, default=0)
     bundle_p.add_argument("--cache-flush", action="store_true", help="time each call with cold caches")
     bundle_p.add_argument("--reference-mb", type=float, default=BUNDLE_REFERENCE_MB,
@@ -41,7 +41,7 @@ def add_bundle_commands(sub: Any, non_negative_int: Callable[[str], int], defaul
     bundle_p.set_defaults(run=_cmd_bundle)
     import_p = sub.add_parser("import-results", help="record what a bundle's script measured, and learn from it")
     import_p.add_argument("bundle", help="the bundle's folder, with the results.jsonl its script wrote")
-    import_p.add_argument("--cost-model", default="xgb")
+    import_p.add_argument("--cost-model", default=COST_MODEL)
     import_p.add_argument("--database", default=default_database)
     import_p.set_defaults(run=_cmd_import)
 

@@ -182,7 +182,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="candidates measured per search round")
     tune_p.add_argument("--strategy", default="evolutionary",
                         help="search strategy: evolutionary, random, or one a plugin registers (see 'probtune plugins')")
-    tune_p.add_argument("--cost-model", default="xgb", help="cost model of the evolutionary search (xgb, random)")
+    tune_p.add_argument("--cost-model", default=defaults.COST_MODEL, help="cost model of the evolutionary search (xgb, random)")
     tune_p.add_argument("--seed", type=int, default=0)
     tune_p.add_argument("--modules", default=None, help="comma-separated design-space modules (default: the target's)")
     tune_p.add_argument("--database", default=DEFAULT_DATABASE)

@@ -269,7 +269,7 @@ class Database:
     def add_record(
         self,
         workload_id: int,
-        target: str,
+        target: str | MeasureKey,
         trace_json: str,
         decision_hash: int,
         status: str,
@@ -279,8 +279,10 @@ class Database:
         build_seconds: float | None = None,
         run_seconds: float | None = None,
     ) -> int:
-        """Store one outcome and commit it at once, so a crash right after keeps it."""
+        """Store one outcome under ``target`` (a :class:`MeasureKey` or its text) and commit it at once, so a crash
+        right after keeps it."""
         _check_status(status)
+        target = _key_text(target)
         if not isinstance(target, str) or not target:
             raise ValueError(f"target must be a non-empty string, got {target!r}")
         if not isinstance(trace_json, str):
@@ -343,14 +345,14 @@ class Database:
         return _parse_record(rows[0])
 
     def records(
-        self, workload_id: int, target: str | None = None, status: str | None = None
+        self, workload_id: int, target: str | MeasureKey | None = None, status: str | None = None
     ) -> list[Record]:
         """A workload's records by id, optionally of one target and/or one status."""
         sql = "SELECT * FROM records WHERE workload_id = ?"
         params: list[Any] = [workload_id]
         if target is not None:
             sql += " AND target = ?"
-            params.append(target)
+            params.append(_key_text(target))
         if status is not None:
             _check_status(status)
             sql += " AND status = ?"
@@ -359,19 +361,19 @@ class Database:
         self._warn_skipped(problems)
         return records
 
-    def best(self, workload_id: int, target: str, k: int = 1) -> list[Record]:
-        """Up to k fastest "ok" records of a workload on a target, fastest first."""
-        best, problems = self._best(workload_id, target, k)
+    def best(self, workload_id: int, target: str | MeasureKey, k: int = 1) -> list[Record]:
+        """Up to k fastest "ok" records of a workload under a key, fastest first."""
+        best, problems = self._best(workload_id, _key_text(target), k)
         self._warn_skipped(problems)
         return best
 
-    def best_per_workload(self, target: str | None = None) -> list[tuple[WorkloadRow, Record]]:
+    def best_per_workload(self, target: str | MeasureKey | None = None) -> list[tuple[WorkloadRow, Record]]:
         """The fastest "ok" record of each (workload, target) pair, by workload id and target."""
         sql = "SELECT DISTINCT workload_id, target FROM records WHERE status = 'ok'"
         params: tuple[Any, ...] = ()
         if target is not None:
             sql += " AND target = ?"
-            params = (target,)
+            params = (_key_text(target),)
         pairs = self._query(sql + " ORDER BY workload_id, target", params)
         workloads, problems = _parse_rows(
             self._query("SELECT * FROM workloads ORDER BY id"), _parse_workload
@@ -389,15 +391,15 @@ class Database:
         self._warn_skipped(problems)
         return result
 
-    def seen_decision_hashes(self, workload_id: int, target: str) -> set[int]:
-        """Decision hashes already tried on a workload and target, whatever their outcome."""
-        return self._seen_hashes("decision_hash", workload_id, target)
+    def seen_decision_hashes(self, workload_id: int, target: str | MeasureKey) -> set[int]:
+        """Decision hashes already tried on a workload under a key, whatever their outcome."""
+        return self._seen_hashes("decision_hash", workload_id, _key_text(target))
 
-    def seen_program_hashes(self, workload_id: int, target: str) -> set[int]:
-        """Program hashes already tried on a workload and target, whatever their outcome."""
-        return self._seen_hashes("program_hash", workload_id, target)
+    def seen_program_hashes(self, workload_id: int, target: str | MeasureKey) -> set[int]:
+        """Program hashes already tried on a workload under a key, whatever their outcome."""
+        return self._seen_hashes("program_hash", workload_id, _key_text(target))
 
-    def count(self, workload_id: int | None = None, target: str | None = None) -> int:
+    def count(self, workload_id: int | None = None, target: str | MeasureKey | None = None) -> int:
         """How many record rows there are (malformed ones included), optionally filtered."""
         conditions: list[str] = []
         params: list[Any] = []
@@ -406,14 +408,15 @@ class Database:
             params.append(workload_id)
         if target is not None:
             conditions.append("target = ?")
-            params.append(target)
+            params.append(_key_text(target))
         where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
         return self._query(f"SELECT COUNT(*) FROM records{where}", params)[0][0]
 
     # --------------------------------------------------------------- cost models
 
-    def save_cost_model(self, name: str, target: str, state: bytes) -> None:
-        """Store a cost model's state (``CostModel.save()``), replacing the previous one."""
+    def save_cost_model(self, name: str, target: str | MeasureKey, state: bytes) -> None:
+        """Store a cost model's state (``CostModel.save()``) under a key, replacing the previous one."""
+        target = _key_text(target)
         if not isinstance(state, bytes):
             raise TypeError(f"a cost model's state must be bytes, got {type(state).__name__}")
         self._execute(
@@ -421,8 +424,9 @@ class Database:
             (name, target, state, time.time()),
         )
 
-    def load_cost_model(self, name: str, target: str) -> bytes | None:
-        """The state last saved for this cost model and target, or None."""
+    def load_cost_model(self, name: str, target: str | MeasureKey) -> bytes | None:
+        """The state last saved for this cost model under a key, or None."""
+        target = _key_text(target)
         rows = self._query(
             "SELECT state FROM cost_models WHERE name = ? AND target = ?", (name, target)
         )
@@ -821,6 +825,11 @@ def _is_latency(value: Any) -> bool:
 
 
 # ---------------------------------------------------------------- validation
+
+
+def _key_text(key: str | MeasureKey) -> str:
+    """How a key is stored: a :class:`MeasureKey`'s text, or a key already written as text."""
+    return key.text if isinstance(key, MeasureKey) else key
 
 
 def _check_status(status: str) -> None:

@@ -9,7 +9,10 @@ recorded at once. On the device: ``python BUNDLE/run_bundle.py``. Then
 :func:`import_results` records what the device measured, as a local run
 records it, and trains the cost model on it: the next bundle goes on from
 there. Records are kept under the target and the device named when the
-bundle was written.
+bundle was written. Writing is a round of the one tuning loop
+(:func:`probtune.task.driver.drive`) through a :class:`BundlePipeline`, whose
+rounds are written into folders instead of timed; a model's round
+(:mod:`probtune.model.rounds`) drives its tasks through one.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import json
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,25 +33,40 @@ import tvm
 from probtune._core import Trace
 from probtune.database.database import Database
 from probtune.database.measure_key import MeasureKey
-from probtune.defaults import BATCH_SIZE, BUILD_TIMEOUT, BUNDLE_REFERENCE_MB
+from probtune.defaults import BATCH_SIZE, BUILD_TIMEOUT, BUNDLE_REFERENCE_MB, COST_MODEL
 from probtune.errors import NOT_REPLAYABLE, TuningConfigError
-from probtune.interfaces import CostModel, DeviceCode, TargetSpec
+from probtune.interfaces import Builder, CostModel, DeviceCode, TargetSpec
 from probtune.measure import bundle_runtimes, run_bundle, timing
 from probtune.measure.codegen import device_type
 from probtune.measure.pipeline import build, load_cost_model_state, make_builder, resolve_cost_model
 from probtune.measure.results import MeasureReference, MeasureStatus
 from probtune.measure.runner import CPU_DEVICE
 from probtune.plugins import get_registry
+from probtune.search.strategies import EVOLUTIONARY
 from probtune.space.design_space import Candidate
 from probtune.space.space_generator import generate_space
 from probtune.targets import resolve_target
+from probtune.task.driver import drive
 from probtune.task.session import TaskSession
+from probtune.task.task import Task
+from probtune.task.task_scheduler import RoundRobinScheduler
 from probtune.workloads.catalog import resolve_workload
 from probtune.workloads.workload import Workload
 
 __all__ = [
-    "BundleImport", "BundleWritten", "carry_runtimes", "device_code_of", "import_results", "write_bundle", "write_device_code",
-    "write_manifest", "write_reference",
+    "BundleImport",
+    "BundlePipeline",
+    "BundleWritten",
+    "carry_runtimes",
+    "device_code_of",
+    "drive_bundles",
+    "import_results",
+    "new_folder",
+    "open_bundle_pipeline",
+    "write_bundle",
+    "write_device_code",
+    "write_manifest",
+    "write_reference",
 ]
 
 SAMPLED_POSITIONS = 1 << 18  # of each output of a reference too large to carry whole: a wrong 16x16 tile is
@@ -92,7 +110,7 @@ def write_bundle(
     shape: Sequence[int] | str | None = None,
     dtype: str = "float32",
     seed: int = 0,
-    cost_model: str | CostModel = "xgb",
+    cost_model: str | CostModel = COST_MODEL,
     cache_flush: bool = False,
     build_timeout: float = BUILD_TIMEOUT,
     reference_mb: float = BUNDLE_REFERENCE_MB,
@@ -107,43 +125,119 @@ def write_bundle(
     device makes again (checked against their digests), and its outputs at
     ``SAMPLED_POSITIONS`` random positions each.
     """
-    out = Path(output)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise TuningConfigError(f"{out} exists and is not an empty folder: a bundle is written into a new one")
+    out = new_folder(output, "bundle")
     if candidates < 1:
         raise TuningConfigError(f"candidates must be at least 1, got {candidates}")
     spec = resolve_target(target)
-    if cache_flush and device_type(spec) != CPU_DEVICE:
-        raise TuningConfigError(f"cache_flush flushes CPU caches; target {spec.name!r} runs on another device")
     work = resolve_workload(workload, shape, dtype, get_registry().workloads)
     model = resolve_cost_model(cost_model, seed)
+    with open_bundle_pipeline(spec, database, model, device=device, folders=lambda _: out, cache_flush=cache_flush,
+                              seed=seed, build_timeout=build_timeout, reference_mb=reference_mb) as pipeline:
+        drive_bundles(pipeline, [Task(work)], candidates, model, seed)
+    if work.key in pipeline.refused:
+        raise TuningConfigError(pipeline.refused[work.key])
+    return pipeline.written[work.key]
+
+
+def new_folder(output: str | Path, what: str) -> Path:
+    """``output`` as a path, refused if it exists and is not an empty folder: a ``what`` is written into a new one."""
+    out = Path(output)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise TuningConfigError(f"{out} exists and is not an empty folder: a {what} is written into a new one")
+    return out
+
+
+def drive_bundles(pipeline: BundlePipeline, tasks: Sequence[Task], candidates: int, model: CostModel, seed: int) -> None:
+    """One bundle of up to ``candidates`` for each of ``tasks`` in turn: the one tuning loop, rounds written, not timed."""
+    # A round trip to the device costs more than a search round here: the first bundle is filled too.
+    drive(pipeline, tasks, candidates * len(tasks), RoundRobinScheduler(), strategy=EVOLUTIONARY, cost_model=model,
+          batch_size=candidates, confirm=0, seed=seed, search_options={"untrained_share": 1.0})
+
+
+@contextlib.contextmanager
+def open_bundle_pipeline(
+    spec: TargetSpec,
+    database: str | Path,
+    model: CostModel,
+    *,
+    device: str,
+    folders: Callable[[TaskSession], Path],
+    cache_flush: bool = False,
+    seed: int = 0,
+    build_timeout: float = BUILD_TIMEOUT,
+    reference_mb: float = BUNDLE_REFERENCE_MB,
+) -> Iterator[BundlePipeline]:
+    """A :class:`BundlePipeline` for ``spec`` on ``device``, recording into ``database``; the cost model's state loaded."""
+    if cache_flush and device_type(spec) != CPU_DEVICE:
+        raise TuningConfigError(f"cache_flush flushes CPU caches; target {spec.name!r} runs on another device")
     with contextlib.ExitStack() as stack:
         db = stack.enter_context(Database(database))
         key = db.measured_on(MeasureKey(spec.name, device, cache_flush), spec.tvm_target)
         load_cost_model_state(model, db, key)
         builder = make_builder(None, spec, build_timeout, stack)
         scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="probtune-bundle-"))
-        # A round trip to the device costs more than a search round here: the first bundle is filled too.
-        session = TaskSession.open(work, spec, key, db, model, workdir=scratch, seed=seed,
-                                   search_options={"untrained_share": 1.0})
-        stack.callback(session.close)
-        batch = _filled_batch(session, candidates)
+        yield BundlePipeline(db, spec, key, builder, scratch, folders, seed=seed, reference_mb=reference_mb)
+
+
+class BundlePipeline:
+    """A pipeline (:class:`~probtune.measure.pipeline.Pipeline`) whose rounds are written as bundles, not timed.
+
+    A task's round draws candidates as a local round does, builds them,
+    records those that fail to build, and writes the rest with the task's
+    reference and the stand-alone script into the task's folder
+    (``folders(session)``); :func:`import_results` later records what the
+    device measured. A task gets one bundle: a later round of it takes nothing.
+    """
+
+    def __init__(
+        self, db: Database, target: TargetSpec, key: MeasureKey, builder: Builder, workdir: str,
+        folders: Callable[[TaskSession], Path], *, seed: int, reference_mb: float,
+    ) -> None:
+        self.db = db
+        self.target = target
+        self.key = key
+        self.builder = builder
+        self.workdir = workdir
+        self.folders = folders
+        self.seed = seed
+        self.reference_mb = reference_mb
+        self.written: dict[str, BundleWritten] = {}  # by workload key, in the order written
+        self.refused: dict[str, str] = {}  # by workload key: why the task has no bundle
+
+    @property
+    def realize_helpers(self) -> Any:
+        return getattr(self.builder, "lend_workers", None)
+
+    def round(self, session: TaskSession, size: int) -> int:
+        if session.name in self.written or session.name in self.refused:
+            return 0
+        batch = _filled_batch(session, size)
         if not batch:
-            raise TuningConfigError(f"the space of {work.key} has no candidate left that {key} has not measured")
+            self.refused[session.name] = f"the space of {session.name} has no candidate left that {self.key} has not measured"
+            return 0
+        self.written[session.name] = self._write(session, batch, new_folder(self.folders(session), "bundle"))
+        return len(batch)
+
+    def confirm(self, session: TaskSession, top: int) -> None:
+        raise TuningConfigError("a bundle round times nothing here: its records are timed again on the device")
+
+    def _write(self, session: TaskSession, batch: list[Candidate], out: Path) -> BundleWritten:
+        """Build ``batch``, record what fails to build, write the rest as a bundle into ``out``."""
+        spec, key = self.target, self.key
         programs = [session.form(c.program)[0] for c in batch]
-        built, runnable = build(programs, builder, spec, scratch)
+        built, runnable = build(programs, self.builder, spec, self.workdir)
         kind, codes, failed = _device_codes(spec, programs, runnable)
         for index in sorted(set(range(len(batch))) - set(runnable) | set(failed)):
             candidate = batch[index]
-            db.add_record(session.workload_id, key.text, candidate.trace.to_json(), candidate.decision_hash,
-                          MeasureStatus.BUILD_ERROR, (), failed.get(index, built[index].error),
-                          program_hash=candidate.program_hash, build_seconds=built[index].seconds)
+            self.db.add_record(session.workload_id, key, candidate.trace.to_json(), candidate.decision_hash,
+                               MeasureStatus.BUILD_ERROR, (), failed.get(index, built[index].error),
+                               program_hash=candidate.program_hash, build_seconds=built[index].seconds)
         runnable = [i for i in runnable if i not in failed]
         entries = _write_candidates(out, [(batch[i], built[i], codes.get(i)) for i in runnable], kind)
-        reference = write_reference(session.form.reference, out / "reference.npz", seed, reference_mb)
-        write_manifest(out, work, spec, entries, reference, measured_on=key.text, cache_flush=cache_flush,
-                       device_code=kind)
-    return BundleWritten(out, key.text, len(entries), len(batch) - len(entries))
+        reference = write_reference(session.form.reference, out / "reference.npz", self.seed, self.reference_mb)
+        write_manifest(out, session.workload, spec, entries, reference, measured_on=key.text,
+                       cache_flush=key.cold, device_code=kind)
+        return BundleWritten(out, key.text, len(entries), len(batch) - len(entries))
 
 
 def _filled_batch(session: TaskSession, size: int) -> list[Candidate]:
@@ -160,7 +254,7 @@ def _filled_batch(session: TaskSession, size: int) -> list[Candidate]:
     return batch
 
 
-def import_results(bundle: str | Path, database: str | Path, *, cost_model: str | CostModel = "xgb", seed: int = 0) -> BundleImport:
+def import_results(bundle: str | Path, database: str | Path, *, cost_model: str | CostModel = COST_MODEL, seed: int = 0) -> BundleImport:
     """Record the results that the bundle's runner wrote in ``database``, and train the cost model on them.
 
     Importing twice records nothing twice. A malformed results file is refused
@@ -185,15 +279,15 @@ def import_results(bundle: str | Path, database: str | Path, *, cost_model: str 
     statuses: Counter[str] = Counter()
     with Database(database) as db:
         workload_id = db.commit_workload(work.key, work.mod)
-        seen = db.seen_decision_hashes(workload_id, key.text)
+        seen = db.seen_decision_hashes(workload_id, key)
         fresh = [(entries[i], results[i]) for i in sorted(results) if entries[i]["decision_hash"] not in seen]
         for entry, row in fresh:
-            db.add_record(workload_id, key.text, entry["trace"], entry["decision_hash"], row["status"],
+            db.add_record(workload_id, key, entry["trace"], entry["decision_hash"], row["status"],
                           tuple(row["latencies"]), row.get("error"), program_hash=entry["program_hash"],
                           build_seconds=entry["build_seconds"], run_seconds=row.get("seconds"))
             statuses[row["status"]] += 1
         _train(model, db, spec, key, work, fresh)
-        best = db.best(workload_id, key.text)
+        best = db.best(workload_id, key)
     return BundleImport(key.text, str(header["device"]), statuses, len(results) - len(fresh),
                         len(entries) - len(results), best[0].mean_latency if best else None)
 
@@ -383,5 +477,5 @@ def _train(
         latencies.append(sum(row["latencies"]) / len(row["latencies"]) if ok else None)
     if programs:
         model.update(model.featurize(programs), latencies, [work.key] * len(programs))
-        db.save_cost_model(model.name, key.text, model.save())
+        db.save_cost_model(model.name, key, model.save())
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import tvm
 
@@ -34,6 +34,7 @@ from probtune.task.session import TaskSession, replayable
 __all__ = [
     "COLD_CACHE",
     "MeasurePipeline",
+    "Pipeline",
     "Progress",
     "TrialOutcome",
     "build",
@@ -63,6 +64,31 @@ Progress = Callable[[TrialOutcome], None]
 CLEARLY_SLOWER = 2.0  # a first timing this many times the best so far ends a candidate's timing
 CONFIRM_PASSES = 2
 CONFIRM_ROUNDS = 3
+
+
+class Pipeline(Protocol):
+    """What the driver (:func:`probtune.task.driver.drive`) rounds its tasks through.
+
+    :class:`MeasurePipeline` measures each round here; a bundle pipeline
+    (:class:`probtune.measure.bundle.BundlePipeline`) writes it for a device
+    that no runner reaches, whose results are imported later.
+    """
+
+    db: Database
+    target: TargetSpec
+    key: MeasureKey
+    workdir: str
+
+    @property
+    def realize_helpers(self) -> Any: ...
+
+    def round(self, session: TaskSession, size: int) -> int:
+        """One round of ``session``'s candidates, up to ``size``; how many it took (0: the task has no more)."""
+        ...
+
+    def confirm(self, session: TaskSession, top: int) -> None:
+        """Time the session's ``top`` best records again."""
+        ...
 
 
 class MeasurePipeline:
@@ -112,7 +138,7 @@ class MeasurePipeline:
         session.observe(observed)
         if self.model is not None:
             search_started = time.perf_counter()
-            self.db.save_cost_model(self.model.name, self.key.text, self.model.save())
+            self.db.save_cost_model(self.model.name, self.key, self.model.save())
             session.search_seconds += time.perf_counter() - search_started
         return len(observed)
 
@@ -132,7 +158,7 @@ class MeasurePipeline:
         ):
             self.db.add_record(
                 session.workload_id,
-                self.key.text,
+                self.key,
                 candidate.trace.to_json(),
                 candidate.decision_hash,
                 status,
@@ -256,7 +282,7 @@ def resolve_cost_model(model: str | CostModel, seed: int) -> CostModel:
 
 def load_cost_model_state(model: CostModel, db: Database, key: MeasureKey) -> None:
     """Load into ``model`` the state ``db`` holds for it under ``key``, if any (one that does not load is warned of)."""
-    state = db.load_cost_model(model.name, key.text)
+    state = db.load_cost_model(model.name, key)
     if state is None:
         return
     try:
@@ -379,7 +405,7 @@ def confirm_best(
 
     tried: set[int] = set()
     for _ in range(CONFIRM_ROUNDS):
-        best = db.best(workload_id, key.text, k=top)
+        best = db.best(workload_id, key, k=top)
         if not best or best[0].id in tried:
             return
         records = [record for record in best if record.id not in tried]

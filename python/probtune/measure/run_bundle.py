@@ -93,7 +93,10 @@ def _runtime(bundle: Path, manifest: dict[str, Any], asked: str | None) -> Modul
     if asked not in carried or not coded:
         return (f"this bundle carries no device code for runtime {asked!r} (it carries "
                 f"{', '.join(sorted(carried)) or 'none'}); --runtime {TVM_RUNTIME} measures it")
-    module: ModuleType = bundle_runtimes.load_runtime(bundle, carried, asked)
+    try:
+        module: ModuleType = bundle_runtimes.load_runtime(bundle, carried, asked)
+    except bundle_runtimes.RuntimeLoadError as exc:
+        return f"{exc}; --runtime {TVM_RUNTIME} measures with TVM's runtime"
     return module
 
 

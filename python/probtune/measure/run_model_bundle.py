@@ -91,7 +91,10 @@ def _runtime(bundle: Path, carried: dict[str, str], asked: str | None) -> Module
     if asked is not None:
         if asked not in carried:
             return f"this bundle carries no runtime {asked!r} (it carries {', '.join(sorted(carried)) or 'none'})"
-        module: ModuleType = bundle_runtimes.load_runtime(bundle, carried, asked)
+        try:
+            module: ModuleType = bundle_runtimes.load_runtime(bundle, carried, asked)
+        except bundle_runtimes.RuntimeLoadError as exc:
+            return str(exc)
         return module
     found = bundle_runtimes.first_available(bundle, carried)
     return found[1] if found else f"none of the runtimes this bundle carries can run here ({', '.join(sorted(carried)) or 'none'})"

@@ -3,9 +3,10 @@
 :func:`write_model_round` fuses the model for the target (in its precision),
 writes a model bundle of it compiled with each task's best record measured on
 the device so far (a default program where none is), and, with
-``candidates``, a bundle of that many new candidates of every task (the
-search and cost model as in :func:`probtune.measure.bundle.write_bundle`), each
-model's heaviest tasks first. On the device, each task bundle's
+``candidates``, a bundle of that many new candidates of every task, each
+model's heaviest tasks first: a round of the one tuning loop through a bundle
+pipeline (:class:`probtune.measure.bundle.BundlePipeline`), one builder and
+cost model for all the tasks. On the device, each task bundle's
 ``run_bundle.py`` and the model's ``run_model_bundle.py`` run; back here
 :func:`import_model_round` records the tasks' results, and the next round goes
 on from there.
@@ -23,11 +24,11 @@ import tvm
 
 from probtune.database.database import Database
 from probtune.database.measure_key import MeasureKey
-from probtune.defaults import MODEL_ROUND_CANDIDATES
-from probtune.errors import TuningConfigError
+from probtune.defaults import COST_MODEL, MODEL_ROUND_CANDIDATES
 from probtune.interfaces import TargetSpec
 from probtune.measure import run_bundle
-from probtune.measure.bundle import BundleImport, import_results, write_bundle
+from probtune.measure.bundle import BundleImport, drive_bundles, import_results, new_folder, open_bundle_pipeline
+from probtune.measure.pipeline import resolve_cost_model
 from probtune.model.bundle import ModelBundleWritten, Tolerance, write_model_bundle
 from probtune.model.compile import default_programs
 from probtune.model.importer import Model, ShapeArg, load_model
@@ -86,9 +87,7 @@ def write_model_round(
     seed: int = 0,
 ) -> ModelRound:
     """Write one round of ``model`` for ``device`` into the new folder ``output`` (see the module's docstring)."""
-    out = Path(output)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise TuningConfigError(f"{out} exists and is not an empty folder: a round is written into a new one")
+    out = new_folder(output, "round")
     if not isinstance(model, Model):
         model = load_model(model, input_shapes)
     spec = resolve_target(target)
@@ -98,16 +97,24 @@ def write_model_round(
     written = write_model_bundle(fused, programs, spec, out / MODEL, name=model.name, inputs=model.inputs,
                                  tolerance=Tolerance(*TOLERANCES[precision]), seed=seed)
     done = ModelRound(out, written, len(tasks), tuned)
-    for index, task in enumerate(tasks if candidates else []):
-        folder = out / TASKS / f"{index:03d}_{task.name[:60]}"
-        try:
-            bundle = write_bundle(task.workload, folder, device=device, target=spec, database=database,
-                                  candidates=candidates, seed=seed)
-        except TuningConfigError as exc:  # a task whose space the device has measured through: the rest go on
-            done.refused[task.name] = str(exc)
-            continue
-        done.task_bundles[folder.name] = bundle.candidates
+    if candidates:
+        _write_task_bundles(done, tasks, spec, database, device, candidates, seed)
     return done
+
+
+def _write_task_bundles(
+    done: ModelRound, tasks: list[Task], spec: TargetSpec, database: str | Path, device: str, candidates: int, seed: int
+) -> None:
+    """A bundle of up to ``candidates`` for each task, in one bundle pipeline; a task whose space the device has
+    measured through is refused and the rest go on."""
+    folders = {task.workload.key: done.path / TASKS / f"{index:03d}_{task.name[:60]}" for index, task in enumerate(tasks)}
+    names = {task.workload.key: task.name for task in tasks}
+    cost_model = resolve_cost_model(COST_MODEL, seed)
+    with open_bundle_pipeline(spec, database, cost_model, device=device, folders=lambda s: folders[s.name],
+                              seed=seed) as pipeline:
+        drive_bundles(pipeline, tasks, candidates, cost_model, seed)
+    done.task_bundles = {folders[key].name: bundle.candidates for key, bundle in pipeline.written.items()}
+    done.refused = {names[key]: why for key, why in pipeline.refused.items()}
 
 
 def import_model_round(output: str | Path, database: str | Path, **options: Any) -> dict[str, BundleImport]:

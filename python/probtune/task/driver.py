@@ -4,8 +4,10 @@ MetaSchedule's task scheduler over its tune contexts: each task's search
 session is opened when the scheduler first gives it a round; every round
 draws candidates, builds and times them, records them and trains the cost
 model (:meth:`~probtune.measure.pipeline.MeasurePipeline.round`). :func:`probtune.tune`
-drives one task, :func:`probtune.tune_model` a model's tasks. Schedulers
-and strategies are looked up here by their registered names.
+drives one task, :func:`probtune.tune_model` a model's tasks; a bundle round
+(:mod:`probtune.measure.bundle`) drives them through a pipeline that writes
+each round for a device reached only by files. Schedulers and strategies are
+looked up here by their registered names.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 from probtune.defaults import CONFIRM_SHARE
 from probtune.errors import TuningConfigError, warn_caller
 from probtune.interfaces import CostModel, SpaceModule
-from probtune.measure.pipeline import MeasurePipeline
+from probtune.measure.pipeline import Pipeline
 from probtune.plugins import get_registry
 from probtune.search.strategies import StrategyKind
 from probtune.space.design_space import DesignSpace
@@ -57,7 +59,7 @@ class Driven:
 
 
 def drive(
-    pipeline: MeasurePipeline,
+    pipeline: Pipeline,
     tasks: Sequence[Task],
     trials: int,
     scheduler: TaskScheduler,
@@ -95,7 +97,7 @@ class _Sessions:
     """The tasks' search sessions, each opened when its task first gets a round."""
 
     def __init__(
-        self, pipeline: MeasurePipeline, tasks: list[Task], strategy: StrategyKind, model: CostModel | None,
+        self, pipeline: Pipeline, tasks: list[Task], strategy: StrategyKind, model: CostModel | None,
         seed: int, modules: Sequence[str | SpaceModule] | None, options: dict[str, Any],
     ) -> None:
         self.pipeline = pipeline
@@ -111,8 +113,8 @@ class _Sessions:
     def progress(self, index: int) -> TaskProgress:
         """The task's progress so far, from the database: a task tuned before (in any model) starts where it was."""
         db, key, task = self.pipeline.db, self.pipeline.key, self.tasks[index]
-        count = db.count(self.workload_ids[index], key.text)
-        best = db.best(self.workload_ids[index], key.text)
+        count = db.count(self.workload_ids[index], key)
+        best = db.best(self.workload_ids[index], key)
         rounds = [(count, best[0].mean_latency if best else None)] if count else []
         return TaskProgress(task.name, float(task.weight), trials=count, rounds=rounds)
 
@@ -148,7 +150,7 @@ class _Sessions:
         """The task's outcome: its best record that replays, looked up in a space made here if it got no round."""
         db, key, task = self.pipeline.db, self.pipeline.key, self.tasks[index]
         opened = self._open.get(index)
-        total = db.count(self.workload_ids[index], key.text)
+        total = db.count(self.workload_ids[index], key)
         space = opened.space if opened else None
         if space is None and total:
             space = generate_space(task.workload, self.pipeline.target, modules=self.modules, seed=self.seed)

@@ -89,7 +89,7 @@ class TaskSession:
         except BaseException:
             search.close()
             raise
-        best = db.best(workload_id, key.text)
+        best = db.best(workload_id, key)
         form = MeasuredForm(reference, frozenset(layout_free_params(workload.mod["main"])))
         return cls(workload, target, key, workload_id, space, search, form, best[0].mean_latency if best else None)
 
@@ -144,14 +144,14 @@ def _search_start(
     """
     measured: list[tuple[Trace, float]] = []
     if strategy.uses_cost_model:
-        best = db.best(workload_id, key.text, k=options.get("init_measured", INIT_MEASURED))
+        best = db.best(workload_id, key, k=options.get("init_measured", INIT_MEASURED))
         measured = [
             (replayed.trace, replayed.record.mean_latency)
             for replayed in replayable(best, space, db.path)
             if replayed.record.mean_latency is not None
         ]
     return SearchStart(
-        space, rng, work.key, db.seen_decision_hashes(workload_id, key.text), db.seen_program_hashes(workload_id, key.text),
+        space, rng, work.key, db.seen_decision_hashes(workload_id, key), db.seen_program_hashes(workload_id, key),
         cost_model=model if strategy.uses_cost_model else None, measured=measured, mutators=target_mutators(spec),
         mutator_weights=spec.mutators, options=options,
     )
@@ -208,5 +208,5 @@ def replayable(records: list[Record], space: DesignSpace, db_path: Path, limit: 
 
 def best_replayable(db: Database, workload_id: int, key: MeasureKey, space: DesignSpace) -> Replayed | None:
     """The fastest correct record under ``key`` whose trace replays into a valid program (among the best few), with it; or None."""
-    found = replayable(db.best(workload_id, key.text, k=BEST_CANDIDATES), space, db.path, limit=1)
+    found = replayable(db.best(workload_id, key, k=BEST_CANDIDATES), space, db.path, limit=1)
     return found[0] if found else None

@@ -14,7 +14,7 @@ import tvm
 from probtune._core import Trace
 from probtune.database.database import Database, Record
 from probtune.database.measure_key import MeasureKey
-from probtune.defaults import BATCH_SIZE, BUILD_TIMEOUT, CONFIRM, OPERATOR_TRIALS, RUN_TIMEOUT
+from probtune.defaults import BATCH_SIZE, BUILD_TIMEOUT, CONFIRM, COST_MODEL, OPERATOR_TRIALS, RUN_TIMEOUT
 from probtune.errors import TuningConfigError
 from probtune.interfaces import Builder, CostModel, Runner, SpaceModule, TargetSpec
 from probtune.measure.codegen import compile_for
@@ -93,7 +93,7 @@ def tune(
     seed: int = 0,
     batch_size: int = BATCH_SIZE,
     strategy: str = "evolutionary",
-    cost_model: str | CostModel = "xgb",
+    cost_model: str | CostModel = COST_MODEL,
     search_options: dict[str, Any] | None = None,
     modules: Sequence[str | SpaceModule] | None = None,
     build_timeout: float = BUILD_TIMEOUT,
