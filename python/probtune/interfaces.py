@@ -116,6 +116,10 @@ class TargetSpec:
     graph_rewrites: tuple[str, ...] = ()
     """Registered graph rewrites (:class:`GraphRewrite`) applied in order to a model, in these layouts, before it is
     fused into tasks: another algorithm for some operators (Winograd convolution, say)."""
+    concat_in_place: bool = False
+    """Whether a model's concatenations are written by their producers, each into its stretch of the result
+    (:mod:`probtune.model.concat_in_place`): the target's code must run a program whose output is a strided view
+    into another tensor (TVM's LLVM code does; a launch table naming only whole buffers does not)."""
 
     @property
     def num_cores(self) -> int:

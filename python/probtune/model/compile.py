@@ -22,6 +22,7 @@ from probtune.errors import NOT_REPLAYABLE, ModelCompileError, summary, warn_cal
 from probtune.interfaces import Compiler, TargetSpec
 from probtune.measure.codegen import compile_for, export_with
 from probtune.model.check import CheckReport, outputs_to_numpy
+from probtune.model.concat_in_place import write_concatenations_in_place
 from probtune.model.importer import InputSpec
 from probtune.model.inplace import write_in_place
 from probtune.model.prepack import prepack_weights
@@ -44,7 +45,8 @@ def compile_model(
 
     The programs are compiled as the tuner measured them (:func:`probtune.measure.codegen.compile_for`),
     except that a layout copy of a constant weight is made once, here (:mod:`probtune.model.prepack`), and
-    an output that may overwrite an input read element for element (a residual) does so (:mod:`probtune.model.inplace`).
+    an output that may overwrite an input read element for element (a residual) does so (:mod:`probtune.model.inplace`),
+    and the producers of a concatenation write into it (:mod:`probtune.model.concat_in_place`).
     Returns the executable, how many weights were packed so and how many calls write in place.
     Raises :class:`ModelCompileError` if TVM cannot compile the result.
     """
@@ -60,8 +62,9 @@ def compile_model(
 def place_programs(
     fused: tvm.IRModule, programs: Mapping[str, tvm.IRModule], target: TargetSpec, *, prepack: bool = True
 ) -> tuple[tvm.IRModule, int, int]:
-    """``fused`` with the programs in place, weights packed and outputs written in place, as :func:`compile_model`
-    compiles it; with how many weights were packed and how many calls write in place.
+    """``fused`` with the programs in place, weights packed, concatenations written by their producers and outputs
+    written in place, as :func:`compile_model` compiles it; with how many weights were packed and how many calls
+    write in place.
 
     ``prepack`` False keeps every constant as ``fused`` has it (the programs then make their layout copies per call).
     """
@@ -72,8 +75,9 @@ def place_programs(
     for name, program in programs.items():
         func = program["main"].with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True)
         functions[fused.get_global_var(name)] = func
-    mod, in_place = write_in_place(tvm.IRModule(functions, attrs=fused.attrs))
-    return mod, prepacked, in_place
+    mod, concatenated = write_concatenations_in_place(tvm.IRModule(functions, attrs=fused.attrs))
+    mod, in_place = write_in_place(mod)
+    return mod, prepacked, in_place + sum(len(site.producers) for site in concatenated)
 
 
 def export_model(compiler: Compiler | None, executable: Any, path: str | os.PathLike[str]) -> Path:
@@ -171,7 +175,7 @@ class CompiledModel:
         self.num_threads = num_threads
         self.check: CheckReport | None = None  # set by ModelTuneResult.compile when the outputs were checked
         self.prepacked = 0  # weights whose layout copy was made at compile time (ModelTuneResult.compile)
-        self.in_place = 0  # calls that write their output over an input (ModelTuneResult.compile)
+        self.in_place = 0  # calls that write into a tensor another call made: a residual, a concatenation (ModelTuneResult.compile)
         self._pool = PoolThread(num_threads)
         self._device = tvm.cpu()
         self._vm = relax.VirtualMachine(executable, self._device)

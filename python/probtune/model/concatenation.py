@@ -24,7 +24,7 @@ from tvm import s_tir, tirx
 from probtune.errors import summary, warn_caller
 from probtune.schedule.analysis import as_list, identity, is_spatial, iter_stmts, variable_ids
 
-__all__ = ["MIN_INPUTS", "split_concatenation", "split_concatenations"]
+__all__ = ["MIN_INPUTS", "concatenation_axis", "split_concatenation", "split_concatenations"]
 
 MIN_INPUTS = 7
 """Fewer inputs keep TVM's form: each piece is a loop nest (and a parallel loop) of its own, which costs more
@@ -83,6 +83,62 @@ def split_concatenation(func: tirx.PrimFunc, min_inputs: int = MIN_INPUTS) -> ti
     return func.with_body(s_tir.SBlockRealize([], True, new_root))
 
 
+def concatenation_axis(func: tirx.PrimFunc) -> int | None:
+    """The axis along which ``func`` does nothing but concatenate its inputs, in the order of its parameters; else None.
+
+    Each stretch of the output along that axis must be a plain copy of the
+    next input (same indices, nothing computed on it), and the stretches
+    exactly as long as the inputs along the axis.
+    """
+    *inputs, output = func.params
+    if len(inputs) < 2 or not all(isinstance(p.ty, tirx.buffer.BufferType) for p in func.params):
+        return None
+    sblocks = [s.block for s in iter_stmts(func.body) if isinstance(s, s_tir.SBlockRealize) and s.block.name_hint != "root"]
+    if not sblocks or not all(is_spatial(b) for b in sblocks):
+        return None
+    final = _inline_all(func)
+    cuts = _thresholds(final.block) if final is not None else {}
+    if final is None or len(cuts) != 1:
+        return None
+    block = final.block
+    (axis, thresholds), = cuts.items()
+    extent = int(block.iter_vars[axis].dom.extent)
+    bounds = [0, *sorted(t for t in thresholds if 0 < t < extent), extent]
+    if len(bounds) - 1 != len(inputs):
+        return None
+    for param, (lo, hi) in zip(inputs, itertools.pairwise(bounds)):
+        stretch = _stretch(block, axis, lo, hi)
+        if stretch is None or not _copies(stretch, param, output, axis, lo):
+            return None
+    return axis
+
+
+def _copies(
+    stretch: tuple[list[tirx.IterVar], tirx.BufferStore], source: tirx.Var, output: tirx.Var, axis: int, lo: int
+) -> bool:
+    """Whether the stretch's store copies ``source`` element for element into ``output`` from ``lo`` on along ``axis``."""
+    iter_vars, store = stretch
+    load = store.value
+    if not (store.buffer.same_as(output) and isinstance(load, tvm.ir.expr.TensorLoad) and load.source.same_as(source)):
+        return False
+    if not len(store.indices) == len(load.indices) == len(iter_vars):
+        return False
+    shifted = tvm.sym.Analyzer().simplify(store.indices[axis] - iter_vars[axis].var - lo)
+    return (
+        all(_at(j, iv) for j, iv in zip(load.indices, iter_vars))
+        and all(_at(i, iv) for n, (i, iv) in enumerate(zip(store.indices, iter_vars)) if n != axis)
+        and isinstance(shifted, tirx.IntImm) and int(shifted) == 0
+        and [int(d) for d in source.shape] == [int(iv.dom.extent) for iv in iter_vars]
+    )
+
+
+def _at(index: tirx.Expr, iv: tirx.IterVar) -> bool:
+    """Whether ``index`` is the iterator ``iv`` itself (0 where its extent is 1, as the analyzer writes it)."""
+    if isinstance(index, tirx.IntImm):
+        return int(index) == 0 and int(iv.dom.extent) == 1
+    return isinstance(index, tirx.Var) and index.same_as(iv.var)
+
+
 def _inline_all(func: tirx.PrimFunc) -> s_tir.SBlockRealize | None:
     """The one block left when every other block of ``func`` is inlined into its readers, each of its
     iterators bound to a loop of its own."""
@@ -105,6 +161,22 @@ def _inline_all(func: tirx.PrimFunc) -> s_tir.SBlockRealize | None:
 def _piece(block: s_tir.SBlock, axis: int, lo: int, hi: int, name: str) -> tirx.Stmt | None:
     """The loop nest writing ``block``'s output where iterator ``axis`` is in ``[lo, hi)``, its value simplified
     there; None if a test on that iterator is left (the stretch holds an input boundary after all)."""
+    stretch = _stretch(block, axis, lo, hi)
+    if stretch is None:
+        return None
+    iter_vars, body = stretch
+    buffers = {r.source: r.source for r in [*block.reads, *block.writes]}
+    reads, writes = s_tir.analysis.get_sblock_read_write_region(s_tir.SBlock(iter_vars, [], [], name, body), buffers)
+    loops = [tirx.Var(f"{iv.var.name}_l", str(iv.var.ty)) for iv in iter_vars]
+    nest: tirx.Stmt = s_tir.SBlockRealize(loops, True, s_tir.SBlock(iter_vars, reads, writes, name, body))
+    for loop, iv in reversed(list(zip(loops, iter_vars))):
+        nest = tirx.For(loop, iv.dom.min, iv.dom.extent, tirx.ForKind.SERIAL, nest)
+    return nest
+
+
+def _stretch(block: s_tir.SBlock, axis: int, lo: int, hi: int) -> tuple[list[tirx.IterVar], tirx.BufferStore] | None:
+    """``block``'s iterators and store over the stretch ``[lo, hi)`` of iterator ``axis`` (which then counts from 0),
+    the value simplified there; None if a test on that iterator is left."""
     extents = [hi - lo if n == axis else int(iv.dom.extent) for n, iv in enumerate(block.iter_vars)]
     iter_vars = [_iterator(iv.var.name, str(iv.dom.extent.ty), extent) for iv, extent in zip(block.iter_vars, extents)]
     analyzer = tvm.sym.Analyzer()
@@ -116,14 +188,7 @@ def _piece(block: s_tir.SBlock, axis: int, lo: int, hi: int, name: str) -> tirx.
     if any(identity(iter_vars[axis].var) in variable_ids(call.args[0]) for call in _if_then_else_calls(value)):
         return None
     indices = [analyzer.simplify(i) for i in tirx.IndexMap(old, list(store.indices), None).map_indices(at)]
-    body = tirx.BufferStore(store.buffer, value, indices)
-    buffers = {r.source: r.source for r in [*block.reads, *block.writes]}
-    reads, writes = s_tir.analysis.get_sblock_read_write_region(s_tir.SBlock(iter_vars, [], [], name, body), buffers)
-    loops = [tirx.Var(f"{iv.var.name}_l", str(iv.var.ty)) for iv in iter_vars]
-    nest: tirx.Stmt = s_tir.SBlockRealize(loops, True, s_tir.SBlock(iter_vars, reads, writes, name, body))
-    for loop, iv in reversed(list(zip(loops, iter_vars))):
-        nest = tirx.For(loop, iv.dom.min, iv.dom.extent, tirx.ForKind.SERIAL, nest)
-    return nest
+    return iter_vars, tirx.BufferStore(store.buffer, value, indices)
 
 
 def _iterator(name: str, dtype: str, extent: int) -> tirx.IterVar:

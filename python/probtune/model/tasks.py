@@ -3,7 +3,9 @@
 A task's weight is the number of call sites of its PrimFuncs: the model spends
 that many calls' worth of the task's latency per inference. Identical
 PrimFuncs (same structure under different names) are one task, and one
-workload in the database, also across models.
+workload in the database, also across models. A concatenation that its
+producers will write into (:mod:`probtune.model.concat_in_place`) is no call
+and no task.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from tvm import relax
 from probtune.errors import ModelCompileError, WorkloadShapeError, summary, warn_caller
 from probtune.interfaces import GraphRewrite, TargetSpec
 from probtune.measure.constant_layouts import LAYOUT_FREE_ATTR
+from probtune.model.concat_in_place import CONCAT_IN_PLACE_ATTR, concatenations_in_place
 from probtune.model.concatenation import split_concatenations
 from probtune.model.importer import Model
 from probtune.model.layouts import convert_layouts
@@ -37,7 +40,7 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
     The pipeline legalizes (:mod:`probtune.model.legalize` first, for what the
     layout pass makes that TVM does not lower), folds the transposed weights
     into constants, and fuses operators and TIR. The fused module records what
-    each rewrite changed.
+    each rewrite changed, and whether the target writes concatenations in place.
     """
     mod, counts = apply_graph_rewrites(convert_layouts(model.mod, target.layouts), target, rewrites)
     try:
@@ -49,6 +52,8 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
             "the operator it names in the model (or report it)"
         ) from None
     fused, _ = split_concatenations(fused)
+    if target.concat_in_place:
+        fused = fused.with_attr(CONCAT_IN_PLACE_ATTR, True)
     return fused.with_attr(REWRITES_ATTR, counts) if counts else fused
 
 
@@ -57,7 +62,8 @@ def extract_tasks(fused: tvm.IRModule) -> list[Task]:
 
     A model with no such call (it only reshapes, say) has no task: it is compiled as it is.
     """
-    calls = _call_sites(fused)
+    written = Counter(site.concat.value.args[0].name_hint for site in concatenations_in_place(fused))
+    calls = _call_sites(fused) - written
     constant = constant_arguments(fused)
     by_structure: dict[int, list[str]] = {}
     workloads: dict[int, Workload] = {}

@@ -49,6 +49,7 @@ def make_targets() -> list[TargetSpec]:
             mutators=DEFAULT_MUTATORS,
             layouts=DEFAULT_LAYOUTS,
             graph_rewrites=DEFAULT_GRAPH_REWRITES,
+            concat_in_place=True,
             attrs=vector_attrs(width=4, registers=32),
             compiler=LLVMCompiler(linker=AARCH64_LINKER),  # 32 registers of 16 bytes: under TVM's own stack cut-off
             runs_here=CPURequirement(("aarch64", "arm64"), ("asimd",)),

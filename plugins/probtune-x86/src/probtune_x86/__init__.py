@@ -46,6 +46,7 @@ def _cpu_target(name: str, description: str, tvm_target: dict[str, Any], width: 
         mutators=DEFAULT_MUTATORS,
         layouts=DEFAULT_LAYOUTS,
         graph_rewrites=DEFAULT_GRAPH_REWRITES,
+        concat_in_place=True,
         attrs=vector_attrs(width, registers),
         compiler=LLVMCompiler(stack_bytes),
         local_device=cpu_model,
