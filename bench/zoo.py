@@ -51,6 +51,16 @@ def own_layout_transposes(model: Any) -> dict[str, int]:
     return transposes(fuse(model, dataclasses.replace(resolve_target("host"), layouts={})))
 
 
+def host_target(args: argparse.Namespace) -> Any:
+    """This machine's target, with concatenations copied by a task of their own where ``--no-concat-in-place`` asks."""
+    import dataclasses
+
+    from probtune.targets import resolve_target
+
+    host = resolve_target("host")
+    return dataclasses.replace(host, concat_in_place=False) if args.no_concat_in_place else host
+
+
 def run_one(name: str, entry: dict, args: argparse.Namespace, scratch: Path) -> dict:
     """In the worker process: import, tune, compile, check and export one model; what happened at each stage."""
     import probtune
@@ -64,7 +74,7 @@ def run_one(name: str, entry: dict, args: argparse.Namespace, scratch: Path) -> 
         result["seconds"]["import"] = round(time.perf_counter() - started, 1)
         result["stage"] = "tune"
         rewrites = None if args.graph_rewrites is None else [n for n in args.graph_rewrites.split(",") if n]
-        tuned = probtune.tune_model(model, "host", args.trials, database=scratch / "tuning.db", seed=0,
+        tuned = probtune.tune_model(model, host_target(args), args.trials, database=scratch / "tuning.db", seed=0,
                                     graph_rewrites=rewrites)
         result["seconds"]["tune"] = round(tuned.seconds, 1)
         result["tasks"] = len(tuned.tasks)
@@ -97,6 +107,8 @@ def bench_model(name: str, entry: dict, args: argparse.Namespace) -> dict:
                    "--scratch", str(scratch)]
         if args.graph_rewrites is not None:
             command.append(f"--graph-rewrites={args.graph_rewrites}")
+        if args.no_concat_in_place:
+            command.append("--no-concat-in-place")
         say(f"[{name}] {args.trials} trials in a fresh process")
         try:
             done = subprocess.run(command, timeout=args.timeout, capture_output=True, text=True)
@@ -177,6 +189,8 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=0, help="per model (0: default programs, compiled and checked)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds one model's process may take")
     parser.add_argument("--graph-rewrites", help="comma-separated graph rewrites instead of the target's ('' for none)")
+    parser.add_argument("--no-concat-in-place", action="store_true",
+                        help="copy concatenations in a task of their own (to compare with their producers writing them)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--round-seconds", type=float, default=1.0)
     parser.add_argument("--out", type=Path, default=RESULTS / "zoo.json")
@@ -198,7 +212,7 @@ def main() -> None:
         results.append(bench_model(name, manifest[name], args))
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"machine": cpu_model(), "trials": args.trials, "graph_rewrites": args.graph_rewrites,
-                                        "models": results}, indent=1))
+                                        "concat_in_place": not args.no_concat_in_place, "models": results}, indent=1))
     print(table(results))
 
 

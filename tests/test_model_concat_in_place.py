@@ -32,6 +32,9 @@ def test_a_plain_concatenation_is_told_from_anything_else():
     assert concatenation_axis(te.create_prim_func([a, b, topi.nn.relu(topi.concatenate([a, b], axis=3))])) is None
     f, g = _placeholders((1, 5, 5, 8), (1, 5, 5, 8))
     assert concatenation_axis(te.create_prim_func([f, g, topi.add(f, g)])) is None
+    n = te.var("n")
+    h, k = te.placeholder((n, 4), name="h"), te.placeholder((n, 2), name="k")
+    assert concatenation_axis(te.create_prim_func([h, k, topi.concatenate([h, k], axis=1)])) is None  # symbolic
 
 
 def test_a_tuned_producer_writes_only_its_stretch_of_the_whole():

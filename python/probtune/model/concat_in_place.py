@@ -46,24 +46,12 @@ def concatenations_in_place(mod: tvm.IRModule) -> list[Site]:
         return []
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()] or not isinstance(mod["main"], relax.Function):
         return []
-    bindings = list(_bindings(mod["main"]))
-    uses = _uses(mod["main"], bindings)
-    position = {binding.var: index for index, binding in enumerate(bindings)}
-    axes: dict[str, int | None] = {}
+    graph = _Graph(mod)
     sites: list[Site] = []
-    for binding in bindings:
-        callee = _call_tir_callee(binding.value)
-        if callee is None or not isinstance(mod[callee], tirx.PrimFunc):
-            continue
-        if callee.name_hint not in axes:
-            axes[callee.name_hint] = concatenation_axis(mod[callee])
-        axis = axes[callee.name_hint]
-        producers = _producers(binding, bindings, position, uses, mod) if axis is not None else None
-        nested = producers is not None and any(p.var.same_as(site.concat.var) for p in producers for site in sites)
-        if axis is not None and producers is not None and not nested:  # an input concatenated in place: that one only
-            offsets = _offsets([p.var for p in producers], axis)
-            ordered = sorted(zip(producers, offsets), key=lambda pair: position[pair[0].var])
-            sites.append(Site(binding, axis, tuple(ordered)))
+    for binding in graph.bindings:
+        site = graph.site(binding)
+        if site is not None and not any(p.var.same_as(s.concat.var) for p, _ in site.producers for s in sites):
+            sites.append(site)  # an input that is itself concatenated in place keeps that one only
     return sites
 
 
@@ -79,18 +67,11 @@ def write_concatenations_in_place(mod: tvm.IRModule) -> tuple[tvm.IRModule, list
         whole = site.concat.var.ty
         previous: relax.Var | None = None
         for producer, offset in site.producers:
-            call = producer.value
-            name = call.args[0].name_hint
-            key = (name, tuple(int(d) for d in whole.shape), site.axis, offset)
-            if key not in variants:
-                into = write_into(mod[name], key[1], site.axis, offset)
-                gv = global_for(f"{name}_into{len(variants)}", into, call.args[0])
-                functions[gv] = into.with_attr("global_symbol", gv.name_hint)
-                variants[key] = gv
-            args = list(call.args[1].fields)
+            gv = _variant(mod, functions, variants, producer.value.args[0], whole, site.axis, offset)
+            args = list(producer.value.args[1].fields)
             value = (
-                relax.op.call_tir(variants[key], relax.Tuple(args), whole) if previous is None
-                else relax.op.call_tir_inplace(variants[key], relax.Tuple([*args, previous]), [len(args)], [whole])
+                relax.op.call_tir(gv, relax.Tuple(args), whole) if previous is None
+                else relax.op.call_tir_inplace(gv, relax.Tuple([*args, previous]), [len(args)], [whole])
             )
             var = type(producer.var)(producer.var.name, whole)
             replaced[producer.var] = relax.VarBinding(var, value)
@@ -99,6 +80,21 @@ def write_concatenations_in_place(mod: tvm.IRModule) -> tuple[tvm.IRModule, list
     functions[mod.get_global_var("main")] = _rebind(mod["main"], replaced)
     updated = relax.transform.DeadCodeElimination()(tvm.IRModule(functions, attrs=mod.attrs))
     return updated, sites
+
+
+def _variant(
+    mod: tvm.IRModule, functions: dict[tvm.ir.GlobalVar, tvm.ir.BaseFunc],
+    variants: dict[tuple[str, tuple[int, ...], int, int], tvm.ir.GlobalVar], callee: tvm.ir.GlobalVar,
+    whole: relax.TensorType, axis: int, offset: int,
+) -> tvm.ir.GlobalVar:
+    """The global of ``callee``'s program writing into ``whole`` at ``offset``, added to ``functions`` when new."""
+    key = (callee.name_hint, tuple(int(d) for d in whole.shape), axis, offset)
+    if key not in variants:
+        into = write_into(mod[callee], key[1], axis, offset)
+        gv = global_for(f"{callee.name_hint}_into{len(variants)}", into, callee)
+        functions[gv] = into.with_attr("global_symbol", gv.name_hint)
+        variants[key] = gv
+    return variants[key]
 
 
 def write_into(func: tirx.PrimFunc, whole: tuple[int, ...], axis: int, offset: int) -> tirx.PrimFunc:
@@ -116,25 +112,60 @@ def write_into(func: tirx.PrimFunc, whole: tuple[int, ...], axis: int, offset: i
                          func.ret_type, func.attrs)
 
 
-def _producers(
-    concat: relax.VarBinding, bindings: list[relax.VarBinding], position: dict[relax.Var, int], uses: Counter[relax.Var],
-    mod: tvm.IRModule,
-) -> list[relax.VarBinding] | None:
-    """The bindings of the concatenation's inputs, in its order, where each is a one-output call whose result only
-    the concatenation reads; else None."""
-    args = list(concat.value.args[1].fields)
-    found = []
-    for arg in args:
-        if not isinstance(arg, relax.Var) or arg not in position or uses[arg] != 1:
+class _Graph:
+    """``main``'s bindings in order, where each variable is bound, and how many times each is read."""
+
+    def __init__(self, mod: tvm.IRModule) -> None:
+        self.mod = mod
+        self.bindings = _bindings(mod["main"])
+        self.uses = _uses(mod["main"], self.bindings)
+        self.position = {binding.var: index for index, binding in enumerate(self.bindings)}
+        self._axes: dict[str, int | None] = {}
+
+    def site(self, binding: relax.VarBinding) -> Site | None:
+        """``binding`` as a concatenation its producers can write, or None."""
+        callee = self.callee(binding)
+        if callee is None or _static_shape(binding.var) is None:
             return None
-        producer = bindings[position[arg]]
-        callee = _call_tir_callee(producer.value)
-        if callee is None or not isinstance(mod[callee], tirx.PrimFunc) or len(producer.value.ty_args) != 1:
+        if callee.name_hint not in self._axes:
+            self._axes[callee.name_hint] = concatenation_axis(self.mod[callee])
+        axis = self._axes[callee.name_hint]
+        producers = self.producers(binding) if axis is not None else None
+        if axis is None or producers is None:
             return None
-        if not isinstance(producer.var.ty, relax.TensorType):
+        offsets = _offsets([p.var for p in producers], axis)
+        return Site(binding, axis, tuple(sorted(zip(producers, offsets), key=lambda pair: self.position[pair[0].var])))
+
+    def producers(self, concat: relax.VarBinding) -> list[relax.VarBinding] | None:
+        """The bindings of the concatenation's inputs, in its order, where each is a one-output call whose result
+        only the concatenation reads; else None."""
+        found = []
+        for arg in concat.value.args[1].fields:
+            if not isinstance(arg, relax.Var) or arg not in self.position or self.uses[arg] != 1:
+                return None
+            producer = self.bindings[self.position[arg]]
+            if self.callee(producer) is None or len(producer.value.ty_args) != 1 or _static_shape(producer.var) is None:
+                return None
+            found.append(producer)
+        return found
+
+    def callee(self, binding: relax.VarBinding) -> tvm.ir.GlobalVar | None:
+        """The PrimFunc a plain ``call_tir`` (a tuple of arguments, no shape arguments) calls, or None."""
+        value = binding.value
+        if not isinstance(value, relax.Call) or not value.op.same_as(tvm.ir.Op.get("relax.call_tir")):
             return None
-        found.append(producer)
-    return found
+        if len(value.args) != 2 or not isinstance(value.args[0], tvm.ir.GlobalVar) or not isinstance(value.args[1], relax.Tuple):
+            return None
+        return value.args[0] if isinstance(self.mod[value.args[0]], tirx.PrimFunc) else None
+
+
+def _static_shape(var: relax.Var) -> tuple[int, ...] | None:
+    """The shape of a tensor variable whose every dimension is a constant; None for anything else."""
+    ty = var.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    dims = list(ty.shape.values) if hasattr(ty.shape, "values") else list(ty.shape)
+    return tuple(int(d) for d in dims) if all(isinstance(d, tirx.IntImm) for d in dims) else None
 
 
 def _offsets(inputs: list[relax.Var], axis: int) -> list[int]:
@@ -144,15 +175,6 @@ def _offsets(inputs: list[relax.Var], axis: int) -> list[int]:
         offsets.append(at)
         at += int(var.ty.shape[axis])
     return offsets
-
-
-def _call_tir_callee(value: relax.Expr) -> tvm.ir.GlobalVar | None:
-    """The PrimFunc a plain ``call_tir`` calls (with a tuple of arguments), or None for anything else."""
-    if not isinstance(value, relax.Call) or not value.op.same_as(tvm.ir.Op.get("relax.call_tir")):
-        return None
-    if not isinstance(value.args[0], tvm.ir.GlobalVar) or not isinstance(value.args[1], relax.Tuple):
-        return None
-    return value.args[0]
 
 
 def _bindings(main: relax.Function) -> list[relax.VarBinding]:

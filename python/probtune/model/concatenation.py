@@ -93,6 +93,8 @@ def concatenation_axis(func: tirx.PrimFunc) -> int | None:
     *inputs, output = func.params
     if len(inputs) < 2 or not all(isinstance(p.ty, tirx.buffer.BufferType) for p in func.params):
         return None
+    if not all(isinstance(d, tirx.IntImm) for p in func.params for d in p.shape):
+        return None  # a symbolic shape: the stretches are not known here
     sblocks = [s.block for s in iter_stmts(func.body) if isinstance(s, s_tir.SBlockRealize) and s.block.name_hint != "root"]
     if not sblocks or not all(is_spatial(b) for b in sblocks):
         return None
