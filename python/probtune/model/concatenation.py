@@ -11,7 +11,9 @@ function, when all its blocks are spatial and it concatenates at least
 block inlined into the one writing the output, and that block written once
 per stretch of the axis between two inputs' boundaries, where the analyzer
 folds the tests away. The function computes the same values; tasks and the
-compiled model both use the rewritten one.
+compiled model both use the rewritten one. :func:`concatenation_axis` tells a
+function that only concatenates (and along which axis), for
+:mod:`probtune.model.concat_in_place`.
 """
 
 from __future__ import annotations
@@ -95,15 +97,23 @@ def concatenation_axis(func: tirx.PrimFunc) -> int | None:
         return None
     if not all(isinstance(d, tirx.IntImm) for p in func.params for d in p.shape):
         return None  # a symbolic shape: the stretches are not known here
+    shapes = [[int(d) for d in p.shape] for p in func.params]
+    if _shape_axis(shapes[:-1], shapes[-1]) is None:
+        return None
     sblocks = [s.block for s in iter_stmts(func.body) if isinstance(s, s_tir.SBlockRealize) and s.block.name_hint != "root"]
     if not sblocks or not all(is_spatial(b) for b in sblocks):
         return None
-    final = _inline_all(func)
+    try:
+        final = _inline_all(func)
+    except Exception:  # noqa: BLE001 - TVM refused to schedule it: not a concatenation this module reads
+        return None
     cuts = _thresholds(final.block) if final is not None else {}
     if final is None or len(cuts) != 1:
         return None
     block = final.block
     (axis, thresholds), = cuts.items()
+    if axis != _shape_axis(shapes[:-1], shapes[-1]):
+        return None
     extent = int(block.iter_vars[axis].dom.extent)
     bounds = [0, *sorted(t for t in thresholds if 0 < t < extent), extent]
     if len(bounds) - 1 != len(inputs):
@@ -113,6 +123,16 @@ def concatenation_axis(func: tirx.PrimFunc) -> int | None:
         if stretch is None or not _copies(stretch, param, output, axis, lo):
             return None
     return axis
+
+
+def _shape_axis(inputs: list[list[int]], output: list[int]) -> int | None:
+    """The one axis along which ``output``'s shape is the ``inputs``' shapes laid end to end; None if there is none."""
+    if any(len(shape) != len(output) for shape in inputs):
+        return None
+    axes = [n for n in range(len(output)) if any(shape[n] != output[n] for shape in inputs)]
+    if len(axes) != 1 or sum(shape[axes[0]] for shape in inputs) != output[axes[0]]:
+        return None
+    return axes[0]
 
 
 def _copies(
