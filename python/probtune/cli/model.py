@@ -104,8 +104,8 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
     if compiled.prepacked:
         print(f"{compiled.prepacked} weight layout copies made once at compile time instead of on every call")
     if compiled.in_place:
-        print(f"{compiled.in_place} calls write into a tensor another call made (over a residual they read, or into "
-              "their stretch of a concatenation)")
+        print(f"{compiled.in_place} calls write in place: over a residual they read, or into their stretch of a "
+              "concatenation")
     latency = float(np.median(compiled.time(model.random_inputs(0))))
     where = " of an RPC server" if runner is not None else ""
     print(f"compiled model: {latency * 1e3:.3f} ms per inference on {compiled.num_threads} threads{where}")

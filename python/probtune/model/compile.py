@@ -175,7 +175,7 @@ class CompiledModel:
         self.num_threads = num_threads
         self.check: CheckReport | None = None  # set by ModelTuneResult.compile when the outputs were checked
         self.prepacked = 0  # weights whose layout copy was made at compile time (ModelTuneResult.compile)
-        self.in_place = 0  # calls that write into a tensor another call made: a residual, a concatenation (ModelTuneResult.compile)
+        self.in_place = 0  # calls that write in place: over a residual, into a concatenation (ModelTuneResult.compile)
         self._pool = PoolThread(num_threads)
         self._device = tvm.cpu()
         self._vm = relax.VirtualMachine(executable, self._device)
