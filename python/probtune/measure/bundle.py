@@ -38,7 +38,7 @@ from probtune.errors import NOT_REPLAYABLE, TuningConfigError
 from probtune.interfaces import Builder, CostModel, DeviceCode, TargetSpec
 from probtune.measure import bundle_runtimes, run_bundle, timing
 from probtune.measure.codegen import device_type
-from probtune.measure.pipeline import build, load_cost_model_state, make_builder, resolve_cost_model
+from probtune.measure.pipeline import build, lent_workers, load_cost_model_state, make_builder, resolve_cost_model
 from probtune.measure.results import MeasureReference, MeasureStatus
 from probtune.measure.runner import CPU_DEVICE
 from probtune.plugins import get_registry
@@ -206,7 +206,7 @@ class BundlePipeline:
 
     @property
     def realize_helpers(self) -> Any:
-        return getattr(self.builder, "lend_workers", None)
+        return lent_workers(self.builder)
 
     def round(self, session: TaskSession, size: int) -> int:
         if session.name in self.written or session.name in self.refused:

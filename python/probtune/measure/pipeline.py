@@ -38,6 +38,7 @@ __all__ = [
     "Progress",
     "TrialOutcome",
     "build",
+    "lent_workers",
     "load_cost_model_state",
     "make_builder",
     "open_pipeline",
@@ -124,8 +125,7 @@ class MeasurePipeline:
 
     @property
     def realize_helpers(self) -> Any:
-        """The builder's workers, idle while a search runs, lent to realize its candidates (or None)."""
-        return getattr(self.builder, "lend_workers", None)
+        return lent_workers(self.builder)
 
     def round(self, session: TaskSession, size: int) -> int:
         """One round of ``session``: up to ``size`` candidates measured, recorded and learned from; how many."""
@@ -220,6 +220,11 @@ def open_pipeline(
         if model is not None:
             load_cost_model_state(model, db, key)
         yield MeasurePipeline(db, target, key, built_by, runs_on, model, scratch, trials=trials, progress=progress)
+
+
+def lent_workers(builder: Any) -> Any:
+    """The builder's workers, idle while a search runs, lent to realize its candidates (or None: it lends none)."""
+    return getattr(builder, "lend_workers", None)
 
 
 def make_builder(builder: str | Builder | None, target: TargetSpec, timeout: float, stack: contextlib.ExitStack) -> Builder:

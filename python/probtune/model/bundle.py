@@ -31,7 +31,7 @@ from tvm.ir.expr import Constant
 from probtune.errors import ModelCompileError, TuningConfigError, summary
 from probtune.interfaces import TargetSpec
 from probtune.measure import bundle_runtimes, run_model_bundle
-from probtune.measure.bundle import carry_runtimes, device_code_of, write_device_code
+from probtune.measure.bundle import carry_runtimes, device_code_of, new_folder, write_device_code
 from probtune.model.check import outputs_to_numpy
 from probtune.model.compile import place_programs
 from probtune.model.importer import InputSpec
@@ -77,9 +77,7 @@ def write_model_bundle(
 
     Floating-point constants of at least ``seeded_elements`` elements travel as seeds.
     """
-    out = Path(output)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise TuningConfigError(f"{out} exists and is not an empty folder: a bundle is written into a new one")
+    out = new_folder(output, "bundle")
     coded = device_code_of(target)
     if coded is None:
         raise TuningConfigError(f"target {target.name!r} compiles no device code with launch tables, which model bundles "

@@ -21,6 +21,7 @@ import tvm_ffi
 from tvm import relax, tirx
 
 from probtune.model.concatenation import concatenation_axis
+from probtune.model.inplace import bindings_of
 from probtune.model.prepack import global_for
 
 __all__ = ["CONCAT_IN_PLACE_ATTR", "Site", "concatenations_in_place", "write_concatenations_in_place", "write_into"]
@@ -117,7 +118,7 @@ class _Graph:
 
     def __init__(self, mod: tvm.IRModule) -> None:
         self.mod = mod
-        self.bindings = _bindings(mod["main"])
+        self.bindings = [b for b in bindings_of(mod["main"]) if isinstance(b, relax.VarBinding)]
         self.uses = _uses(mod["main"], self.bindings)
         self.position = {binding.var: index for index, binding in enumerate(self.bindings)}
         self._axes: dict[str, int | None] = {}
@@ -175,13 +176,6 @@ def _offsets(inputs: list[relax.Var], axis: int) -> list[int]:
         offsets.append(at)
         at += int(var.ty.shape[axis])
     return offsets
-
-
-def _bindings(main: relax.Function) -> list[relax.VarBinding]:
-    body = main.body
-    if not isinstance(body, relax.SeqExpr):
-        return []
-    return [binding for block in body.blocks for binding in block.bindings if isinstance(binding, relax.VarBinding)]
 
 
 def _uses(main: relax.Function, bindings: list[relax.VarBinding]) -> Counter[relax.Var]:

@@ -98,7 +98,8 @@ def concatenation_axis(func: tirx.PrimFunc) -> int | None:
     if not all(isinstance(d, tirx.IntImm) for p in func.params for d in p.shape):
         return None  # a symbolic shape: the stretches are not known here
     shapes = [[int(d) for d in p.shape] for p in func.params]
-    if _shape_axis(shapes[:-1], shapes[-1]) is None:
+    by_shape = _shape_axis(shapes[:-1], shapes[-1])
+    if by_shape is None:
         return None
     sblocks = [s.block for s in iter_stmts(func.body) if isinstance(s, s_tir.SBlockRealize) and s.block.name_hint != "root"]
     if not sblocks or not all(is_spatial(b) for b in sblocks):
@@ -112,7 +113,7 @@ def concatenation_axis(func: tirx.PrimFunc) -> int | None:
         return None
     block = final.block
     (axis, thresholds), = cuts.items()
-    if axis != _shape_axis(shapes[:-1], shapes[-1]):
+    if axis != by_shape:
         return None
     extent = int(block.iter_vars[axis].dom.extent)
     bounds = [0, *sorted(t for t in thresholds if 0 < t < extent), extent]

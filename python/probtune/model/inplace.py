@@ -27,7 +27,7 @@ from tvm import ir, relax, s_tir, tirx
 
 from probtune.model.prepack import global_for
 
-__all__ = ["overwritable_inputs", "write_in_place"]
+__all__ = ["bindings_of", "overwritable_inputs", "write_in_place"]
 
 _INPLACE_SUFFIX = "_inplace"
 
@@ -107,7 +107,7 @@ def _is_point(region: ir.TensorRegion) -> bool:
 def _calls_in_place(main: relax.Function, positions: dict[str, list[int]]) -> list[tuple[relax.Call, str, int]]:
     """The ``call_tir`` calls of ``main`` that may write over an input, each with its callee's name and the input's position."""
     call_tir = tvm.ir.Op.get("relax.call_tir")
-    bindings = list(_bindings(main))
+    bindings = list(bindings_of(main))
     last_use: dict[relax.Var, int] = {}
     for index, binding in enumerate(bindings):
         for var in relax.analysis.free_vars(binding.value):
@@ -137,7 +137,7 @@ def _dead_after(
     )
 
 
-def _bindings(main: relax.Function) -> Iterator[relax.Binding]:
+def bindings_of(main: relax.Function) -> Iterator[relax.Binding]:
     """Every binding of ``main``'s body, in order of execution."""
     body = main.body
     if not isinstance(body, relax.SeqExpr):
