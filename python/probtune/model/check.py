@@ -29,6 +29,26 @@ Tuned kernels reorder floating-point sums, and a model chains many of them
 per layer add up over tens of layers. A wrong program is off by far more.
 A model compiled in float16 is checked with that precision's tolerance."""
 
+QUANTIZATION_STEPS = 1
+"""An output a quantized model dequantizes from 8 bits may differ by this many of its steps (its scale).
+
+onnxruntime adds quantized tensors in fixed point (``QLinearAdd``) and
+probtune in float32, so a sum that falls within a rounding of a half lands
+one step apart in a few elements; a wrong program is off by many steps."""
+
+SPREAD_MARGIN = 2.0
+"""Where a quantized model's output is float, it may differ from onnxruntime's by this many times as much as
+onnxruntime's own unoptimized and optimized graphs differ from each other on the same inputs.
+
+A model that quantizes its activations (at run time, as dynamically
+quantized ones do, or statically) rounds each to 8 bits: a float difference
+in the last bit, from fused operators, flips a rounding, and the flip
+carries on to the output. onnxruntime's two graphs differ by a few percent
+of the output's RMS on a dynamically quantized BERT; a wrong program differs
+by about all of it."""
+
+_QUANTIZING_OPS = ("QuantizeLinear", "DynamicQuantizeLinear")
+
 
 @dataclass(frozen=True)
 class CheckReport:
@@ -39,13 +59,26 @@ class CheckReport:
     max_rel_error: float  # largest error relative to the output's root-mean-square magnitude
     rtol: float
     atol_scale: float
+    stepped: tuple[int, int] | None = None  # quantized outputs: elements a step apart, of how many
+    spread: float | None = None  # a quantizing model's float outputs: onnxruntime's own spread, as a share of RMS
 
     def __str__(self) -> str:
-        return (
+        text = (
             f"outputs match {self.reference}: max abs error {self.max_abs_error:.3g}, "
             f"{self.max_rel_error:.3g} of the output's RMS (tolerance rtol {self.rtol:g}, "
             f"atol {self.atol_scale:g} x RMS)"
         )
+        if self.stepped is not None:
+            text += (
+                f"; quantized outputs: {self.stepped[0]} of {self.stepped[1]} elements one quantization step apart "
+                f"(at most {QUANTIZATION_STEPS} allowed), the rest equal"
+            )
+        if self.spread is not None:
+            text += (
+                f"; a quantizing model: onnxruntime's unoptimized and optimized graphs differ by up to {self.spread:.3g} "
+                f"of the RMS, {SPREAD_MARGIN:g}x that allowed"
+            )
+        return text
 
 
 def reference_outputs(model: Model, inputs: Sequence[np.ndarray]) -> tuple[str, list[np.ndarray]]:
@@ -79,7 +112,10 @@ def check_outputs(
     got = run(*inputs)
     if len(got) != len(want):
         raise ModelCheckError(f"the compiled model gives {len(got)} outputs, {reference} gives {len(want)}")
-    worst_abs = worst_rel = 0.0
+    worst_abs = worst_rel = worst_spread = 0.0
+    steps = _quantization_steps(model)
+    spreads = _reference_spread(model, inputs, want) if reference == "onnxruntime" and _quantizes(model) else {}
+    stepped = (0, 0)
     for index, (g, w) in enumerate(zip(got, want)):
         g, w = np.asarray(g), np.asarray(w)
         if g.shape != w.shape:
@@ -89,7 +125,14 @@ def check_outputs(
         scale = math.sqrt(float(np.mean(np.square(w64[finite])))) if finite.any() else 0.0
         with np.errstate(invalid="ignore"):
             error = np.where(finite, np.abs(g64 - w64), 0.0)
-        bad = (error > rtol * np.abs(np.where(finite, w64, 0.0)) + atol_scale * scale) | np.isnan(error)
+        allowed = rtol * np.abs(np.where(finite, w64, 0.0)) + atol_scale * scale
+        if steps.get(index):
+            allowed = np.maximum(allowed, (QUANTIZATION_STEPS + 0.5) * steps[index])  # outputs are whole steps apart
+            stepped = (stepped[0] + int(np.count_nonzero(error > steps[index] / 2)), stepped[1] + w.size)
+        elif index in spreads:
+            allowed = np.maximum(allowed, SPREAD_MARGIN * spreads[index])
+            worst_spread = max(worst_spread, spreads[index] / scale if scale else 0.0)
+        bad = (error > allowed) | np.isnan(error)
         bad |= ~finite & ~((g64 == w64) | (np.isnan(g64) & np.isnan(w64)))
         if bad.any():
             where = tuple(int(i) for i in np.argwhere(bad)[0])
@@ -100,18 +143,63 @@ def check_outputs(
             )
         worst_abs = max(worst_abs, float(error.max(initial=0.0)))
         worst_rel = max(worst_rel, float(error.max(initial=0.0)) / scale if scale else 0.0)
-    return CheckReport(reference, worst_abs, worst_rel, rtol, atol_scale)
+    return CheckReport(reference, worst_abs, worst_rel, rtol, atol_scale, stepped if stepped[1] else None,
+                       worst_spread if spreads else None)
 
 
-def onnxruntime_runner(model: Model, threads: int | None = None) -> Callable[..., list[np.ndarray]]:
+def _quantizes(model: Model) -> bool:
+    """Whether the ONNX model rounds any tensor to integers (statically or at run time)."""
+    return model.onnx_model is not None and any(node.op_type in _QUANTIZING_OPS for node in model.onnx_model.graph.node)
+
+
+def _reference_spread(model: Model, inputs: Sequence[np.ndarray], optimized: list[np.ndarray]) -> dict[int, float]:
+    """How far onnxruntime's unoptimized graph's outputs lie from its optimized graph's (``optimized``), by output."""
+    plain = onnxruntime_runner(model, optimize=False)(*inputs)
+    spreads = {}
+    for index, (a, b) in enumerate(zip(plain, optimized)):
+        with np.errstate(invalid="ignore"):
+            difference = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
+        spreads[index] = float(np.nanmax(difference, initial=0.0))
+    return spreads
+
+
+def _quantization_steps(model: Model) -> dict[int, float]:
+    """The step of each ONNX output that a per-tensor ``DequantizeLinear`` makes from 8-bit integers, by index."""
+    if model.onnx_model is None:
+        return {}
+    from onnx import numpy_helper
+
+    graph = model.onnx_model.graph
+    constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    producers = {out: node for node in graph.node for out in node.output}
+    steps = {}
+    for index, output in enumerate(graph.output):
+        node = producers.get(output.name)
+        if node is None or node.op_type != "DequantizeLinear" or len(node.input) < 2:
+            continue
+        scale = constants.get(node.input[1])
+        if scale is not None and scale.size == 1:
+            steps[index] = float(scale.reshape(()))
+    return steps
+
+
+def onnxruntime_runner(
+    model: Model, threads: int | None = None, optimize: bool = True
+) -> Callable[..., list[np.ndarray]]:
     """The ONNX model the ``model`` came from, run by onnxruntime on its CPU: ``run(*inputs) -> outputs``.
 
-    ``threads`` sets onnxruntime's intra-op threads (None: its own default).
+    ``threads`` sets onnxruntime's intra-op threads (None: its own default);
+    ``optimize`` False runs the graph as written, without onnxruntime's fusions.
     """
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
+    if not optimize:
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     if threads is not None:
         options.intra_op_num_threads = threads
     session = onnxruntime.InferenceSession(

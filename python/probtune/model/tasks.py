@@ -26,6 +26,7 @@ from probtune.model.importer import Model
 from probtune.model.layouts import convert_layouts
 from probtune.model.legalize import legalize
 from probtune.model.prepack import constant_arguments
+from probtune.model.quantized import INTEGER_OPERATORS, integer_operators
 from probtune.model.rewrites import REWRITES_ATTR, apply_graph_rewrites
 from probtune.task.task import Task
 from probtune.workloads.workload import Workload
@@ -42,7 +43,10 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
     into constants, and fuses operators and TIR. The fused module records what
     each rewrite changed, and whether the target writes concatenations in place.
     """
-    mod, counts = apply_graph_rewrites(convert_layouts(model.mod, target.layouts), target, rewrites)
+    integer, quantized = integer_operators(model.mod)
+    mod, counts = apply_graph_rewrites(convert_layouts(integer, target.layouts), target, rewrites)
+    if quantized:
+        counts = {INTEGER_OPERATORS: quantized, **counts}
     try:
         with tvm.target.Target(target.tvm_target):
             fused = relax.get_pipeline("zero")(legalize(mod))

@@ -1,0 +1,175 @@
+"""Quantized zoo models: probtune's int8 against onnxruntime's and OpenVINO's on the same int8 file, and against
+probtune's own float32 of the same model, all timed in one run.
+
+Each model of bench/zoo_export.py's zoo is quantized by onnxruntime's own
+quantizer: a convolutional model statically (QDQ, per-channel int8 weights,
+uint8 activations, calibrated on random inputs), a text model dynamically
+(MatMulInteger). Both files are then tuned with the same trials, compiled and
+checked against onnxruntime by bench/zoo.py's worker, each in its own process;
+the engines are timed alone in turns (bench/isolated.py).
+
+    .venv/bin/python bench/quantized.py --only mobilenet_v2,resnet50 --trials 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from common import cpu_model, geomean, say
+from isolated import Engine, Worker, median_ratio, time_in_turn
+
+HERE = Path(__file__).resolve().parent
+ZOO = HERE / "zoo"
+RESULTS = HERE / "results"
+THREADS = 2
+CALIBRATION_SAMPLES = 8
+STATIC_FAMILIES = ("cnn", "segmentation", "detection-backbone")
+"""Families quantized statically (QDQ); the others (text, speech) dynamically, as onnxruntime advises for them."""
+
+
+def quantize(name: str, entry: dict, zoo: Path, folder: Path) -> tuple[str, Path]:
+    """The model quantized by onnxruntime (how, and the file): static QDQ for convolutional families, else dynamic."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+
+    source, target = zoo / entry["file"], folder / f"{name}.int8.onnx"
+    if entry.get("family") not in STATIC_FAMILIES:
+        quantize_dynamic(source, target, weight_type=QuantType.QInt8)
+        return "dynamic (MatMulInteger, int8 weights)", target
+    rng = np.random.default_rng(0)
+    samples = [{spec["name"]: rng.standard_normal(spec["shape"]).astype(np.float32) for spec in entry["inputs"]}
+               for _ in range(CALIBRATION_SAMPLES)]
+
+    class Samples(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.left = iter(samples)
+
+        def get_next(self) -> dict | None:
+            return next(self.left, None)
+
+    quantize_static(source, target, Samples(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return "static QDQ (per-channel int8 weights, uint8 activations, random calibration)", target
+
+
+def tune_in_worker(name: str, entry: dict, path: Path, args: argparse.Namespace, scratch: Path) -> dict:
+    """bench/zoo.py's worker on ``path``: tuned, compiled, checked and exported in a fresh process."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    zoo = scratch / "zoo"
+    zoo.mkdir(exist_ok=True)
+    (zoo / "manifest.json").write_text(json.dumps({"models": {name: {**entry, "file": str(path.resolve())}}}))
+    command = [sys.executable, str(HERE / "zoo.py"), "--worker", name, "--trials", str(args.trials), "--zoo", str(zoo),
+               "--scratch", str(scratch)]
+    try:
+        done = subprocess.run(command, timeout=args.timeout, capture_output=True, text=True)
+    except subprocess.TimeoutExpired:
+        return {"stage": "timeout", "error": {"type": "timeout", "message": f"over {args.timeout} s"}}
+    result_file = scratch / "result.json"
+    if not result_file.is_file():
+        return {"stage": "crash", "error": {"type": "crash", "message": f"exit {done.returncode}: {done.stderr[-1500:]}"}}
+    return json.loads(result_file.read_text())
+
+
+def bench_model(name: str, entry: dict, args: argparse.Namespace) -> dict:
+    """One model: quantized, both forms tuned, then the five engines timed in turns."""
+    result: dict[str, Any] = {"model": name, "family": entry.get("family")}
+    with tempfile.TemporaryDirectory(prefix=f"quantized-{name}-") as folder:
+        scratch = Path(folder)
+        result["quantization"], int8_path = quantize(name, entry, args.zoo, scratch)
+        fp32_path = args.zoo / entry["file"]
+        for form, path in (("int8", int8_path), ("fp32", fp32_path)):
+            say(f"[{name}] {form}: {args.trials} trials in a fresh process")
+            result[form] = tune_in_worker(name, entry, path, args, scratch / form)
+            say(f"[{name}] {form}: {result[form].get('check') or result[form].get('error')}")
+        if all(result[form].get("stage") == "done" for form in ("int8", "fp32")):
+            result.update(time_engines(entry, int8_path, fp32_path, scratch, args))
+    return result
+
+
+def time_engines(entry: dict, int8_path: Path, fp32_path: Path, scratch: Path, args: argparse.Namespace) -> dict:
+    """Each engine alone in its own process, timed in turns; medians and same-round ratios."""
+    from probtune.model import load_model
+
+    shapes = {spec["name"]: tuple(spec["shape"]) for spec in entry["inputs"]}
+    engines = {
+        "onnxruntime_int8": Engine("onnxruntime", int8_path, shapes, THREADS),
+        "openvino_int8": Engine("openvino", int8_path, shapes, THREADS),
+        "probtune_int8": Engine("tvm", int8_path, shapes, THREADS, scratch / "int8" / "compiled.so"),
+        "probtune_fp32": Engine("tvm", fp32_path, shapes, THREADS, scratch / "fp32" / "compiled.so"),
+        "onnxruntime_fp32": Engine("onnxruntime", fp32_path, shapes, THREADS),
+    }
+    workers = {}
+    try:
+        for key, engine in engines.items():
+            workers[key] = Worker(engine)
+        rounds = time_in_turn(workers, load_model(fp32_path, shapes).random_inputs(0), args.rounds, args.round_seconds)
+    except Exception as exc:  # noqa: BLE001 - the model's row says why it has no timing
+        return {"timing_error": f"{type(exc).__name__}: {exc}"[:500]}
+    finally:
+        for worker in workers.values():
+            worker.close()
+    mine = rounds["probtune_int8"]
+    return {
+        "latency_ms": {k: round(float(np.median(v)) * 1e3, 3) for k, v in rounds.items()},
+        "latency_ms_per_round": {k: [round(t * 1e3, 3) for t in v] for k, v in rounds.items()},
+        "int8_speedup": {
+            "vs_onnxruntime_int8": round(median_ratio(rounds["onnxruntime_int8"], mine), 3),
+            "vs_openvino_int8": round(median_ratio(rounds["openvino_int8"], mine), 3),
+            "vs_probtune_fp32": round(median_ratio(rounds["probtune_fp32"], mine), 3),
+        },
+    }
+
+
+def table(results: list[dict]) -> str:
+    lines = [f"{'model':24} {'int8 ms':>8} {'ort int8':>9} {'ov int8':>8} {'pt fp32':>8}  x ort  x ov  x fp32  check"]
+    for r in results:
+        ms, speed = r.get("latency_ms", {}), r.get("int8_speedup", {})
+        check = r.get("int8", {}).get("check") or str(r.get("int8", {}).get("error") or r.get("timing_error"))
+        cells = [ms.get(k) for k in ("probtune_int8", "onnxruntime_int8", "openvino_int8", "probtune_fp32")]
+        ratios = [speed.get(k) for k in ("vs_onnxruntime_int8", "vs_openvino_int8", "vs_probtune_fp32")]
+        lines.append(f"{r['model']:24} " + " ".join(f"{c:>8}" if c else f"{'-':>8}" for c in cells) + "  "
+                     + " ".join(f"{x:5.2f}" if x else "    -" for x in ratios) + f"  {check[-120:]}")
+    for key in ("vs_onnxruntime_int8", "vs_openvino_int8", "vs_probtune_fp32"):
+        values = [r["int8_speedup"][key] for r in results if "int8_speedup" in r]
+        lines.append(f"geomean int8 speedup {key}: {geomean(values)}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--zoo", type=Path, default=ZOO, help="bench/zoo_export.py's folder (its manifest.json)")
+    parser.add_argument("--only", default="mobilenet_v2,resnet50,bert_base", help="comma-separated model names")
+    parser.add_argument("--trials", type=int, default=0, help="per model and form (0: default programs)")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds one tuning process may take")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--round-seconds", type=float, default=1.0)
+    parser.add_argument("--out", type=Path, default=RESULTS / "quantized.json")
+    args = parser.parse_args()
+    manifest = json.loads((args.zoo / "manifest.json").read_text())["models"]
+    names = [n for n in args.only.split(",") if n]
+    missing = [n for n in names if n not in manifest or "error" in manifest[n]]
+    if missing:
+        sys.exit(f"not in {args.zoo}/manifest.json: {', '.join(missing)}; export them first "
+                 f"(make bench-zoo-export ZOO_ARGS=\"--only {' '.join(missing)}\")")
+    results = []
+    for name in names:
+        results.append(bench_model(name, manifest[name], args))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"machine": cpu_model(), "trials": args.trials, "models": results}, indent=1))
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()

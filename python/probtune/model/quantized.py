@@ -1,0 +1,199 @@
+"""Quantized operators computed on integers, as onnxruntime computes them.
+
+A QDQ model (onnxruntime's ``quantize_static``) writes each quantized
+convolution or matrix product as ``dequantize -> op -> (add bias) ->
+quantize``. TVM's frontend keeps that form, which computes the product in
+float32: slower than integers, and not what onnxruntime runs (it fuses the
+pattern into ``QLinearConv`` / ``QGemm``), so outputs land one quantization
+step apart wherever float32 sums round across a half.
+
+This rewrite computes such an operator as onnxruntime's kernels do: the
+8-bit activations times the 8-bit weights summed exactly in int32 (padding
+reads the activations' zero point), the zero point's share and the int32 bias
+added as one constant per output channel, then the requantization: the sum
+converted to float32, multiplied by ``x_scale * w_scale / y_scale`` (in that
+order, in float32), rounded to nearest even, offset by the output's zero
+point and saturated. Operators outside the pattern (a residual add, pooling)
+keep their dequantized float32 form, and so does a pattern whose weights have
+a nonzero zero point or whose bias is not quantized with ``x_scale * w_scale``.
+
+Every quantize and dequantize left with one scale for the whole tensor is
+then written as the elementwise operators it computes, which the layout
+pass carries through a channels-last model (TVM's layout rules do not know
+these two operators, and would leave a transpose pair around each).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.ir.expr import Constant
+from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
+
+__all__ = ["INTEGER_OPERATORS", "integer_operators"]
+
+INTEGER_OPERATORS = "integer-operators"
+"""The rewrite's name in a tuning result's count of rewritten operators."""
+
+_ACTIVATION = wildcard()
+_X_SCALE, _X_ZERO, _W, _W_SCALE, _W_ZERO = is_const(), is_const(), is_const(), is_const(), is_const()
+_B, _B_SCALE, _B_ZERO, _Y_SCALE, _Y_ZERO = is_const(), is_const(), is_const(), is_const(), is_const()
+_X_DQ = is_op("relax.dequantize")(_ACTIVATION, _X_SCALE, _X_ZERO)
+_W_DQ = is_op("relax.dequantize")(_W, _W_SCALE, _W_ZERO)
+_CONV = is_op("relax.nn.conv2d")(_X_DQ, _W_DQ)
+_W_T = is_op("relax.permute_dims")(_W_DQ)
+_MATMUL = is_op("relax.matmul")(_X_DQ, _W_DQ | _W_T)
+_PRODUCT = _CONV | _MATMUL
+_B_DQ = is_op("relax.dequantize")(_B, _B_SCALE, _B_ZERO)
+_BIAS = _B_DQ | is_op("relax.reshape")(_B_DQ, wildcard())
+_PATTERN = is_op("relax.quantize")(_PRODUCT | is_op("relax.add")(_PRODUCT, _BIAS), _Y_SCALE, _Y_ZERO)
+_QUANTIZE = is_op("relax.quantize")(wildcard(), is_const(), is_const())
+_DEQUANTIZE = is_op("relax.dequantize")(wildcard(), is_const(), is_const())
+
+
+def integer_operators(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
+    """``mod`` with each quantized convolution and matrix product computed on integers; how many were."""
+    rewritten = 0
+
+    def rewrite(call: relax.Expr, matched: dict[DFPattern, relax.Expr]) -> relax.Expr:
+        nonlocal rewritten
+        integer = _integer_call(call, matched)
+        if integer is None:
+            return call
+        rewritten += 1
+        return integer
+
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function) and _calls_quantize(func):
+            func = relax.dpl.rewrite_call(_PATTERN, rewrite, func)
+            func = relax.dpl.rewrite_call(_QUANTIZE, _elementwise_quantize, func)
+            mod[gv] = relax.dpl.rewrite_call(_DEQUANTIZE, _elementwise_dequantize, func)
+    if rewritten:
+        mod = relax.transform.DeadCodeElimination()(mod)
+    return mod, rewritten
+
+
+def _calls_quantize(func: relax.Function) -> bool:
+    found = []
+    relax.analysis.post_order_visit(
+        func.body, lambda e: found.append(e) if isinstance(e, relax.Call) and e.op == tvm.ir.Op.get("relax.quantize") else None
+    )
+    return bool(found)
+
+
+def _values(matched: dict[DFPattern, relax.Expr], pattern: DFPattern) -> np.ndarray:
+    return matched[pattern].value.numpy()
+
+
+def _integer_call(call: relax.Call, matched: dict[DFPattern, relax.Expr]) -> relax.Expr | None:
+    """The integer form of the matched operator, or None where it does not compute what onnxruntime's does."""
+    x_scale, x_zero = _values(matched, _X_SCALE), _values(matched, _X_ZERO)
+    weights, w_scale, w_zero = _values(matched, _W), _values(matched, _W_SCALE), _values(matched, _W_ZERO)
+    activation = matched[_ACTIVATION]
+    if (
+        x_scale.size != 1
+        or x_zero.size != 1
+        or activation.ty.dtype not in ("uint8", "int8")
+        or weights.dtype != np.int8
+        or np.any(w_zero != 0)
+    ):
+        return None
+    product = matched[_CONV] if _CONV in matched else matched[_MATMUL]
+    conv = _CONV in matched
+    w_axis = int(matched[_W_DQ].attrs.axis) if w_scale.size > 1 else None
+    if conv:
+        if product.attrs.kernel_layout != "OIHW" or product.attrs.data_layout != "NCHW" or w_axis not in (None, 0):
+            return None
+        kernel, channel_axis = weights, 0
+    else:
+        if weights.ndim != 2:
+            return None
+        kernel = weights.T if _W_T in matched else weights  # [K, N]
+        if w_axis is not None and w_axis != (0 if _W_T in matched else 1):
+            return None
+        channel_axis = 1
+    channels = kernel.shape[channel_axis]
+    x_scale32, zero = np.float32(x_scale.reshape(())), int(x_zero.reshape(()))
+    product_scale = (x_scale32 * np.broadcast_to(w_scale.astype(np.float32), (channels,))).astype(np.float32)
+    bias = _integer_bias(matched, product_scale, channels)
+    if bias is None:
+        return None
+    sums = kernel.astype(np.int64).sum(axis=tuple(a for a in range(kernel.ndim) if a != channel_axis))
+    offset = (bias - zero * sums).astype(np.int32)
+    y_scale, y_zero = np.float32(_values(matched, _Y_SCALE).reshape(())), _values(matched, _Y_ZERO)
+    if y_zero.size != 1:
+        return None
+    requant = (product_scale / y_scale).astype(np.float32)
+    shape: tuple[int, ...] = (1, channels, 1, 1) if conv else (channels,)
+    if conv:
+        acc = _integer_conv(product, activation, weights, zero)
+    else:
+        acc = relax.op.matmul(activation, relax.const(kernel), out_dtype="int32")
+    out_dtype = str(call.attrs.out_dtype)
+    info = np.iinfo(out_dtype)
+    total = relax.op.add(acc, relax.const(offset.reshape(shape)))
+    scaled = relax.op.multiply(relax.op.astype(total, "float32"), relax.const(requant.reshape(shape)))
+    shifted = relax.op.add(relax.op.round(scaled), relax.const(np.float32(int(y_zero.reshape(())))))
+    return relax.op.astype(relax.op.clip(shifted, int(info.min), int(info.max)), out_dtype)
+
+
+def _integer_bias(matched: dict[DFPattern, relax.Expr], product_scale: np.ndarray, channels: int) -> np.ndarray | None:
+    """The int32 bias per output channel (zeros without one); None if it is not quantized with the product's scale."""
+    if _B not in matched:
+        return np.zeros(channels, np.int64)
+    bias, scale, zero = _values(matched, _B), _values(matched, _B_SCALE), _values(matched, _B_ZERO)
+    if bias.dtype != np.int32 or bias.size != channels or np.any(zero != 0):
+        return None
+    if not np.array_equal(np.broadcast_to(scale.astype(np.float32), (channels,)), product_scale):
+        return None
+    return bias.reshape(channels).astype(np.int64)
+
+
+def _integer_conv(conv: relax.Call, activation: relax.Expr, weights: np.ndarray, zero: int) -> relax.Expr:
+    """The convolution of the 8-bit activations and weights summed in int32, its padding reading the zero point."""
+    attrs = conv.attrs
+    padding = [int(p) for p in attrs.padding]
+    if zero and any(padding):
+        top, left, bottom, right = padding
+        activation = relax.op.nn.pad(activation, [0, 0, 0, 0, top, bottom, left, right], pad_value=float(zero))
+        padding = [0, 0, 0, 0]
+    return relax.op.nn.conv2d(
+        activation,
+        relax.const(weights),
+        strides=[int(s) for s in attrs.strides],
+        padding=padding,
+        dilation=[int(d) for d in attrs.dilation],
+        groups=int(attrs.groups),
+        out_dtype="int32",
+    )
+
+
+def _scalar_parameters(call: relax.Call) -> tuple[Constant, float] | None:
+    """The scale (a float32 scalar constant) and zero point of a per-tensor (de)quantize; None for a per-channel one."""
+    scale, zero = call.args[1].value.numpy(), call.args[2].value.numpy()
+    if scale.size != 1 or zero.size != 1:
+        return None
+    return relax.const(np.float32(scale.reshape(()))), float(zero.reshape(()))
+
+
+def _elementwise_quantize(call: relax.Call, _: dict[DFPattern, relax.Expr]) -> relax.Expr:
+    """``quantize`` as TVM lowers it (divide, round to nearest even, offset, saturate), in Relax operators."""
+    parameters = _scalar_parameters(call)
+    out_dtype = str(call.attrs.out_dtype)
+    if parameters is None or call.args[0].ty.dtype != "float32" or out_dtype not in ("uint8", "int8"):
+        return call
+    scale, zero = parameters
+    info = np.iinfo(out_dtype)
+    shifted = relax.op.add(relax.op.round(relax.op.divide(call.args[0], scale)), relax.const(np.float32(zero)))
+    return relax.op.astype(relax.op.clip(shifted, int(info.min), int(info.max)), out_dtype)
+
+
+def _elementwise_dequantize(call: relax.Call, _: dict[DFPattern, relax.Expr]) -> relax.Expr:
+    """``dequantize`` to float32 as TVM lowers it (offset in int32, then scaled), in Relax operators."""
+    parameters = _scalar_parameters(call)
+    if parameters is None or call.args[0].ty.dtype not in ("uint8", "int8") or str(call.attrs.out_dtype) != "float32":
+        return call
+    scale, zero = parameters
+    offset = relax.op.subtract(relax.op.astype(call.args[0], "int32"), relax.const(np.int32(zero)))
+    return relax.op.multiply(relax.op.astype(offset, "float32"), scale)

@@ -1,0 +1,118 @@
+"""Quantized models, as onnxruntime's own quantizer writes them: integer operators, outputs checked against onnxruntime.
+
+The static cases are QDQ files from ``quantize_static`` (per-channel int8
+weights, uint8 activations with nonzero zero points where a tensor is not
+after a ReLU); the dynamic case is ``quantize_dynamic``'s MatMulInteger form.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from onnx import numpy_helper
+from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
+from tvm import relax
+from tvm.ir.expr import Constant
+
+from probtune.model import load_model, tune_model
+from probtune.model.check import check_outputs
+from probtune.model.quantized import INTEGER_OPERATORS, integer_operators
+
+SHAPES = {"x": (1, 3, 16, 16)}
+FAST = dict(batch_size=4, confirm=0)
+
+
+class _RandomSamples(CalibrationDataReader):
+    def __init__(self, shape: tuple[int, ...], count: int = 4) -> None:
+        rng = np.random.default_rng(0)
+        self.left = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(count)])
+
+    def get_next(self) -> dict | None:
+        return next(self.left, None)
+
+
+def _quantize_static(source, target, weight_type=QuantType.QInt8):
+    quantize_static(str(source), str(target), _RandomSamples(SHAPES["x"]), quant_format=QuantFormat.QDQ,
+                    per_channel=True, activation_type=QuantType.QUInt8, weight_type=weight_type)
+    return target
+
+
+@pytest.fixture(scope="module")
+def qdq_cnn(small_cnn_onnx, tmp_path_factory):
+    """examples.small_cnn (3x3 convolutions with padding, a residual add, pooling, a Gemm) quantized statically."""
+    return _quantize_static(small_cnn_onnx, tmp_path_factory.mktemp("quantized") / "small_cnn.qdq.onnx")
+
+
+def _calls(mod) -> list[relax.Call]:
+    calls: list[relax.Call] = []
+    relax.analysis.post_order_visit(
+        mod["main"].body, lambda e: calls.append(e) if isinstance(e, relax.Call) and hasattr(e.op, "name") else None
+    )
+    return calls
+
+
+def _steps_apart(got: np.ndarray, want: np.ndarray, step: float) -> np.ndarray:
+    return np.round(np.abs(got.astype(np.float64) - want) / step)
+
+
+def test_every_quantized_convolution_and_product_becomes_integer(qdq_cnn):
+    graph = onnx.load(qdq_cnn).graph
+    products = sum(node.op_type in ("Conv", "Gemm", "MatMul") for node in graph.node)
+    mod, rewritten = integer_operators(load_model(qdq_cnn, SHAPES).mod)
+    assert rewritten == products == 4
+    calls = _calls(mod)
+    # per-tensor (de)quantizations are elementwise operators now; a batch norm's per-channel weights stay constants
+    assert not [c for c in calls if c.op.name == "relax.quantize"]
+    assert all(isinstance(c.args[0], Constant) for c in calls if c.op.name == "relax.dequantize")
+    assert "relax.nn.pad" in {c.op.name for c in calls}  # the input's zero point is not 0: its padding reads it
+
+
+def test_a_qdq_model_compiles_to_onnxruntimes_integers(qdq_cnn):
+    model = load_model(qdq_cnn, SHAPES)
+    result = tune_model(model, "host", trials=0, **FAST)
+    assert result.graph_rewrites[INTEGER_OPERATORS] == 4
+    compiled = result.compile()
+    assert compiled.check is not None and compiled.check.stepped is not None
+    assert "quantization step" in str(compiled.check)
+    step = float(numpy_helper.to_array(next(i for i in onnx.load(qdq_cnn).graph.initializer
+                                            if i.name == "logits_scale")))
+    for seed in range(3):
+        inputs = model.random_inputs(seed)
+        session = onnxruntime.InferenceSession(str(qdq_cnn), providers=["CPUExecutionProvider"])
+        want = session.run(None, {"x": inputs[0]})[0]
+        apart = _steps_apart(compiled(*inputs)[0], want, step)
+        assert apart.max() <= 1 and np.mean(apart == 0) >= 0.9
+
+
+def test_weights_with_zero_points_stay_dequantized_and_still_match(small_cnn_onnx, tmp_path):
+    path = _quantize_static(small_cnn_onnx, tmp_path / "u8_weights.onnx", weight_type=QuantType.QUInt8)
+    model = load_model(path, SHAPES)
+    assert integer_operators(model.mod)[1] == 0
+    result = tune_model(model, "host", trials=0, **FAST)
+    assert INTEGER_OPERATORS not in result.graph_rewrites
+    assert result.compile().check is not None
+
+
+def test_a_dynamically_quantized_encoder_matches_within_onnxruntimes_own_spread(encoder_onnx, tmp_path):
+    path = tmp_path / "encoder.dynamic.onnx"
+    quantize_dynamic(str(encoder_onnx), str(path), weight_type=QuantType.QInt8)
+    assert any(node.op_type == "MatMulInteger" for node in onnx.load(path).graph.node)
+    compiled = tune_model(load_model(path), "host", trials=0, **FAST).compile()
+    assert compiled.check.spread is not None and "quantizing model" in str(compiled.check)
+
+
+def test_a_program_off_by_two_steps_is_refused(qdq_cnn):
+    from probtune.errors import ModelCheckError
+
+    model = load_model(qdq_cnn, SHAPES)
+    session = onnxruntime.InferenceSession(str(qdq_cnn), providers=["CPUExecutionProvider"])
+    step = float(numpy_helper.to_array(next(i for i in onnx.load(qdq_cnn).graph.initializer if i.name == "logits_scale")))
+
+    def off(x):
+        return [session.run(None, {"x": x})[0] + 2 * step]
+
+    with pytest.raises(ModelCheckError, match="differs from onnxruntime"):
+        check_outputs(model, off)
+    assert check_outputs(model, lambda x: [session.run(None, {"x": x})[0] + step]).stepped[0] > 0
