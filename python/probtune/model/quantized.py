@@ -17,6 +17,11 @@ point and saturated. Operators outside the pattern (a residual add, pooling)
 keep their dequantized float32 form, and so does a pattern whose weights have
 a nonzero zero point or whose bias is not quantized with ``x_scale * w_scale``.
 
+A dynamically quantized matrix product (``quantize_dynamic``'s
+MatMulInteger, which TVM's frontend widens to int32 on both sides) is
+likewise computed on the bytes, its activations' zero point taken off each
+column's sum of the weights.
+
 Every quantize and dequantize left with one scale for the whole tensor is
 then written as the elementwise operators it computes, which the layout
 pass carries through a channels-last model (TVM's layout rules do not know
@@ -48,6 +53,12 @@ _PRODUCT = _CONV | _MATMUL
 _B_DQ = is_op("relax.dequantize")(_B, _B_SCALE, _B_ZERO)
 _BIAS = _B_DQ | is_op("relax.reshape")(_B_DQ, wildcard())
 _PATTERN = is_op("relax.quantize")(_PRODUCT | is_op("relax.add")(_PRODUCT, _BIAS), _Y_SCALE, _Y_ZERO)
+_A8, _A8_ZERO, _W8, _W8_ZERO = wildcard(), wildcard(), is_const(), is_const()
+_A8_SHIFTED = is_op("relax.subtract")(is_op("relax.astype")(_A8), is_op("relax.astype")(_A8_ZERO))
+_W8_WIDE = is_op("relax.astype")(_W8)
+_MATMUL_INTEGER = is_op("relax.matmul")(
+    _A8_SHIFTED, is_op("relax.subtract")(_W8_WIDE, is_op("relax.astype")(_W8_ZERO)) | _W8_WIDE
+)
 _QUANTIZE = is_op("relax.quantize")(wildcard(), is_const(), is_const())
 _DEQUANTIZE = is_op("relax.dequantize")(wildcard(), is_const(), is_const())
 
@@ -64,9 +75,18 @@ def integer_operators(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
         rewritten += 1
         return integer
 
+    def rewrite_integer_matmul(call: relax.Expr, matched: dict[DFPattern, relax.Expr]) -> relax.Expr:
+        nonlocal rewritten
+        integer = _byte_matmul(call, matched)
+        if integer is None:
+            return call
+        rewritten += 1
+        return integer
+
     for gv, func in list(mod.functions.items()):
         if isinstance(func, relax.Function) and _calls_quantize(func):
             func = relax.dpl.rewrite_call(_PATTERN, rewrite, func)
+            func = relax.dpl.rewrite_call(_MATMUL_INTEGER, rewrite_integer_matmul, func)
             func = relax.dpl.rewrite_call(_QUANTIZE, _elementwise_quantize, func)
             mod[gv] = relax.dpl.rewrite_call(_DEQUANTIZE, _elementwise_dequantize, func)
     if rewritten:
@@ -75,11 +95,38 @@ def integer_operators(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
 
 
 def _calls_quantize(func: relax.Function) -> bool:
+    """Whether the function quantizes anything (statically, or at run time as DynamicQuantizeLinear does)."""
     found = []
     relax.analysis.post_order_visit(
         func.body, lambda e: found.append(e) if isinstance(e, relax.Call) and e.op == tvm.ir.Op.get("relax.quantize") else None
     )
     return bool(found)
+
+
+def _byte_matmul(call: relax.Call, matched: dict[DFPattern, relax.Expr]) -> relax.Expr | None:
+    """MatMulInteger as the frontend writes it (both sides widened to int32, zero points subtracted) on the bytes.
+
+    ``sum((a - za) * w) = sum(a * w) - za * sum(w)``: the product of the 8-bit
+    tensors summed in int32, less the activations' zero point (a scalar,
+    computed at run time by DynamicQuantizeLinear) times each column's sum of
+    the weights, a constant. Only for uint8 activations and int8 weights whose
+    zero points are 0, the form ``quantize_dynamic`` writes.
+    """
+    a, a_zero, weights = matched[_A8], matched[_A8_ZERO], matched[_W8].value.numpy()
+    w_zero = matched[_W8_ZERO].value.numpy() if _W8_ZERO in matched else np.zeros(1, np.int8)
+    if (
+        a.ty.dtype != "uint8"
+        or weights.dtype != np.int8
+        or weights.ndim != 2
+        or np.any(w_zero != 0)
+        or any(int(d) != 1 for d in a_zero.ty.shape)
+        or str(call.attrs.out_dtype) != "int32"
+    ):
+        return None
+    column_sums = weights.astype(np.int32).sum(axis=0)
+    acc = relax.op.matmul(a, relax.const(weights), out_dtype="int32")
+    zero = relax.op.reshape(relax.op.astype(a_zero, "int32"), ())
+    return relax.op.subtract(acc, relax.op.multiply(zero, relax.const(column_sums)))
 
 
 def _values(matched: dict[DFPattern, relax.Expr], pattern: DFPattern) -> np.ndarray:

@@ -20,6 +20,7 @@ from probtune_cpu.parallel_vectorize import (
 from probtune_cpu.polynomial_exp import RewriteExpPolynomial
 from probtune_cpu.random_compute_location import RandomComputeLocation
 from probtune_cpu.reciprocal_division import RewriteInvariantDivision
+from probtune_cpu.tensorize import RewriteCPUTensorize
 from probtune_cpu.validators import (
     VerifyNoRecompute,
     VerifyParallel,
@@ -37,6 +38,7 @@ __all__ = [
     "PadChannels",
     "ParallelVectorize",
     "RandomComputeLocation",
+    "RewriteCPUTensorize",
     "RewriteExpPolynomial",
     "RewriteInvariantDivision",
     "RewriteOutputReuse",
@@ -70,6 +72,7 @@ def probtune_register_validators(register: Callable[[Any], None]) -> None:
     register(RewriteOutputReuse())
     register(RewriteWriteBackLocation())
     register(RewritePackedLayout())
+    register(RewriteCPUTensorize())
     register(VerifyStaticLoops())
     register(VerifyVectorize())
     register(VerifyParallel())

@@ -44,6 +44,7 @@ from probtune.plugin import (
     SPATIAL,
     UNROLL_KEY,
     BlockRV,
+    ExprRV,
     LoopRV,
     Schedule,
     SpaceContext,
@@ -254,6 +255,8 @@ class MultiLevelTiling:
             raise ValueError(f"write_back_levels {self.write_back_levels} must name S levels of {self.structure!r}")
 
     def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
+        if not at_root(sch.tvm, sch.resolve(block)):  # blockized into an instruction's tile by an earlier module
+            return
         loops = sch.get_loops(block)
         kinds = loop_kinds(sch.tvm, sch.resolve(block), [sch.resolve(loop) for loop in loops])
         if not _tileable(kinds, sch.tvm.get(sch.resolve(block))) or any(sch.loop_extent(loop) is None for loop in loops):
@@ -377,14 +380,19 @@ class MultiLevelTiling:
         return loop, width
 
     @staticmethod
-    def _write_back_per_tile(sch: Schedule, block: BlockRV, depths: list[int]) -> None:
-        """Give the block a write-back that can follow it into the tile, and sample under how many loops it goes."""
+    def _write_back_per_tile(sch: Schedule, block: BlockRV, depths: list[int]) -> ExprRV | None:
+        """Give the block a write-back that can follow it into the tile, and sample under how many loops it goes.
+
+        The sampled depth is returned (None without a write-back), for a caller that blockizes the block to
+        move onto the tile.
+        """
         if not _has_elementwise_consumer(sch.tvm, sch.resolve(block)):
             if not _writes_output(sch.tvm, sch.resolve(block)):
-                return
+                return None
             sch.cache_write(block, 0, "global")
         depth = sch.sample_uniform(depths)
         sch.annotate(block, WRITE_BACK_DEPTH_KEY, depth)
+        return depth
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,10 @@ from probtune.plugin import (
     contiguous_along,
     last_line,
     loop_kinds,
+    root_tile,
     sblock_names,
 )
+from probtune_cpu.tensorize import is_tensorized
 from probtune_cpu.vector_unit import vector_width
 
 __all__ = [
@@ -80,6 +82,10 @@ class ParallelVectorize:
 
     def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
         raw, block_rv = sch.tvm, sch.resolve(block)
+        tile = root_tile(raw, block_rv)  # a block blockized into an instruction's tile: its nest is the tile's
+        if tile is not None:
+            block = sch.get_sblock(tile)
+            block_rv = sch.resolve(block)
         if not at_root(raw, block_rv):
             return
         lanes = vector_width(ctx.target)
@@ -178,7 +184,11 @@ class RewriteParallelVectorizeUnroll:
         lanes = wanted.get(VECTORIZE_KEY, 0)
         split = wanted.get(VECTOR_SPLIT_KEY, 0)
         vectorizable = (
-            lanes and len(loops) > 1 and kinds[-1] == SPATIAL and isinstance(sch.get(loops[-1]).body, s_tir.SBlockRealize)
+            lanes
+            and len(loops) > 1
+            and kinds[-1] == SPATIAL
+            and isinstance(sch.get(loops[-1]).body, s_tir.SBlockRealize)
+            and not is_tensorized(sch.get(block))  # its inside becomes an instruction; its write-back is vectorized
         )
         gather = vectorizable and not contiguous_along(sch, block, loops[-1])
         longest = lanes if gather else lanes * MAX_VECTORS_PER_LOOP  # see the class docstring

@@ -1,8 +1,9 @@
 """x86 and generic LLVM targets for probtune.
 
 ``host`` picks the widest vector ISA this CPU supports, so that tuning on any
-x86 machine works out of the box; the named ISA targets make a tuning record
-portable to machines of that class.
+x86 machine works out of the box, and on a CPU with AVX-512 VNNI adds its
+8-bit dot products (:mod:`probtune_x86.vnni`); the named ISA targets make a
+tuning record portable to machines of that class.
 """
 
 from __future__ import annotations
@@ -22,8 +23,12 @@ from probtune_cpu.defaults import (
 )
 from probtune_cpu.host_cpu import CPURequirement, cpu_features, cpu_model
 from probtune_cpu.vector_unit import vector_attrs
+from probtune_x86.vnni import RewriteVNNILayout, VNNIDotProduct
 
-__all__ = ["make_targets"]
+__all__ = ["VNNI_FEATURE", "make_targets", "vnni_space"]
+
+VNNI_FEATURE = "avx512_vnni"
+"""The CPU flag (``/proc/cpuinfo``) of AVX-512 VNNI, which ``vpdpbusd`` needs."""
 
 
 AVX512_REGISTER_FILE_BYTES = 32 * 64
@@ -33,16 +38,30 @@ AVX512_REGISTER_FILE_BYTES = 32 * 64
 X86_64 = ("x86_64", "AMD64")  # platform.machine() on Linux and Windows
 
 
-def _cpu_target(name: str, description: str, tvm_target: dict[str, Any], width: int, **fields: Any) -> TargetSpec:
+def vnni_space() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The CPU modules and validators with VNNI's: its tiling before multi-level tiling's, its layout and intrinsic
+    after the weights' panels and the reductions' initialisations."""
+    modules = list(DEFAULT_MODULES)
+    modules.insert(modules.index("multi-level-tiling"), VNNIDotProduct.name)
+    validators = list(DEFAULT_VALIDATORS)
+    validators.insert(validators.index("rewrite-packed-layout") + 1, RewriteVNNILayout.name)
+    validators.insert(validators.index("rewrite-reduction-block") + 1, "rewrite-cpu-tensorize")
+    return tuple(modules), tuple(validators)
+
+
+def _cpu_target(
+    name: str, description: str, tvm_target: dict[str, Any], width: int, vnni: bool = False, **fields: Any
+) -> TargetSpec:
     """A target with the CPU space, its vector unit (AVX-512 has 32 vector registers, the others 16), and its compiler."""
     registers = 32 if width == 16 else 16
     stack_bytes = AVX512_REGISTER_FILE_BYTES if width == 16 else TVM_STACK_BYTES
+    modules, validators = vnni_space() if vnni else (DEFAULT_MODULES, DEFAULT_VALIDATORS)
     return TargetSpec(
         name=name,
         description=description,
         tvm_target=tvm_target,
-        modules=DEFAULT_MODULES,
-        validators=DEFAULT_VALIDATORS,
+        modules=modules,
+        validators=validators,
         mutators=DEFAULT_MUTATORS,
         layouts=DEFAULT_LAYOUTS,
         graph_rewrites=DEFAULT_GRAPH_REWRITES,
@@ -59,12 +78,14 @@ def _host_target(cores: int) -> TargetSpec:
 
     features = cpu_features()
     width = 16 if "avx512f" in features else 8 if "avx2" in features else 4
+    vnni = width == 16 and VNNI_FEATURE in features
     cpu = codegen.llvm_get_system_cpu()
     return _cpu_target(
         "host",
-        f"this machine's CPU ({cpu}, {width} fp32 lanes)",
+        f"this machine's CPU ({cpu}, {width} fp32 lanes{', VNNI 8-bit dot products' if vnni else ''})",
         {"kind": "llvm", "mcpu": cpu, "num-cores": cores},
         width,
+        vnni,
     )
 
 
@@ -99,3 +120,13 @@ def make_targets() -> list[TargetSpec]:
 def probtune_register_targets(register: Callable[[Any], None]) -> None:
     for target in make_targets():
         register(target)
+
+
+@hookimpl
+def probtune_register_space_modules(register: Callable[[Any], None]) -> None:
+    register(VNNIDotProduct())
+
+
+@hookimpl
+def probtune_register_validators(register: Callable[[Any], None]) -> None:
+    register(RewriteVNNILayout())
