@@ -19,6 +19,8 @@ from tvm.ir.expr import Constant
 from probtune.model import load_model, tune_model
 from probtune.model.check import check_outputs
 from probtune.model.quantized import INTEGER_OPERATORS, integer_operators
+from probtune.model.tasks import extract_tasks, fuse
+from probtune.targets import resolve_target
 
 SHAPES = {"x": (1, 3, 16, 16)}
 FAST = dict(batch_size=4, confirm=0)
@@ -120,3 +122,18 @@ def test_a_program_off_by_two_steps_is_refused(qdq_cnn):
     with pytest.raises(ModelCheckError, match="differs from onnxruntime"):
         check_outputs(model, off)
     assert check_outputs(model, lambda x: [session.run(None, {"x": x})[0] + step]).stepped[0] > 0
+
+
+def test_a_target_without_vnni_computes_the_same_integers(qdq_cnn):
+    model = load_model(qdq_cnn, SHAPES)
+    assert "vnni-dot-product" not in resolve_target("x86-avx2").modules
+    compiled = tune_model(model, "x86-avx2", trials=0, **FAST).compile()  # the plain integer space
+    assert compiled.check is not None and compiled.check.stepped is not None
+
+
+def test_layers_of_one_shape_with_scales_of_their_own_are_one_task(encoder_onnx, tmp_path):
+    path = tmp_path / "encoder.dynamic.onnx"
+    quantize_dynamic(str(encoder_onnx), str(path), weight_type=QuantType.QInt8)
+    tasks = extract_tasks(fuse(load_model(path), resolve_target("host")))
+    # the query, key and value projections: one shape, three weight scales (arguments, not literals in the code)
+    assert max(task.weight for task in tasks if "matmul" in task.name) >= 3

@@ -10,11 +10,13 @@ from tvm import te, topi
 from conftest import run_module
 from probtune import Rng, generate_space
 from probtune.measure.codegen import compile_for
+from probtune.plugins import get_registry
 from probtune.search.search_strategy import RandomSearch
 from probtune.targets import resolve_target
 from probtune.workloads.workload import Workload
 from probtune_cpu.host_cpu import cpu_features
 from probtune_x86 import VNNI_FEATURE
+from probtune_x86.features import x86_features
 from probtune_x86.vnni import VNNIDotProduct, vnni_plan
 
 HAS_VNNI = VNNI_FEATURE in cpu_features()
@@ -90,3 +92,15 @@ def test_vnni_programs_compute_the_exact_sums_with_vpdpbusd(workload):
         assert "vpdpbusd" in lib.mod.inspect_source("asm")
         got = run_module(lib, [a, b, np.zeros(out_shape, out_dtype)])[2]
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.skipif(not HAS_VNNI, reason="this CPU has no AVX-512 VNNI")
+def test_the_cost_model_counts_the_vnni_instructions_a_program_executes():
+    work = _matmul(28, 64, 64)
+    host = resolve_target("host")
+    vnni = RandomSearch(generate_space(work, host), Rng(3)).next_batch(1)[0]
+    plain_space = generate_space(work, host, modules=[m for m in host.modules if m != VNNIDotProduct.name])
+    plain = RandomSearch(plain_space, Rng(3)).next_batch(1)[0]
+    assert x86_features(vnni.mod["main"])[0] == 28 * (64 // 16) * (64 // 4)  # one per 16 lanes x 4 terms
+    assert x86_features(plain.mod["main"])[0] == 0
+    assert get_registry().feature_extractors["x86"].columns == ("vnni_calls",)

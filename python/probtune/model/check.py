@@ -113,11 +113,7 @@ def check_outputs(
     if len(got) != len(want):
         raise ModelCheckError(f"the compiled model gives {len(got)} outputs, {reference} gives {len(want)}")
     worst_abs = worst_rel = 0.0
-    worst_spread: float | None = None
-    steps = _quantization_steps(model)
-    stepless = reference == "onnxruntime" and _quantizes(model) and len(steps) < len(want)
-    spreads = _reference_spread(model, inputs, want) if stepless else {}
-    stepped = (0, 0)
+    quantized = _QuantizedAllowance.of(model, reference, inputs, want)
     for index, (g, w) in enumerate(zip(got, want)):
         g, w = np.asarray(g), np.asarray(w)
         if g.shape != w.shape:
@@ -127,13 +123,7 @@ def check_outputs(
         scale = math.sqrt(float(np.mean(np.square(w64[finite])))) if finite.any() else 0.0
         with np.errstate(invalid="ignore"):
             error = np.where(finite, np.abs(g64 - w64), 0.0)
-        allowed = rtol * np.abs(np.where(finite, w64, 0.0)) + atol_scale * scale
-        if steps.get(index):
-            allowed = np.maximum(allowed, (QUANTIZATION_STEPS + 0.5) * steps[index])  # outputs are whole steps apart
-            stepped = (stepped[0] + int(np.count_nonzero(error > steps[index] / 2)), stepped[1] + w.size)
-        elif index in spreads:
-            allowed = np.maximum(allowed, SPREAD_MARGIN * spreads[index])
-            worst_spread = max(worst_spread or 0.0, spreads[index] / scale if scale else 0.0)
+        allowed = quantized.widen(index, rtol * np.abs(np.where(finite, w64, 0.0)) + atol_scale * scale, error, scale)
         bad = (error > allowed) | np.isnan(error)
         bad |= ~finite & ~((g64 == w64) | (np.isnan(g64) & np.isnan(w64)))
         if bad.any():
@@ -145,7 +135,38 @@ def check_outputs(
             )
         worst_abs = max(worst_abs, float(error.max(initial=0.0)))
         worst_rel = max(worst_rel, float(error.max(initial=0.0)) / scale if scale else 0.0)
-    return CheckReport(reference, worst_abs, worst_rel, rtol, atol_scale, stepped if stepped[1] else None, worst_spread)
+    stepped = quantized.stepped if quantized.stepped[1] else None
+    return CheckReport(reference, worst_abs, worst_rel, rtol, atol_scale, stepped, quantized.worst_spread)
+
+
+@dataclass
+class _QuantizedAllowance:
+    """A quantized model's wider tolerances: a step on outputs dequantized from 8 bits, onnxruntime's own spread
+    on its float outputs; and what the outputs used of them."""
+
+    steps: dict[int, float]
+    spreads: dict[int, float]
+    stepped: tuple[int, int] = (0, 0)
+    worst_spread: float | None = None
+
+    @classmethod
+    def of(
+        cls, model: Model, reference: str, inputs: Sequence[np.ndarray], want: list[np.ndarray]
+    ) -> _QuantizedAllowance:
+        steps = _quantization_steps(model)
+        stepless = reference == "onnxruntime" and _quantizes(model) and len(steps) < len(want)
+        return cls(steps, _reference_spread(model, inputs, want) if stepless else {})
+
+    def widen(self, index: int, allowed: np.ndarray, error: np.ndarray, scale: float) -> np.ndarray:
+        """Output ``index``'s allowed errors, widened where the model quantizes it."""
+        step = self.steps.get(index)
+        if step:
+            self.stepped = (self.stepped[0] + int(np.count_nonzero(error > step / 2)), self.stepped[1] + error.size)
+            return np.maximum(allowed, (QUANTIZATION_STEPS + 0.5) * step)  # the outputs are whole steps apart
+        if index in self.spreads:
+            self.worst_spread = max(self.worst_spread or 0.0, self.spreads[index] / scale if scale else 0.0)
+            return np.maximum(allowed, SPREAD_MARGIN * self.spreads[index])
+        return allowed
 
 
 def _quantizes(model: Model) -> bool:

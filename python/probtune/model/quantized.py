@@ -30,6 +30,8 @@ these two operators, and would leave a transpose pair around each).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import tvm
 from tvm import relax
@@ -59,6 +61,9 @@ _W8_WIDE = is_op("relax.astype")(_W8)
 _MATMUL_INTEGER = is_op("relax.matmul")(
     _A8_SHIFTED, is_op("relax.subtract")(_W8_WIDE, is_op("relax.astype")(_W8_ZERO)) | _W8_WIDE
 )
+_RUNTIME_SCALE, _SCALE_FACTOR = wildcard(), is_const()
+_SCALE_PRODUCT = is_op("relax.multiply")(_RUNTIME_SCALE, _SCALE_FACTOR)
+_RESCALE = is_op("relax.multiply")(wildcard(), _SCALE_PRODUCT)
 _QUANTIZE = is_op("relax.quantize")(wildcard(), is_const(), is_const())
 _DEQUANTIZE = is_op("relax.dequantize")(wildcard(), is_const(), is_const())
 
@@ -67,26 +72,20 @@ def integer_operators(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
     """``mod`` with each quantized convolution and matrix product computed on integers; how many were."""
     rewritten = 0
 
-    def rewrite(call: relax.Expr, matched: dict[DFPattern, relax.Expr]) -> relax.Expr:
-        nonlocal rewritten
-        integer = _integer_call(call, matched)
-        if integer is None:
-            return call
-        rewritten += 1
-        return integer
+    def counted(build: Callable[[relax.Call, dict], relax.Expr | None]) -> Callable[[relax.Call, dict], relax.Expr]:
+        def rewrite(call: relax.Call, matched: dict) -> relax.Expr:
+            nonlocal rewritten
+            integer = build(call, matched)
+            rewritten += integer is not None
+            return call if integer is None else integer
 
-    def rewrite_integer_matmul(call: relax.Expr, matched: dict[DFPattern, relax.Expr]) -> relax.Expr:
-        nonlocal rewritten
-        integer = _byte_matmul(call, matched)
-        if integer is None:
-            return call
-        rewritten += 1
-        return integer
+        return rewrite
 
     for gv, func in list(mod.functions.items()):
         if isinstance(func, relax.Function) and _calls_quantize(func):
-            func = relax.dpl.rewrite_call(_PATTERN, rewrite, func)
-            func = relax.dpl.rewrite_call(_MATMUL_INTEGER, rewrite_integer_matmul, func)
+            func = relax.dpl.rewrite_call(_PATTERN, counted(_integer_call), func)
+            func = relax.dpl.rewrite_call(_MATMUL_INTEGER, counted(_byte_matmul), func)
+            func = relax.dpl.rewrite_call(_RESCALE, _lifted_scale, func)
             func = relax.dpl.rewrite_call(_QUANTIZE, _elementwise_quantize, func)
             mod[gv] = relax.dpl.rewrite_call(_DEQUANTIZE, _elementwise_dequantize, func)
     if rewritten:
@@ -129,6 +128,17 @@ def _byte_matmul(call: relax.Call, matched: dict[DFPattern, relax.Expr]) -> rela
     return relax.op.subtract(acc, relax.op.multiply(zero, relax.const(column_sums)))
 
 
+def _lifted_scale(call: relax.Call, matched: dict[DFPattern, relax.Expr]) -> relax.Expr:
+    """``x * (s * c)`` with a scalar constant ``c`` (a dynamically quantized product's weight scale times its
+    activations' run-time scale) with ``c`` of ``x``'s rank: the same arithmetic, with ``c`` an argument of the
+    task rather than a literal in its code, so that the layers of one shape are one task."""
+    x, constant = call.args[0], matched[_SCALE_FACTOR]
+    if len(constant.ty.shape) != 0 or len(matched[_SCALE_PRODUCT].ty.shape) != 0 or len(x.ty.shape) == 0:
+        return call
+    lifted = _parameter(float(constant.value.numpy()), constant.value.numpy().dtype.type, x)
+    return relax.op.multiply(x, relax.op.multiply(matched[_RUNTIME_SCALE], lifted))
+
+
 def _values(matched: dict[DFPattern, relax.Expr], pattern: DFPattern) -> np.ndarray:
     return matched[pattern].value.numpy()
 
@@ -136,53 +146,61 @@ def _values(matched: dict[DFPattern, relax.Expr], pattern: DFPattern) -> np.ndar
 def _integer_call(call: relax.Call, matched: dict[DFPattern, relax.Expr]) -> relax.Expr | None:
     """The integer form of the matched operator, or None where it does not compute what onnxruntime's does."""
     x_scale, x_zero = _values(matched, _X_SCALE), _values(matched, _X_ZERO)
+    y_scale, y_zero = _values(matched, _Y_SCALE), _values(matched, _Y_ZERO)
     weights, w_scale, w_zero = _values(matched, _W), _values(matched, _W_SCALE), _values(matched, _W_ZERO)
     activation = matched[_ACTIVATION]
+    layout = _kernel_layout(matched, weights)
     if (
-        x_scale.size != 1
+        layout is None
+        or x_scale.size != 1
         or x_zero.size != 1
+        or y_zero.size != 1
         or activation.ty.dtype not in ("uint8", "int8")
         or weights.dtype != np.int8
         or np.any(w_zero != 0)
     ):
         return None
-    product = matched[_CONV] if _CONV in matched else matched[_MATMUL]
-    conv = _CONV in matched
-    w_axis = int(matched[_W_DQ].attrs.axis) if w_scale.size > 1 else None
-    if conv:
-        if product.attrs.kernel_layout != "OIHW" or product.attrs.data_layout != "NCHW" or w_axis not in (None, 0):
-            return None
-        kernel, channel_axis = weights, 0
-    else:
-        if weights.ndim != 2:
-            return None
-        kernel = weights.T if _W_T in matched else weights  # [K, N]
-        if w_axis is not None and w_axis != (0 if _W_T in matched else 1):
-            return None
-        channel_axis = 1
+    kernel, channel_axis = layout
     channels = kernel.shape[channel_axis]
-    x_scale32, zero = np.float32(x_scale.reshape(())), int(x_zero.reshape(()))
-    product_scale = (x_scale32 * np.broadcast_to(w_scale.astype(np.float32), (channels,))).astype(np.float32)
+    zero = int(x_zero.reshape(()))
+    product_scale = (np.float32(x_scale.reshape(())) * np.broadcast_to(w_scale.astype(np.float32), (channels,))).astype(
+        np.float32
+    )
     bias = _integer_bias(matched, product_scale, channels)
     if bias is None:
         return None
     sums = kernel.astype(np.int64).sum(axis=tuple(a for a in range(kernel.ndim) if a != channel_axis))
-    offset = (bias - zero * sums).astype(np.int32)
-    y_scale, y_zero = np.float32(_values(matched, _Y_SCALE).reshape(())), _values(matched, _Y_ZERO)
-    if y_zero.size != 1:
-        return None
-    requant = (product_scale / y_scale).astype(np.float32)
-    shape: tuple[int, ...] = (1, channels, 1, 1) if conv else (channels,)
-    if conv:
-        acc = _integer_conv(product, activation, weights, zero)
+    shape: tuple[int, ...] = (1, channels, 1, 1) if _CONV in matched else (channels,)
+    if _CONV in matched:
+        acc = _integer_conv(matched[_CONV], activation, weights, zero)
     else:
         acc = relax.op.matmul(activation, relax.const(kernel), out_dtype="int32")
+    total = relax.op.add(acc, relax.const((bias - zero * sums).astype(np.int32).reshape(shape)))
+    requant = (product_scale / np.float32(y_scale.reshape(()))).astype(np.float32)
+    scaled = relax.op.multiply(relax.op.astype(total, "float32"), relax.const(requant.reshape(shape)))
+    return _saturated(relax.op.add(relax.op.round(scaled), _parameter(int(y_zero.reshape(())), np.float32, call)), call)
+
+
+def _kernel_layout(matched: dict[DFPattern, relax.Expr], weights: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """The weights as the integer operator reads them (OIHW; a product's ``[K, N]``) and their output axis, or None
+    for a layout or a per-channel scale along another axis than that."""
+    w_axis = int(matched[_W_DQ].attrs.axis) if _values(matched, _W_SCALE).size > 1 else None
+    if _CONV in matched:
+        attrs = matched[_CONV].attrs
+        if attrs.kernel_layout != "OIHW" or attrs.data_layout != "NCHW" or w_axis not in (None, 0):
+            return None
+        return weights, 0
+    transposed = _W_T in matched
+    if weights.ndim != 2 or w_axis not in (None, 0 if transposed else 1):
+        return None
+    return (weights.T if transposed else weights), 1
+
+
+def _saturated(value: relax.Expr, call: relax.Call) -> relax.Expr:
+    """``value`` (whole numbers in float32) clipped to the range of the quantize ``call``'s type and cast to it."""
     out_dtype = str(call.attrs.out_dtype)
     info = np.iinfo(out_dtype)
-    total = relax.op.add(acc, relax.const(offset.reshape(shape)))
-    scaled = relax.op.multiply(relax.op.astype(total, "float32"), relax.const(requant.reshape(shape)))
-    shifted = relax.op.add(relax.op.round(scaled), relax.const(np.float32(int(y_zero.reshape(())))))
-    return relax.op.astype(relax.op.clip(shifted, int(info.min), int(info.max)), out_dtype)
+    return relax.op.astype(relax.op.clip(value, int(info.min), int(info.max)), out_dtype)
 
 
 def _integer_bias(matched: dict[DFPattern, relax.Expr], product_scale: np.ndarray, channels: int) -> np.ndarray | None:
@@ -216,12 +234,18 @@ def _integer_conv(conv: relax.Call, activation: relax.Expr, weights: np.ndarray,
     )
 
 
+def _parameter(value: float, dtype: type, like: relax.Expr) -> Constant:
+    """``value`` as a constant of one element and ``like``'s rank: passed to its task as an argument, not written
+    into its code as a literal, so that the layers of one shape, each with scales of its own, are one task."""
+    return relax.const(np.full((1,) * len(like.ty.shape), value, dtype))
+
+
 def _scalar_parameters(call: relax.Call) -> tuple[Constant, float] | None:
-    """The scale (a float32 scalar constant) and zero point of a per-tensor (de)quantize; None for a per-channel one."""
+    """The scale (a float32 constant) and zero point of a per-tensor (de)quantize; None for a per-channel one."""
     scale, zero = call.args[1].value.numpy(), call.args[2].value.numpy()
     if scale.size != 1 or zero.size != 1:
         return None
-    return relax.const(np.float32(scale.reshape(()))), float(zero.reshape(()))
+    return _parameter(float(scale.reshape(())), np.float32, call), float(zero.reshape(()))
 
 
 def _elementwise_quantize(call: relax.Call, _: dict[DFPattern, relax.Expr]) -> relax.Expr:
@@ -231,9 +255,7 @@ def _elementwise_quantize(call: relax.Call, _: dict[DFPattern, relax.Expr]) -> r
     if parameters is None or call.args[0].ty.dtype != "float32" or out_dtype not in ("uint8", "int8"):
         return call
     scale, zero = parameters
-    info = np.iinfo(out_dtype)
-    shifted = relax.op.add(relax.op.round(relax.op.divide(call.args[0], scale)), relax.const(np.float32(zero)))
-    return relax.op.astype(relax.op.clip(shifted, int(info.min), int(info.max)), out_dtype)
+    return _saturated(relax.op.add(relax.op.round(relax.op.divide(call.args[0], scale)), _parameter(zero, np.float32, call)), call)
 
 
 def _elementwise_dequantize(call: relax.Call, _: dict[DFPattern, relax.Expr]) -> relax.Expr:
@@ -242,5 +264,5 @@ def _elementwise_dequantize(call: relax.Call, _: dict[DFPattern, relax.Expr]) ->
     if parameters is None or call.args[0].ty.dtype not in ("uint8", "int8") or str(call.attrs.out_dtype) != "float32":
         return call
     scale, zero = parameters
-    offset = relax.op.subtract(relax.op.astype(call.args[0], "int32"), relax.const(np.int32(zero)))
+    offset = relax.op.subtract(relax.op.astype(call.args[0], "int32"), _parameter(zero, np.int32, call))
     return relax.op.multiply(relax.op.astype(offset, "float32"), scale)

@@ -23,6 +23,7 @@ from probtune_cpu.defaults import (
 )
 from probtune_cpu.host_cpu import CPURequirement, cpu_features, cpu_model
 from probtune_cpu.vector_unit import vector_attrs
+from probtune_x86.features import X86Features
 from probtune_x86.vnni import RewriteVNNILayout, VNNIDotProduct
 
 __all__ = ["VNNI_FEATURE", "make_targets", "vnni_space"]
@@ -130,3 +131,8 @@ def probtune_register_space_modules(register: Callable[[Any], None]) -> None:
 @hookimpl
 def probtune_register_validators(register: Callable[[Any], None]) -> None:
     register(RewriteVNNILayout())
+
+
+@hookimpl
+def probtune_register_feature_extractors(register: Callable[[Any], None]) -> None:
+    register(X86Features())

@@ -37,6 +37,7 @@ from probtune.plugin import (
     loop_kinds,
     sblock_names,
 )
+from probtune_cpu.llvm_features import llvm_target_has
 from probtune_cpu.multi_level_tiling import WRITE_BACK_DEPTH_KEY, MultiLevelTiling
 from probtune_cpu.tensorize import TENSORIZE_KEY
 
@@ -150,7 +151,10 @@ def vnni_plan(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> _Plan | No
 
 @dataclass(frozen=True)
 class VNNIDotProduct:
-    """Tile a u8 x s8 -> int32 reduction around ``vpdpbusd`` (see the module docstring)."""
+    """Tile a u8 x s8 -> int32 reduction around ``vpdpbusd`` (see the module docstring).
+
+    Only where the target's CPU has VNNI (its ``mcpu``, asked of LLVM): in another target's space it does nothing.
+    """
 
     name: str = "vnni-dot-product"
     structure: str = "SSRSRS"
@@ -159,7 +163,7 @@ class VNNIDotProduct:
 
     def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
         raw, block_rv = sch.tvm, sch.resolve(block)
-        if not at_root(raw, block_rv):
+        if not at_root(raw, block_rv) or not llvm_target_has(dict(ctx.target.tvm_target), "avx512vnni"):
             return
         plan = vnni_plan(raw, block_rv)
         if plan is None:

@@ -1,0 +1,72 @@
+"""The x86 columns of a cost model's features: how many dot-product instructions a scheduled program executes.
+
+Registered as the feature extractor ``x86`` (``probtune_register_feature_extractors``):
+a cost model appends these columns to its own, as ``x86.<column>``. The
+generic features describe a tensorized block by its stores only (one store
+of 16 lanes per instruction), not by the 64 products it computes, so a
+cost model could not tell a VNNI program from a plain integer one; the
+column says:
+
+``vnni_calls``: the ``vpdpbusd`` instructions the program executes, each
+times the loop iterations around it (zero for a program without one).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import tirx
+
+from probtune.plugin import child_stmts
+
+__all__ = ["X86_FEATURE_NAMES", "X86Features", "x86_features"]
+
+X86_FEATURE_NAMES: tuple[str, ...] = ("vnni_calls",)
+
+_VNNI_LLVM_NAME = "llvm.x86.avx512.vpdpbusd.512"
+
+
+@functools.cache
+def _vnni_id() -> int:
+    from tvm.target.codegen import llvm_lookup_intrinsic_id
+
+    return int(llvm_lookup_intrinsic_id(_VNNI_LLVM_NAME))
+
+
+@dataclass(frozen=True)
+class X86Features:
+    """The feature extractor ``x86``: :data:`X86_FEATURE_NAMES` of a scheduled program. A dataclass, so that it pickles."""
+
+    name: str = "x86"
+    columns: tuple[str, ...] = X86_FEATURE_NAMES
+
+    def extract(self, func: tirx.PrimFunc) -> np.ndarray:
+        return x86_features(func)
+
+
+def _is_vnni(value: tirx.PrimExpr) -> bool:
+    return (
+        isinstance(value, tvm.ir.Call)
+        and str(getattr(value.op, "name", "")) == "tirx.call_llvm_pure_intrin"
+        and isinstance(value.args[0], tirx.IntImm)
+        and int(value.args[0]) == _vnni_id()
+    )
+
+
+def x86_features(func: tirx.PrimFunc) -> np.ndarray:
+    """The raw ``X86_FEATURE_NAMES`` quantities of a scheduled program."""
+    raw = np.zeros(len(X86_FEATURE_NAMES), dtype=np.float64)
+    stack: list[tuple[tirx.Stmt, float]] = [(func.body, 1.0)]
+    while stack:
+        node, iterations = stack.pop()
+        if isinstance(node, tirx.For):
+            extent = int(node.extent.value) if isinstance(node.extent, tirx.IntImm) else 1
+            stack.append((node.body, iterations * extent))
+            continue
+        if isinstance(node, tirx.BufferStore) and _is_vnni(node.value):
+            raw[0] += iterations
+        stack.extend((child, iterations) for child in child_stmts(node))
+    return raw
