@@ -62,8 +62,10 @@ def _steps_apart(got: np.ndarray, want: np.ndarray, step: float) -> np.ndarray:
 def test_every_quantized_convolution_and_product_becomes_integer(qdq_cnn):
     graph = onnx.load(qdq_cnn).graph
     products = sum(node.op_type in ("Conv", "Gemm", "MatMul") for node in graph.node)
-    mod, rewritten = integer_operators(load_model(qdq_cnn, SHAPES).mod)
-    assert rewritten == products == 4
+    model = load_model(qdq_cnn, SHAPES)
+    mod, rewritten, left = integer_operators(model.mod)
+    assert rewritten == products == 4 and left == []
+    assert "relax.quantize" in {c.op.name for c in _calls(model.mod)}  # the model's own module is left as it was
     calls = _calls(mod)
     # per-tensor (de)quantizations are elementwise operators now; a batch norm's per-channel weights stay constants
     assert not [c for c in calls if c.op.name == "relax.quantize"]
@@ -91,8 +93,10 @@ def test_a_qdq_model_compiles_to_onnxruntimes_integers(qdq_cnn):
 def test_weights_with_zero_points_stay_dequantized_and_still_match(small_cnn_onnx, tmp_path):
     path = _quantize_static(small_cnn_onnx, tmp_path / "u8_weights.onnx", weight_type=QuantType.QUInt8)
     model = load_model(path, SHAPES)
-    assert integer_operators(model.mod)[1] == 0
-    result = tune_model(model, "host", trials=0, **FAST)
+    _, rewritten, left = integer_operators(model.mod)
+    assert rewritten == 0 and sorted(left) == ["relax.matmul", *["relax.nn.conv2d"] * 3]
+    with pytest.warns(UserWarning, match=r"4 quantized operator\(s\) \(relax.matmul, relax.nn.conv2d\) keep"):
+        result = tune_model(model, "host", trials=0, **FAST)
     assert INTEGER_OPERATORS not in result.graph_rewrites
     assert result.compile().check is not None
 
@@ -102,7 +106,7 @@ def test_a_dynamically_quantized_encoder_matches_within_onnxruntimes_own_spread(
     quantize_dynamic(str(encoder_onnx), str(path), weight_type=QuantType.QInt8)
     products = sum(node.op_type == "MatMulInteger" for node in onnx.load(path).graph.node)
     model = load_model(path)
-    mod, rewritten = integer_operators(model.mod)
+    mod, rewritten, _ = integer_operators(model.mod)
     assert rewritten == products > 0  # on the bytes: the activations' zero point comes off each column's sum
     assert all(c.args[0].ty.dtype == "uint8" for c in _calls(mod) if c.op.name == "relax.matmul" and c.attrs.out_dtype == "int32")
     compiled = tune_model(model, "host", trials=0, **FAST).compile()

@@ -68,19 +68,25 @@ _QUANTIZE = is_op("relax.quantize")(wildcard(), is_const(), is_const())
 _DEQUANTIZE = is_op("relax.dequantize")(wildcard(), is_const(), is_const())
 
 
-def integer_operators(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
-    """``mod`` with each quantized convolution and matrix product computed on integers; how many were."""
+def integer_operators(mod: tvm.IRModule) -> tuple[tvm.IRModule, int, list[str]]:
+    """``mod`` with each quantized convolution and matrix product computed on integers; how many were, and the
+    operators of the quantized ones left in their dequantized float32 form (``relax.nn.conv2d``, ...)."""
     rewritten = 0
+    left: list[str] = []
 
     def counted(build: Callable[[relax.Call, dict], relax.Expr | None]) -> Callable[[relax.Call, dict], relax.Expr]:
         def rewrite(call: relax.Call, matched: dict) -> relax.Expr:
             nonlocal rewritten
             integer = build(call, matched)
-            rewritten += integer is not None
-            return call if integer is None else integer
+            if integer is None:
+                left.append(_product_name(call, matched))
+                return call
+            rewritten += 1
+            return integer
 
         return rewrite
 
+    mod = mod.clone()  # the caller's module (a Model's) stays as it was
     for gv, func in list(mod.functions.items()):
         if isinstance(func, relax.Function) and _calls_quantize(func):
             func = relax.dpl.rewrite_call(_PATTERN, counted(_integer_call), func)
@@ -90,7 +96,15 @@ def integer_operators(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
             mod[gv] = relax.dpl.rewrite_call(_DEQUANTIZE, _elementwise_dequantize, func)
     if rewritten:
         mod = relax.transform.DeadCodeElimination()(mod)
-    return mod, rewritten
+    return mod, rewritten, left
+
+
+def _product_name(call: relax.Call, matched: dict[DFPattern, relax.Expr]) -> str:
+    """The operator a matched pattern quantizes: ``relax.nn.conv2d`` or ``relax.matmul``."""
+    for pattern in (_CONV, _MATMUL):
+        if pattern in matched:
+            return str(matched[pattern].op.name)
+    return str(call.op.name)
 
 
 def _calls_quantize(func: relax.Function) -> bool:

@@ -43,7 +43,13 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
     into constants, and fuses operators and TIR. The fused module records what
     each rewrite changed, and whether the target writes concatenations in place.
     """
-    integer, quantized = integer_operators(model.mod)
+    integer, quantized, left = integer_operators(model.mod)
+    if left:
+        warn_caller(
+            f"{len(left)} quantized operator(s) ({', '.join(sorted(set(left)))}) keep their dequantized float32 form "
+            "(weights with a nonzero zero point, or a bias not quantized with the product's scale): they are "
+            "compiled and checked, but not computed on integers"
+        )
     mod, counts = apply_graph_rewrites(convert_layouts(integer, target.layouts), target, rewrites)
     if quantized:
         counts = {INTEGER_OPERATORS: quantized, **counts}

@@ -46,6 +46,7 @@ __all__ = [
     "VNNI_LAYOUT_KEY",
     "RewriteVNNILayout",
     "VNNIDotProduct",
+    "VNNIPlan",
     "blocked_layout",
     "register_vnni_intrinsic",
     "vnni_plan",
@@ -92,7 +93,9 @@ def register_vnni_intrinsic() -> str:
 
 
 @dataclass(frozen=True)
-class _Plan:
+class VNNIPlan:
+    """How a block maps onto ``vpdpbusd``."""
+
     a: int  # read index of the unsigned operand
     b: int  # read index of the signed one
     lanes_loop: int  # index among the block's loops of j
@@ -107,46 +110,53 @@ def _operand(value: tirx.PrimExpr, dtype: str) -> tirx.Buffer | None:
     return None
 
 
-def vnni_plan(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> _Plan | None:
-    """How the block maps onto ``vpdpbusd``, or None where it does not."""
-    sblock = raw.get(block)
+def _byte_operands(sblock: s_tir.SBlock) -> tuple[int, int] | None:
+    """Read indices of A and B when the block is ``C = C + int32(A) * int32(B)``, A unsigned and B signed bytes."""
     store = sblock.body
     if sblock.init is None or not isinstance(store, tirx.BufferStore) or str(store.buffer.dtype) != "int32":
         return None
     value = store.value
     if not (isinstance(value, tirx.Add) and isinstance(value.a, TensorLoad) and value.a.source.same_as(store.buffer)):
         return None
-    product = value.b
-    if not isinstance(product, tirx.Mul):
+    if not isinstance(value.b, tirx.Mul):
         return None
-    a, b = _operand(product.a, "uint8"), _operand(product.b, "int8")
-    if a is None or b is None:
-        return None
+    a, b = _operand(value.b.a, "uint8"), _operand(value.b.b, "int8")
     reads = [region.source for region in sblock.reads]
-    a_index = next((i for i, s in enumerate(reads) if s.same_as(a)), None)
-    b_index = next((i for i, s in enumerate(reads) if s.same_as(b)), None)
+    a_index = next((i for i, s in enumerate(reads) if a is not None and s.same_as(a)), None)
+    b_index = next((i for i, s in enumerate(reads) if b is not None and s.same_as(b)), None)
+    return None if a_index is None or b_index is None else (a_index, b_index)
+
+
+def vnni_plan(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> VNNIPlan | None:
+    """How the block maps onto ``vpdpbusd``, or None where it does not.
+
+    ``j``, the innermost spatial loop, must index only the output's last
+    dimension and one of B's; ``k``, the innermost reduction loop, only A's
+    last dimension and another of B's; their extents whole multiples of 16 and 4.
+    """
+    sblock = raw.get(block)
+    operands = _byte_operands(sblock)
     loops = raw.get_loops(block)
     kinds = loop_kinds(raw, block, loops)
-    if a_index is None or b_index is None or SPATIAL not in kinds or REDUCTION not in kinds:
+    if operands is None or SPATIAL not in kinds or REDUCTION not in kinds:
         return None
+    a, b = operands
     j = max(i for i, kind in enumerate(kinds) if kind == SPATIAL)
     k = max(i for i, kind in enumerate(kinds) if kind == REDUCTION)
     extents = [raw.get(loop).extent for loop in loops]
     if any(not isinstance(e, tirx.IntImm) for e in extents) or int(extents[j]) % LANES or int(extents[k]) % DEPTH:
         return None
     along_j, along_k = indexing_dims(raw, block, loops[j]), indexing_dims(raw, block, loops[k])
-    a_last, c_last = len(sblock.reads[a_index].region) - 1, len(sblock.writes[0].region) - 1
-    b_region = sblock.reads[b_index].region
     if (
-        along_j.get(("write", 0)) != [c_last]
-        or ("read", a_index) in along_j
-        or along_k.get(("read", a_index)) != [a_last]
-        or len(along_j.get(("read", b_index), [])) != 1
-        or len(along_k.get(("read", b_index), [])) != 1
-        or not all(isinstance(r.min, tirx.Var) and int(r.extent) == 1 for r in b_region)
+        along_j.get(("write", 0)) != [len(sblock.writes[0].region) - 1]
+        or ("read", a) in along_j
+        or along_k.get(("read", a)) != [len(sblock.reads[a].region) - 1]
+        or len(along_j.get(("read", b), [])) != 1
+        or len(along_k.get(("read", b), [])) != 1
+        or not all(isinstance(r.min, tirx.Var) and int(r.extent) == 1 for r in sblock.reads[b].region)
     ):
         return None
-    return _Plan(a_index, b_index, j, k, (along_k[("read", b_index)][0], along_j[("read", b_index)][0]))
+    return VNNIPlan(a, b, j, k, (along_k[("read", b)][0], along_j[("read", b)][0]))
 
 
 @dataclass(frozen=True)
