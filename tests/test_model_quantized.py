@@ -141,3 +141,17 @@ def test_layers_of_one_shape_with_scales_of_their_own_are_one_task(encoder_onnx,
     tasks = extract_tasks(fuse(load_model(path), resolve_target("host")))
     # the query, key and value projections: one shape, three weight scales (arguments, not literals in the code)
     assert max(task.weight for task in tasks if "matmul" in task.name) >= 3
+
+
+def test_a_qoperator_model_is_imported_and_computed_on_integers(small_cnn_onnx, tmp_path):
+    path = tmp_path / "small_cnn.qoperator.onnx"
+    quantize_static(str(small_cnn_onnx), str(path), _RandomSamples(SHAPES["x"]), quant_format=QuantFormat.QOperator,
+                    per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                    op_types_to_quantize=["Conv", "MatMul"])
+    ops = {node.op_type for node in onnx.load(path).graph.node}
+    assert "QLinearConv" in ops
+    model = load_model(path, SHAPES)
+    _, rewritten, left = integer_operators(model.mod)
+    assert rewritten == sum(node.op_type == "QLinearConv" for node in onnx.load(path).graph.node) and left == []
+    compiled = tune_model(model, "host", trials=0, **FAST).compile()
+    assert compiled.check is not None

@@ -50,8 +50,9 @@ def probtune_register_mutators(register: Callable[[Any], None]) -> None:
 @hookimpl
 def probtune_register_onnx_converters(register: Callable[[str, Any], None]) -> None:
     from probtune.model.onnx_ops import ONNX_CONVERTERS
+    from probtune.model.onnx_quantized_ops import QUANTIZED_CONVERTERS
 
-    for op_type, converter in ONNX_CONVERTERS.items():
+    for op_type, converter in {**ONNX_CONVERTERS, **QUANTIZED_CONVERTERS}.items():
         register(op_type, converter)
 
 
