@@ -147,6 +147,28 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def plot(results: list[dict], path: Path) -> None:
+    """Each model's latency per engine, relative to onnxruntime's int8 (lower is faster), as bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    engines = ["probtune_int8", "onnxruntime_int8", "openvino_int8", "probtune_fp32", "onnxruntime_fp32"]
+    timed = [r for r in results if "latency_ms" in r]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(engines)
+    for i, engine in enumerate(engines):
+        values = [r["latency_ms"][engine] / r["latency_ms"]["onnxruntime_int8"] for r in timed]
+        ax.bar([x + i * width for x in range(len(timed))], values, width, label=engine.replace("_", " "))
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(timed))], [r["model"] for r in timed])
+    ax.set_ylabel("latency / onnxruntime int8 (lower is faster)")
+    ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--zoo", type=Path, default=ZOO, help="bench/zoo_export.py's folder (its manifest.json)")
@@ -156,7 +178,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--round-seconds", type=float, default=1.0)
     parser.add_argument("--out", type=Path, default=RESULTS / "quantized.json")
+    parser.add_argument("--plot-only", action="store_true", help="redraw the plot of --out's results, tuning nothing")
     args = parser.parse_args()
+    if args.plot_only:
+        plot(json.loads(args.out.read_text())["models"], args.out.with_suffix(".png"))
+        return
     manifest = json.loads((args.zoo / "manifest.json").read_text())["models"]
     names = [n for n in args.only.split(",") if n]
     missing = [n for n in names if n not in manifest or "error" in manifest[n]]
@@ -168,6 +194,7 @@ def main() -> None:
         results.append(bench_model(name, manifest[name], args))
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"machine": cpu_model(), "trials": args.trials, "models": results}, indent=1))
+    plot(results, args.out.with_suffix(".png"))
     print(table(results))
 
 
