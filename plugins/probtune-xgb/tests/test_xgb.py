@@ -62,7 +62,7 @@ def conv_programs(host) -> list[tvm.IRModule]:
 
 def _gpu_columns(vector: np.ndarray) -> dict[str, float]:
     """The ``gpu.*`` columns of a program vector, as raw quantities."""
-    start = len(PROGRAM_FEATURE_NAMES) - len(GPU_FEATURE_NAMES)
+    start = PROGRAM_FEATURE_NAMES.index(f"gpu.{GPU_FEATURE_NAMES[0]}")
     return {name: float(2.0 ** vector[start + i] - 1.0) for i, name in enumerate(GPU_FEATURE_NAMES)}
 
 
@@ -487,8 +487,10 @@ def test_a_plugins_feature_extractor_adds_its_columns_and_a_layout_of_its_own(mo
     monkeypatch.setattr(probtune.plugins, "_registry", load_registry(extra_plugins=[_ExtractorPlugin()]))
     model = XGBCostModel(seed=0)
     names = model.program_features.names
-    assert names[: len(base.program_features.names) - len(GPU_FEATURE_NAMES)] == base.program_features.names[:292]
-    assert names[292:] == ("aaa-loops.loops", "aaa-loops.seven", *(f"gpu.{n}" for n in GPU_FEATURE_NAMES))
+    assert names[:292] == base.program_features.names[:292]
+    extractors = base.program_features.names[292:]  # the installed plugins' columns, gpu.* and x86.*
+    assert names[292:] == ("aaa-loops.loops", "aaa-loops.seven", *extractors)
+    assert extractors[: len(GPU_FEATURE_NAMES)] == tuple(f"gpu.{n}" for n in GPU_FEATURE_NAMES)
     vector = model.featurize(matmul_programs[:1])[0]
     assert vector.shape == (len(names),) and vector[293] == np.float32(np.log2(8.0)) and vector[292] > 0
     assert np.array_equal(np.delete(vector, [292, 293]), base.featurize(matmul_programs[:1])[0])
