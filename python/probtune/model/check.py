@@ -43,9 +43,9 @@ onnxruntime's own unoptimized and optimized graphs differ from each other on the
 A model that quantizes its activations (at run time, as dynamically
 quantized ones do, or statically) rounds each to 8 bits: a float difference
 in the last bit, from fused operators, flips a rounding, and the flip
-carries on to the output. onnxruntime's two graphs differ by a few percent
-of the output's RMS on a dynamically quantized BERT; a wrong program differs
-by about all of it."""
+carries on to the output. How far onnxruntime's own two graphs fall apart
+on the same inputs is what such flips legitimately cost; a wrong program
+differs by about the whole output."""
 
 _QUANTIZING_OPS = ("QuantizeLinear", "DynamicQuantizeLinear")
 
