@@ -26,12 +26,15 @@ SAMPLE = [
     "test_depthtospace_example", "test_dynamicquantizelinear", "test_optional_get_element_tensor",
     "test_conv_with_strides_padding", "test_convtranspose_pads", "test_hardswish", "test_hardsigmoid",
     "test_softmax_axis_1", "test_range_float_type_positive_delta", "test_optional_get_element_optional_tensor",
+    # quantized operators (integer inputs and outputs), on integers through probtune.model.quantized
+    "test_qlinearconv", "test_qlinearmatmul_2D_uint8_float32", "test_qlinearmatmul_3D_int8_float32", "test_matmulinteger",
 ]
 REFUSED = {  # run-time shapes or masks, a sequence input, an operator TVM cannot lower: a named error before any trial
     "test_resize_upsample_scales_nearest": "TVM's ONNX frontend cannot import this model",
     "test_lstm_with_peepholes": "LSTM with sequence_lens given at run time is not supported",
     "test_sequence_map_add_1_sequence_1_tensor": "input 'x0' is a sequence, not a tensor",
     "test_rms_normalization_2d_axis0": "TVM cannot lower the model",
+    "test_quantizelinear_int4": "TVM's ONNX frontend cannot import this model",
 }
 
 

@@ -155,3 +155,15 @@ def test_a_qoperator_model_is_imported_and_computed_on_integers(small_cnn_onnx, 
     assert rewritten == sum(node.op_type == "QLinearConv" for node in onnx.load(path).graph.node) and left == []
     compiled = tune_model(model, "host", trials=0, **FAST).compile()
     assert compiled.check is not None
+
+
+def test_a_model_the_integer_rewrite_fails_on_keeps_its_float_form_with_a_warning(qdq_cnn, monkeypatch):
+    from probtune.model import tasks
+
+    def refuse(mod):
+        raise RuntimeError("TVM refused a pattern")
+
+    monkeypatch.setattr(tasks, "integer_operators", refuse)
+    with pytest.warns(UserWarning, match="keep their dequantized float32 form: rewriting them on integers failed"):
+        result = tune_model(load_model(qdq_cnn, SHAPES), "host", trials=0, **FAST)
+    assert INTEGER_OPERATORS not in result.graph_rewrites and result.compile().check is not None

@@ -35,21 +35,16 @@ __all__ = ["extract_tasks", "fuse"]
 
 
 def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite] | None = None) -> tvm.IRModule:
-    """The model in the target's layouts (:mod:`probtune.model.layouts`), through its graph rewrites (or
-    ``rewrites``; :mod:`probtune.model.rewrites`), legalized and fused by TVM's "zero" pipeline.
+    """The model with its quantized operators on integers (:mod:`probtune.model.quantized`), in the target's
+    layouts (:mod:`probtune.model.layouts`), through its graph rewrites (or ``rewrites``;
+    :mod:`probtune.model.rewrites`), legalized and fused by TVM's "zero" pipeline.
 
     The pipeline legalizes (:mod:`probtune.model.legalize` first, for what the
     layout pass makes that TVM does not lower), folds the transposed weights
     into constants, and fuses operators and TIR. The fused module records what
     each rewrite changed, and whether the target writes concatenations in place.
     """
-    integer, quantized, left = integer_operators(model.mod)
-    if left:
-        warn_caller(
-            f"{len(left)} quantized operator(s) ({', '.join(sorted(set(left)))}) keep their dequantized float32 form "
-            "(weights with a nonzero zero point, or a bias not quantized with the product's scale): they are "
-            "compiled and checked, but not computed on integers"
-        )
+    integer, quantized = _on_integers(model.mod)
     mod, counts = apply_graph_rewrites(convert_layouts(integer, target.layouts), target, rewrites)
     if quantized:
         counts = {INTEGER_OPERATORS: quantized, **counts}
@@ -65,6 +60,24 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
     if target.concat_in_place:
         fused = fused.with_attr(CONCAT_IN_PLACE_ATTR, True)
     return fused.with_attr(REWRITES_ATTR, counts) if counts else fused
+
+
+def _on_integers(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
+    """``mod`` with its quantized operators on integers (:mod:`probtune.model.quantized`), and how many; those left
+    dequantized are named in a warning, and a model the rewrite fails on keeps its float32 form, with a warning."""
+    try:
+        integer, quantized, left = integer_operators(mod)
+    except Exception as exc:  # noqa: BLE001 - TVM's pattern rewriting refused the model: its float32 form is still right
+        warn_caller(f"quantized operators keep their dequantized float32 form: rewriting them on integers failed "
+                    f"({summary(exc)}); the model is compiled and checked as it was imported")
+        return mod, 0
+    if left:
+        warn_caller(
+            f"{len(left)} quantized operator(s) ({', '.join(sorted(set(left)))}) keep their dequantized float32 form "
+            "(weights with a nonzero zero point, or a bias not quantized with the product's scale): they are "
+            "compiled and checked, but not computed on integers"
+        )
+    return integer, quantized
 
 
 def extract_tasks(fused: tvm.IRModule) -> list[Task]:

@@ -70,6 +70,8 @@ __all__ = [
     "RewritePackedLayout",
     "RewriteWriteBackLocation",
     "accumulator_bytes",
+    "order_levels",
+    "write_back_per_tile",
 ]
 
 WRITE_BACK_DEPTH_KEY = "probtune.write_back_depth"
@@ -189,6 +191,35 @@ def _writes_output(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
     return any(any(w.source.same_as(p) for p in params) for w in sch.get(block).writes)
 
 
+def order_levels(levels: dict[str, list[list[LoopRV]]], structure: str) -> tuple[list[LoopRV], list[int]]:
+    """The tiles of ``levels`` (per kind, outermost level first) in ``structure``'s order ("SSRSRS"), and per
+    level of ``structure`` how many of them are at or above it."""
+    order: list[LoopRV] = []
+    level_ends: list[int] = []
+    taken = {SPATIAL: 0, REDUCTION: 0}
+    for letter in structure:
+        kind = SPATIAL if letter == "S" else REDUCTION
+        order.extend(levels[kind][taken[kind]])
+        taken[kind] += 1
+        level_ends.append(len(order))
+    return order, level_ends
+
+
+def write_back_per_tile(sch: Schedule, block: BlockRV, depths: list[int]) -> ExprRV | None:
+    """Give the block a write-back that can follow it into the tile, and sample under how many loops it goes.
+
+    The sampled depth is returned (None without a write-back), for a caller that blockizes the block to move
+    onto the tile.
+    """
+    if not _has_elementwise_consumer(sch.tvm, sch.resolve(block)):
+        if not _writes_output(sch.tvm, sch.resolve(block)):
+            return None
+        sch.cache_write(block, 0, "global")
+    depth = sch.sample_uniform(depths)
+    sch.annotate(block, WRITE_BACK_DEPTH_KEY, depth)
+    return depth
+
+
 @dataclass(frozen=True)
 class MultiLevelTiling:
     """Tile spatial loops in ``structure``'s S levels and reduction loops in its R levels, then write back per tile.
@@ -288,14 +319,7 @@ class MultiLevelTiling:
         outer_tiles = levels[SPATIAL][0]
         if packed or panels:  # the vectorized loop's outermost tile first: a copy under it serves every row tile
             outer_tiles.insert(0, outer_tiles.pop())
-        order: list[LoopRV] = []
-        level_ends: list[int] = []  # per level of ``structure``: how many loops are at or above it
-        next_level = {SPATIAL: 0, REDUCTION: 0}
-        for letter in self.structure:
-            kind = SPATIAL if letter == "S" else REDUCTION
-            order.extend(levels[kind][next_level[kind]])
-            next_level[kind] += 1
-            level_ends.append(len(order))
+        order, level_ends = order_levels(levels, self.structure)
         sch.reorder(*order)
         if lanes_loop is not None:  # the innermost tile becomes a whole number of vectors
             sch.fuse(order[-2], lanes_loop)
@@ -307,7 +331,7 @@ class MultiLevelTiling:
             copy = sch.cache_read(block, read_index, "global")
             sch.compute_at(copy, outer_tiles[0])
             sch.annotate(copy, PANEL_KEY, sch.sample_uniform([0, 1]))
-        self._write_back_per_tile(sch, block, [level_ends[level - 1] for level in self.write_back_levels])
+        write_back_per_tile(sch, block, [level_ends[level - 1] for level in self.write_back_levels])
 
     def _packable_inputs(
         self, sch: Schedule, block: BlockRV, spatial: list[LoopRV], reused_over: list[dict]
@@ -378,21 +402,6 @@ class MultiLevelTiling:
         if width is None or not (packed or contiguous_along(sch.tvm, sch.resolve(block), sch.resolve(loop))):
             return None, lanes
         return loop, width
-
-    @staticmethod
-    def _write_back_per_tile(sch: Schedule, block: BlockRV, depths: list[int]) -> ExprRV | None:
-        """Give the block a write-back that can follow it into the tile, and sample under how many loops it goes.
-
-        The sampled depth is returned (None without a write-back), for a caller that blockizes the block to
-        move onto the tile.
-        """
-        if not _has_elementwise_consumer(sch.tvm, sch.resolve(block)):
-            if not _writes_output(sch.tvm, sch.resolve(block)):
-                return None
-            sch.cache_write(block, 0, "global")
-        depth = sch.sample_uniform(depths)
-        sch.annotate(block, WRITE_BACK_DEPTH_KEY, depth)
-        return depth
 
 
 @dataclass(frozen=True)

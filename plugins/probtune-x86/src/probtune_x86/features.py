@@ -21,19 +21,20 @@ import tvm
 from tvm import tirx
 
 from probtune.plugin import child_stmts
+from probtune_x86.vnni import VNNI_LLVM_NAME
 
 __all__ = ["X86_FEATURE_NAMES", "X86Features", "x86_features"]
 
 X86_FEATURE_NAMES: tuple[str, ...] = ("vnni_calls",)
 
-_VNNI_LLVM_NAME = "llvm.x86.avx512.vpdpbusd.512"
+_BYTES = ("uint8", "int8")
 
 
 @functools.cache
 def _vnni_id() -> int:
     from tvm.target.codegen import llvm_lookup_intrinsic_id
 
-    return int(llvm_lookup_intrinsic_id(_VNNI_LLVM_NAME))
+    return int(llvm_lookup_intrinsic_id(VNNI_LLVM_NAME))
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,11 @@ def _is_vnni(value: tirx.PrimExpr) -> bool:
 
 
 def x86_features(func: tirx.PrimFunc) -> np.ndarray:
-    """The raw ``X86_FEATURE_NAMES`` quantities of a scheduled program."""
+    """The raw ``X86_FEATURE_NAMES`` quantities of a scheduled program; zeros, without a walk, for one that takes
+    no 8-bit tensor (every float program the search featurizes)."""
     raw = np.zeros(len(X86_FEATURE_NAMES), dtype=np.float64)
+    if not any(str(getattr(p.ty, "dtype", "")) in _BYTES for p in func.params):
+        return raw
     stack: list[tuple[tirx.Stmt, float]] = [(func.body, 1.0)]
     while stack:
         node, iterations = stack.pop()

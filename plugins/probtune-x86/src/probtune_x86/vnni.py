@@ -38,12 +38,13 @@ from probtune.plugin import (
     sblock_names,
 )
 from probtune_cpu.llvm_features import llvm_target_has
-from probtune_cpu.multi_level_tiling import WRITE_BACK_DEPTH_KEY, MultiLevelTiling
+from probtune_cpu.multi_level_tiling import WRITE_BACK_DEPTH_KEY, order_levels, write_back_per_tile
 from probtune_cpu.tensorize import TENSORIZE_KEY
 
 __all__ = [
     "VNNI_INTRINSIC",
     "VNNI_LAYOUT_KEY",
+    "VNNI_LLVM_NAME",
     "RewriteVNNILayout",
     "VNNIDotProduct",
     "VNNIPlan",
@@ -54,6 +55,9 @@ __all__ = [
 
 LANES, DEPTH = 16, 4
 """``vpdpbusd`` on zmm registers: 16 int32 sums, each of 4 products of bytes."""
+
+VNNI_LLVM_NAME = "llvm.x86.avx512.vpdpbusd.512"
+"""LLVM's name of ``vpdpbusd`` on zmm registers."""
 
 VNNI_INTRINSIC = "probtune_x86.vnni_u8s8_16x4"
 """The tensor intrinsic's name in TVM's table (:func:`register_vnni_intrinsic`)."""
@@ -80,7 +84,7 @@ def register_vnni_intrinsic() -> str:
             T.writes(C[0:16])
             a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 16), dtype="int8x64")
             C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
+                T.llvm_lookup_intrinsic_id(VNNI_LLVM_NAME),
                 C.vload([0], dtype="int32x16"),
                 a,
                 B.vload([0, 0], dtype="int8x64"),
@@ -188,9 +192,7 @@ class VNNIDotProduct:
         copy = sch.cache_read(block, plan.b, "global")
         sch.annotate(copy, VNNI_LAYOUT_KEY, plan.b_dims[0] * LANES + plan.b_dims[1])
         # the write-back is judged on the block's own elements, then moved onto the tile that replaces it at the root
-        written_back = MultiLevelTiling._write_back_per_tile(
-            sch, block, [level_ends[level - 1] for level in self.write_back_levels]
-        )
+        written_back = write_back_per_tile(sch, block, [level_ends[level - 1] for level in self.write_back_levels])
         tile = sch.blockize(lanes_loop)
         sch.annotate(tile, TENSORIZE_KEY, VNNI_INTRINSIC)
         if written_back is not None:
@@ -208,15 +210,7 @@ class VNNIDotProduct:
             tiles = sch.sample_perfect_tile(loop, len(levels[kind]), self.max_innermost_factor)
             for level, tile in zip(levels[kind], sch.split(loop, tiles)):
                 level.append(tile)
-        order: list[LoopRV] = []
-        level_ends: list[int] = []
-        taken = {SPATIAL: 0, REDUCTION: 0}
-        for letter in self.structure:
-            kind = SPATIAL if letter == "S" else REDUCTION
-            order.extend(levels[kind][taken[kind]])
-            taken[kind] += 1
-            level_ends.append(len(order))
-        return order, level_ends
+        return order_levels(levels, self.structure)
 
 
 @dataclass(frozen=True)
