@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tvm
 from tvm import s_tir
 
+from conftest import run_module
 from probtune import Rng
 from probtune.measure import LocalBuilder, LocalRunner, prepare_reference
+from probtune.measure.codegen import compile_for
 from probtune.measure.constant_layouts import MeasuredForm, layout_copies, read_constants_packed
 from probtune.measure.pipeline import measure
 from probtune.model import extract_tasks, fuse, load_model
@@ -48,17 +51,44 @@ def test_the_copy_of_a_constant_is_folded_into_the_parameter(dense_task):
     assert none == {} and unchanged.same_as(copying.mod)
 
 
-def test_a_copy_tvm_cannot_fold_is_left_as_it_is(dense_task, monkeypatch):
-    """TVM's schedule refuses with a ScheduleError (a GPU program's copy, read through an opaque access, say)."""
+def _refuse_inlining(monkeypatch):
+    """TVM's schedule refuses with a ScheduleError, as for a copy whose buffer a tensorized block matches."""
     from tvm.s_tir.schedule.schedule import ScheduleError
 
     def refuse(self, block):
         raise ScheduleError("The buffer to be inlined has opaque access")
 
-    _, copying, _ = dense_task
     monkeypatch.setattr(s_tir.Schedule, "compute_inline", refuse)
+
+
+def test_a_copy_that_cannot_be_inlined_becomes_the_parameter(dense_task, monkeypatch, host):
+    _, copying, _ = dense_task
+    _refuse_inlining(monkeypatch)
+    program, layouts = read_constants_packed(copying.mod, {WEIGHT})
+    assert list(layouts) == [WEIGHT] and len(program["main"].params[WEIGHT].shape) == 3
+    assert not [copy for copy in layout_copies(program["main"]) if copy.param == WEIGHT]
+    rng = np.random.default_rng(0)
+    inputs = [rng.uniform(-1, 1, shape).astype(dtype) for shape, dtype in _param_specs(copying.mod)]
+    want = run_module(compile_for(copying.mod, host), inputs)[-1]
+    inputs[WEIGHT] = layouts[WEIGHT].map_tensor(tvm.runtime.tensor(inputs[WEIGHT])).numpy()
+    np.testing.assert_array_equal(run_module(compile_for(program, host), inputs)[-1], want)
+
+
+def test_a_copy_tvm_cannot_fold_is_left_as_it_is(dense_task, monkeypatch):
+    """Neither inlined nor taken as the parameter (TVM's pass refuses too): the program copies on every call."""
+    _, copying, _ = dense_task
+    _refuse_inlining(monkeypatch)
+
+    def refuse_pass(*args, **kwargs):
+        raise RuntimeError("the pass refuses")
+
+    monkeypatch.setattr(s_tir.transform, "RemoveWeightLayoutRewriteBlock", refuse_pass)
     program, layouts = read_constants_packed(copying.mod, {WEIGHT})
     assert layouts == {} and program.same_as(copying.mod)
+
+
+def _param_specs(mod):
+    return [([int(d) for d in p.shape], str(p.dtype)) for p in mod["main"].params]
 
 
 def test_without_constants_every_program_is_timed_as_it_is(dense_task, tmp_path):

@@ -10,6 +10,7 @@ from tvm import te, topi
 from conftest import run_module
 from probtune import Rng, generate_space
 from probtune.measure.codegen import compile_for
+from probtune.measure.constant_layouts import layout_copies, read_constants_packed
 from probtune.plugins import get_registry
 from probtune.search.search_strategy import RandomSearch
 from probtune.targets import resolve_target
@@ -91,6 +92,25 @@ def test_vnni_programs_compute_the_exact_sums_with_vpdpbusd(workload):
         lib = compile_for(candidate.mod, host)
         assert "vpdpbusd" in lib.mod.inspect_source("asm")
         got = run_module(lib, [a, b, np.zeros(out_shape, out_dtype)])[2]
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.skipif(not HAS_VNNI, reason="this CPU has no AVX-512 VNNI")
+def test_a_constant_weight_is_read_in_the_blocked_layout_not_copied_per_call():
+    """The tensorized block matches the weight's blocked copy, so the copy is made the parameter, not inlined."""
+    work = _matmul(28, 64, 64)
+    host = resolve_target("host")
+    rng = np.random.default_rng(1)
+    (a_shape, a_dtype), (b_shape, b_dtype), (out_shape, out_dtype) = work.param_specs()
+    a = rng.integers(0, 256, a_shape).astype(a_dtype)
+    b = rng.integers(-128, 128, b_shape).astype(b_dtype)
+    want = run_module(compile_for(work.mod, host), [a, b, np.zeros(out_shape, out_dtype)])[2]
+    for candidate in RandomSearch(generate_space(work, host), Rng(5)).next_batch(2):
+        program, layouts = read_constants_packed(candidate.mod, {1})
+        assert list(layouts) == [1] and not layout_copies(program["main"])
+        packed = layouts[1].map_tensor(tvm.runtime.tensor(b)).numpy()
+        assert packed.shape == (4, 16, 16, 4)  # [j // 16, k // 4, j % 16, k % 4]
+        got = run_module(compile_for(program, host), [a, packed, np.zeros(out_shape, out_dtype)])[2]
         np.testing.assert_array_equal(got, want)
 
 

@@ -31,6 +31,9 @@ __all__ = ["LAYOUT_FREE_ATTR", "LayoutCopy", "MeasuredForm", "layout_copies", "l
 # TVM's name for a PrimFunc attribute listing the parameters its callers pass as constants (weights)
 LAYOUT_FREE_ATTR = "layout_free_buffers"
 
+# the block annotation TVM's RemoveWeightLayoutRewriteBlock looks for
+_PREPROC_ATTR = "meta_schedule.layout_rewrite_preproc"
+
 
 def layout_free_params(func: tirx.PrimFunc) -> set[int]:
     """Positions of ``func``'s parameters marked constant (``LAYOUT_FREE_ATTR``): a layout copy of one is made once, not per call."""
@@ -98,8 +101,34 @@ def _read_packed(program: tvm.IRModule, copy: LayoutCopy) -> tvm.IRModule | None
         sch.transform_layout(block, ("read", 0), copy.layout)
         sch.compute_inline(block)
     except (RuntimeError, ValueError):  # a ScheduleError is a RuntimeError
-        return None
+        return _copy_as_parameter(program, copy)
     return sch.mod
+
+
+def _copy_as_parameter(program: tvm.IRModule, copy: LayoutCopy) -> tvm.IRModule | None:
+    """``program`` taking the copy's buffer as the parameter, the copy gone; None unless the copy alone reads it.
+
+    For a copy that cannot be inlined because its buffer is matched into a
+    tensorized block (``match_buffer``): TVM's ``RemoveWeightLayoutRewriteBlock``
+    drops a copy so annotated and makes its destination the parameter.
+    """
+    func = program["main"]
+    param = func.params[copy.param]
+    readers = [b.name_hint for b in _blocks(func) if any(r.source.same_as(param) for r in b.reads)]
+    if readers != [copy.block]:
+        return None
+    sch = s_tir.Schedule(program)
+    sch.annotate(sch.get_sblock(copy.block), _PREPROC_ATTR, True)
+    try:
+        return s_tir.transform.RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(sch.mod)
+    except (RuntimeError, ValueError):  # TVM's pass refused the copy
+        return None
+
+
+def _blocks(func: tirx.PrimFunc) -> list[s_tir.SBlock]:
+    found: list[s_tir.SBlock] = []
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, found.append))
+    return found
 
 
 @dataclass
