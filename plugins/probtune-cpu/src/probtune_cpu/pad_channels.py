@@ -24,6 +24,8 @@ reshape) and fuses into it or into the operator before it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import tvm
 from tvm import relax
@@ -33,13 +35,13 @@ from probtune.plugin import TargetSpec, mutated, static_shape
 from probtune_cpu.relax_calls import has_call
 from probtune_cpu.vector_unit import vector_width
 
-__all__ = ["MAX_EXTRA_WORK", "PadChannels", "padded_channels"]
+__all__ = ["MAX_EXTRA_WORK", "ChannelPolicy", "PadChannels", "VectorChannels", "padded_channels"]
 
 MAX_EXTRA_WORK = 1 / 8
 """Pad only where the added channels are at most this share of the model's: 116 to 128 (10%) is, 18 to 24 is not."""
 
 _UNARY = ("relax.nn.relu", "relax.sigmoid", "relax.tanh", "relax.nn.silu", "relax.nn.gelu", "relax.nn.gelu_tanh",
-          "relax.clip", "relax.nn.leakyrelu", "relax.erf", "relax.negative", "relax.abs")
+          "relax.clip", "relax.nn.leakyrelu", "relax.erf", "relax.negative", "relax.abs", "relax.round", "relax.astype")
 """Operators of one tensor that treat each channel alike and keep a finite value finite, whatever it is."""
 
 _BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.maximum", "relax.minimum", "relax.divide")
@@ -68,16 +70,57 @@ def padded_channels(channels: int, lanes: int) -> int:
     return channels
 
 
-def _pads(call: relax.Call, lanes: int) -> bool:
-    """Whether ``call`` is a channels-last, ungrouped convolution whose output channels the rewrite pads."""
-    if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.conv2d":
+class ChannelPolicy:
+    """Which convolutions a channel-padding rewrite pads, to how many channels, and which operators it carries crops past.
+
+    The default (:class:`VectorChannels`) pads float convolutions' output channels to whole vectors; a target's
+    instruction with a block shape of its own (VNNI's 16 lanes of 4-deep sums) pads integer ones to that.
+    """
+
+    def pads(self, conv: relax.Call) -> bool:
+        """Whether this rewrite pads (and extends for a carried crop) the convolution ``conv``."""
+        raise NotImplementedError
+
+    def output_channels(self, channels: int) -> int:
+        """The output channels a convolution with ``channels`` of them computes."""
+        raise NotImplementedError
+
+    def input_channels(self, channels: int) -> int:
+        """The input channels a convolution reading a tensor of ``channels`` (not a carried crop) reads: added ones are
+        zeros of a ``nn.pad``."""
+        return channels
+
+    def carries(self, call: relax.Call) -> bool:
+        """Whether a crop is carried past ``call`` (an operator that treats each channel alike)."""
+        return str(call.ty.dtype).startswith("float")
+
+
+@dataclass(frozen=True)
+class VectorChannels(ChannelPolicy):
+    """Float convolutions' output channels padded to whole (or half) vectors of ``lanes`` (:func:`padded_channels`)."""
+
+    lanes: int
+
+    def pads(self, conv: relax.Call) -> bool:
+        return str(conv.ty.dtype).startswith("float")
+
+    def output_channels(self, channels: int) -> int:
+        return padded_channels(channels, self.lanes)
+
+
+def _pads(call: relax.Call, policy: ChannelPolicy) -> bool:
+    """Whether ``call`` is a channels-last, ungrouped convolution whose channels the rewrite pads."""
+    if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.conv2d" or not policy.pads(call):
         return False
     attrs, shape = call.attrs, static_shape(call.ty.shape)
     return (
         (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) == ("NHWC", "HWIO", "NHWC")
         and int(attrs.groups) == 1
         and shape is not None
-        and padded_channels(shape[-1], lanes) != shape[-1]
+        and (
+            policy.output_channels(shape[-1]) != shape[-1]
+            or policy.input_channels(_channels(call.args[0])) != _channels(call.args[0])
+        )
     )
 
 
@@ -97,9 +140,9 @@ def _padded_constant(value: np.ndarray, axis: int, size: int, fill: float = 0.0)
 class _PadChannels(relax.PyExprMutator):  # type: ignore[misc]
     """Pads eligible convolutions' output channels and carries the crops that follow them forward."""
 
-    def __init__(self, mod: tvm.IRModule, lanes: int) -> None:
+    def __init__(self, mod: tvm.IRModule, policy: ChannelPolicy) -> None:
         super().__init__(mod)
-        self.lanes = lanes
+        self.policy = policy
         self.slice = tvm.ir.Op.get("relax.strided_slice")
         self.padded: set[relax.Var] = set()  # tensors this pass padded: only their crops are carried
         self.rules = {
@@ -113,7 +156,9 @@ class _PadChannels(relax.PyExprMutator):  # type: ignore[misc]
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         rule = self.rules.get(call.op.name) if isinstance(call.op, tvm.ir.Op) else None
-        if rule is None or static_shape(call.ty.shape) is None or not str(call.ty.dtype).startswith("float"):
+        if rule is None or static_shape(call.ty.shape) is None:
+            return call
+        if not (self.policy.pads(call) if rule == self.conv2d else self.policy.carries(call)):
             return call
         return rule(call)
 
@@ -144,7 +189,10 @@ class _PadChannels(relax.PyExprMutator):  # type: ignore[misc]
         cin, cout, groups = _channels(data), kernel.shape[3], int(attrs.groups)
         width = _channels(found[0]) if found is not None else cin  # the input channels it will read
         if groups == 1:
-            wide = padded_channels(cout, self.lanes)
+            if found is None:
+                width = self.policy.input_channels(cin)
+                data = relax.op.nn.pad(data, [0, 0] * 3 + [0, width - cin]) if width != cin else data
+            wide = self.policy.output_channels(cout)
             kernel = np.pad(kernel, [(0, 0), (0, 0), (0, width - cin), (0, 0)])  # zero weights for added inputs
         elif (width - cin) % kernel.shape[2] == 0:  # grouped (depthwise): added channels make zero groups of their own
             groups = width // kernel.shape[2]
@@ -214,12 +262,16 @@ class PadChannels:
 
     name = "pad-channels"
 
+    def policy(self, target: TargetSpec) -> ChannelPolicy:
+        """Which convolutions are padded on ``target``, and to what: float ones to its vector width."""
+        return VectorChannels(vector_width(target))
+
     def rewrite(self, mod: tvm.IRModule, target: TargetSpec) -> tuple[tvm.IRModule, int]:
         """``mod`` with its convolutions padded and the crops carried, and how many operators now run padded."""
-        lanes = vector_width(target)
-        if not has_call(mod, lambda call: _pads(call, lanes)):
+        policy = self.policy(target)
+        if not has_call(mod, lambda call: _pads(call, policy)):
             return mod, 0  # nothing to fold the kernels for
         folded = relax.transform.FoldConstant()(mod)  # kernels the layout pass transposes become constants
-        mutator = _PadChannels(folded, lanes)
+        mutator = _PadChannels(folded, policy)
         rewritten = mutated(folded, mutator)
         return (rewritten, mutator.changed) if mutator.changed else (mod, 0)

@@ -25,6 +25,7 @@ from probtune_cpu.host_cpu import CPURequirement, cpu_features, cpu_model
 from probtune_cpu.vector_unit import vector_attrs
 from probtune_x86.features import X86Features
 from probtune_x86.vnni import RewriteVNNILayout, VNNIDotProduct
+from probtune_x86.vnni_channels import PadVNNIChannels
 
 __all__ = ["VNNI_FEATURE", "make_targets", "vnni_space"]
 
@@ -39,15 +40,18 @@ AVX512_REGISTER_FILE_BYTES = 32 * 64
 X86_64 = ("x86_64", "AMD64")  # platform.machine() on Linux and Windows
 
 
-def vnni_space() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The CPU modules and validators with VNNI's: its tiling before multi-level tiling's, its layout and intrinsic
-    after the weights' panels and the reductions' initialisations."""
+def vnni_space() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """The CPU modules, validators and graph rewrites with VNNI's: its tiling before multi-level tiling's, its layout
+    and intrinsic after the weights' panels and the reductions' initialisations, its channel padding after the
+    float convolutions'."""
     modules = list(DEFAULT_MODULES)
     modules.insert(modules.index("multi-level-tiling"), VNNIDotProduct.name)
     validators = list(DEFAULT_VALIDATORS)
     validators.insert(validators.index("rewrite-packed-layout") + 1, RewriteVNNILayout.name)
     validators.insert(validators.index("rewrite-reduction-block") + 1, "rewrite-cpu-tensorize")
-    return tuple(modules), tuple(validators)
+    rewrites = list(DEFAULT_GRAPH_REWRITES)
+    rewrites.insert(rewrites.index("pad-channels") + 1, PadVNNIChannels.name)
+    return tuple(modules), tuple(validators), tuple(rewrites)
 
 
 def _cpu_target(
@@ -56,7 +60,7 @@ def _cpu_target(
     """A target with the CPU space, its vector unit (AVX-512 has 32 vector registers, the others 16), and its compiler."""
     registers = 32 if width == 16 else 16
     stack_bytes = AVX512_REGISTER_FILE_BYTES if width == 16 else TVM_STACK_BYTES
-    modules, validators = vnni_space() if vnni else (DEFAULT_MODULES, DEFAULT_VALIDATORS)
+    modules, validators, rewrites = vnni_space() if vnni else (DEFAULT_MODULES, DEFAULT_VALIDATORS, DEFAULT_GRAPH_REWRITES)
     return TargetSpec(
         name=name,
         description=description,
@@ -65,7 +69,7 @@ def _cpu_target(
         validators=validators,
         mutators=DEFAULT_MUTATORS,
         layouts=DEFAULT_LAYOUTS,
-        graph_rewrites=DEFAULT_GRAPH_REWRITES,
+        graph_rewrites=rewrites,
         concat_in_place=True,
         attrs=vector_attrs(width, registers),
         compiler=LLVMCompiler(stack_bytes),
@@ -131,6 +135,11 @@ def probtune_register_space_modules(register: Callable[[Any], None]) -> None:
 @hookimpl
 def probtune_register_validators(register: Callable[[Any], None]) -> None:
     register(RewriteVNNILayout())
+
+
+@hookimpl
+def probtune_register_graph_rewrites(register: Callable[[Any], None]) -> None:
+    register(PadVNNIChannels())
 
 
 @hookimpl
