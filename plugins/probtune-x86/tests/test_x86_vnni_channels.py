@@ -48,8 +48,8 @@ def test_channels_are_padded_to_the_block_where_that_at_most_doubles_the_work(ch
     assert vnni_channels(channels, block) == padded
 
 
-def _conv_inputs(mod) -> list[tuple[int, ...]]:
-    """The (data, kernel) shapes each convolution task reads."""
+def _conv_kernels(mod) -> list[tuple[int, ...]]:
+    """The int8 kernel's shape (HWIO) of each convolution task."""
     shapes = []
     for task in extract_tasks(mod):
         func = task.workload.prim_func
@@ -62,7 +62,7 @@ def _conv_inputs(mod) -> list[tuple[int, ...]]:
 def test_odd_channels_run_padded_and_the_model_matches_onnxruntime(qdq_cnn_24):
     model = load_model(qdq_cnn_24, SHAPES)
     host = resolve_target("host")
-    kernels = _conv_inputs(fuse(model, host))
+    kernels = _conv_kernels(fuse(model, host))
     assert (3, 3, 4, 32) in kernels  # the stem: 3 input channels read as 4, 24 output ones computed as 32
     assert all(k[2] % 4 == 0 and k[3] % 16 == 0 for k in kernels)
     result = tune_model(model, "host", trials=0, batch_size=4, confirm=0)
@@ -72,9 +72,8 @@ def test_odd_channels_run_padded_and_the_model_matches_onnxruntime(qdq_cnn_24):
     session = onnxruntime.InferenceSession(str(qdq_cnn_24), providers=["CPUExecutionProvider"])
     for seed in range(3):
         inputs = model.random_inputs(seed)
-        want = session.run(None, {"x": inputs[0]})[0]
-        assert compiled(*inputs)[0].shape == want.shape
-        assert np.abs(compiled(*inputs)[0] - want).max() <= step * 1.01  # at most one quantization step
+        want, got = session.run(None, {"x": inputs[0]})[0], compiled(*inputs)[0]
+        assert got.shape == want.shape and np.abs(got - want).max() <= step * 1.01  # at most one quantization step
 
 
 def test_a_target_without_vnni_is_left_as_it_is(qdq_cnn_24):
