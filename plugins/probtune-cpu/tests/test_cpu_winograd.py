@@ -128,6 +128,11 @@ def test_lifted_limits_rewrite_what_the_rule_keeps(host):
     assert WinogradConv2D(max_work_ratio=1.0, min_channel_mean=0).rewrite(too_few_tiles, host)[1] == 0
 
 
+def _changed(counts: dict[str, int]) -> dict[str, int]:
+    """The rewrites that changed something (a host with VNNI also runs pad-vnni-channels)."""
+    return {name: count for name, count in counts.items() if count}
+
+
 def _model(mod: tvm.IRModule) -> Model:
     shape = tuple(int(d) for d in mod["main"].params[0].ty.shape)
     return Model("conv", mod, (InputSpec("x", shape, "float32"),))
@@ -135,7 +140,7 @@ def _model(mod: tvm.IRModule) -> Model:
 
 def test_a_rewritten_convolution_is_three_tasks_with_the_epilogue_fused(host):
     fused = fuse(_model(conv_module((1, 16, 16, 64), 64)), host)
-    assert rewrite_counts(fused) == {"pad-channels": 0, "winograd-conv2d": 1}
+    assert _changed(rewrite_counts(fused)) == {"winograd-conv2d": 1}  # the host's other rewrites change nothing
     names = sorted(task.name for task in extract_tasks(fused))
     assert len(names) == 3, names
     assert any(name.startswith("winograd_data_pack") for name in names)  # padding inside
@@ -175,7 +180,7 @@ def test_tune_model_says_what_it_rewrote(conv_onnx, tmp_path, capsys):
 
 def test_a_tuned_winograd_model_matches_onnxruntime(conv_onnx, tmp_path):
     result = tune_model(load_model(conv_onnx), "host", trials=12, database=tmp_path / "db.sqlite", seed=0, batch_size=4)
-    assert result.graph_rewrites == {"pad-channels": 0, "winograd-conv2d": 1}
+    assert _changed(result.graph_rewrites) == {"winograd-conv2d": 1}
     assert {row.program for row in result.tasks} == {"tuned"}
     assert sum("winograd" in row.name for row in result.tasks) == 2  # with the batch matmul: the transposes are the rest
     compiled = result.compile()
