@@ -24,6 +24,7 @@ reshape) and fuses into it or into the operator before it.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,20 +71,20 @@ def padded_channels(channels: int, lanes: int) -> int:
     return channels
 
 
-class ChannelPolicy:
+class ChannelPolicy(ABC):
     """Which convolutions a channel-padding rewrite pads, to how many channels, and which operators it carries crops past.
 
     The default (:class:`VectorChannels`) pads float convolutions' output channels to whole vectors; a target's
     instruction with a block shape of its own (VNNI's 16 lanes of 4-deep sums) pads integer ones to that.
     """
 
+    @abstractmethod
     def pads(self, conv: relax.Call) -> bool:
         """Whether this rewrite pads (and extends for a carried crop) the convolution ``conv``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def output_channels(self, channels: int) -> int:
         """The output channels a convolution with ``channels`` of them computes."""
-        raise NotImplementedError
 
     def input_channels(self, channels: int) -> int:
         """The input channels a convolution reading a tensor of ``channels`` (not a carried crop) reads: added ones are
