@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -57,6 +58,16 @@ def test_export_and_load_print_nothing_of_tvms_executable_scope(cnn_result, tmp_
     path = cnn_result.compile(check=False).export_library(tmp_path / "cnn.so")
     CompiledModel.load(path, cnn_result.model.inputs)
     assert "Scope" not in capfd.readouterr().err
+
+
+def test_a_compiled_models_library_folder_goes_with_it_quietly(cnn_result, recwarn):
+    compiled = cnn_result.compile(check=False)
+    folder = compiled._library.parent
+    assert folder.is_dir() and folder.name.startswith("probtune-model-")
+    del compiled
+    gc.collect()
+    assert not folder.exists()
+    assert not [w for w in recwarn if "Implicitly cleaning up" in str(w.message)]
 
 
 def test_calls_from_several_threads_each_get_their_own_outputs(cnn_result):
@@ -152,7 +163,7 @@ def test_a_second_run_reuses_the_records_of_shared_tasks(cnn_result, small_cnn_o
 
 def test_cold_and_warm_timings_are_recorded_apart(small_cnn_onnx, tmp_path):
     database = tmp_path / "t.db"
-    cold = tune_model(small_cnn_onnx, trials=4, input_shapes=CNN_SHAPES, database=database, **FAST)
+    cold = tune_model(small_cnn_onnx, trials=4, input_shapes=CNN_SHAPES, database=database, cache_flush=True, **FAST)
     warm = tune_model(small_cnn_onnx, trials=4, input_shapes=CNN_SHAPES, database=database, cache_flush=False, **FAST)
     assert sum(row.total_trials for row in warm.tasks) == 4  # the cold records are not warm ones
     with Database(database) as db:

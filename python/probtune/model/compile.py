@@ -9,6 +9,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -183,7 +184,6 @@ class CompiledModel:
         self._staged = [tvm.runtime.empty(spec.shape, spec.dtype, self._device) for spec in self.inputs]
         self._lock = threading.Lock()  # the VM and the kept input tensors serve one call at a time
         self._library: Path | None = None  # the shared library it runs from, if it was loaded from one
-        self._folder: tempfile.TemporaryDirectory[str] | None = None  # where :meth:`linked` wrote it
 
     @classmethod
     def linked(
@@ -196,12 +196,17 @@ class CompiledModel:
         tuning there. Run from its library, it does so once, and
         :meth:`export_library` copies the file.
         """
-        folder = tempfile.TemporaryDirectory(prefix="probtune-model-")
-        library = export_model(compiler, executable, Path(folder.name) / "model.so")
-        with _without_scope_notes():
-            loaded = tvm.runtime.load_module(str(library))
-        model = cls(loaded, inputs, num_threads, compiler)
-        model._library, model._folder = library, folder
+        folder = tempfile.mkdtemp(prefix="probtune-model-")
+        try:
+            library = export_model(compiler, executable, Path(folder) / "model.so")
+            with _without_scope_notes():
+                loaded = tvm.runtime.load_module(str(library))
+            model = cls(loaded, inputs, num_threads, compiler)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        model._library = library
+        weakref.finalize(model, shutil.rmtree, folder, ignore_errors=True)  # removed with the model, or at exit, quietly
         return model
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
