@@ -35,9 +35,10 @@ RUN_TIMEOUT = 10.0
 """Seconds one candidate may take to load, check and time."""
 
 MODEL_CACHE_FLUSH = True
-"""A model's tasks are timed with their weights and outputs flushed from the caches, as they run in the model.
+"""A model's tasks are timed with their weights and outputs flushed from the caches, as a model larger than the
+last-level cache runs them, where the cache cannot be read (another runner's machine; :mod:`probtune.model.cache_mode`).
 
-Timed warm, a task's latency leaves out what reading its weights costs once
+Timed warm, such a model's tasks leave out what reading their weights costs once
 other layers have run, and the estimated model time falls short of the real one."""
 
 LOCAL = "local"

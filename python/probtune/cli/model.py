@@ -32,8 +32,10 @@ def add_model_commands(sub: Any, positive_int: Any, non_negative_int: Any, defau
     tune_p.add_argument("--database", default=default_database)
     tune_p.add_argument("--confirm", type=non_negative_int, default=defaults.CONFIRM,
                         help="best records of each task timed again at the end (0: none)")
-    tune_p.add_argument("--cache-flush", action=argparse.BooleanOptionalAction, default=defaults.MODEL_CACHE_FLUSH,
-                        help="time tasks with their weights and outputs flushed from the caches, as in the model")
+    tune_p.add_argument("--cache-flush", action=argparse.BooleanOptionalAction, default=None,
+                        help="time tasks with their weights and outputs flushed from the caches (default: where the "
+                             "model's weights outgrow this machine's last-level cache, or as the database's records "
+                             "of the model were timed)")
     tune_p.add_argument("--output", help="write the compiled model here (a shared library; its inputs in OUTPUT.json)")
     tune_p.add_argument("--graph-rewrites", type=name_list, metavar="NAMES",
                         help="comma-separated graph rewrites to apply instead of the target's ('' for none; "

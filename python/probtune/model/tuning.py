@@ -18,7 +18,6 @@ from probtune.defaults import (
     BUILD_TIMEOUT,
     CONFIRM,
     COST_MODEL,
-    MODEL_CACHE_FLUSH,
     MODEL_TRIALS,
     RUN_TIMEOUT,
     SCHEDULER,
@@ -26,6 +25,7 @@ from probtune.defaults import (
 from probtune.errors import ModelCompileError
 from probtune.interfaces import Builder, CostModel, GraphRewrite, Runner, TargetSpec
 from probtune.measure.pipeline import Progress, open_pipeline, resolve_cost_model
+from probtune.model.cache_mode import model_cache_flush
 from probtune.model.check import check_outputs
 from probtune.model.compile import CompiledModel, compile_model, default_programs
 from probtune.model.importer import Model, ShapeArg, load_model
@@ -180,9 +180,10 @@ def tune_model(
     "round-robin") gives the rest where it cuts the model's latency most. A
     database that already holds records of a task (from this model or
     another) is continued, and its cost model goes on learning. With
-    ``cache_flush``, tasks are timed with cold caches, as they run in the model
-    (records apart from warm ones: :func:`~probtune.measure.pipeline.open_pipeline`);
-    None is ``MODEL_CACHE_FLUSH``, or a runner object's own setting.
+    ``cache_flush``, tasks are timed with cold caches (records apart from warm
+    ones: :func:`~probtune.measure.pipeline.open_pipeline`); None times them as
+    the model finds its data, cold where its weights outgrow the last-level cache
+    (:func:`~probtune.model.cache_mode.model_cache_flush`), or takes a runner object's own setting.
     ``builder`` and ``runner`` are as for :func:`probtune.tune`.
     ``graph_rewrites`` names the graph rewrites applied to the model before it
     is fused into tasks (registered names or rewrite objects); None is the
@@ -207,7 +208,8 @@ def tune_model(
     kind = strategy_kind(strategy)
     cost = resolve_cost_model(cost_model, seed) if kind.uses_cost_model else None
     if cache_flush is None and (runner is None or isinstance(runner, str)):
-        cache_flush = MODEL_CACHE_FLUSH
+        cache_flush, why = model_cache_flush(fused, tasks, spec, database, runner)
+        log.info("timing tasks %s: %s", "with the caches flushed" if cache_flush else "warm", why)
     with open_pipeline(spec, database, cost, trials=trials, build_timeout=build_timeout, run_timeout=run_timeout,
                        progress=progress, cache_flush=cache_flush, builder=builder, runner=runner) as pipeline:
         driven = drive(pipeline, tasks, trials, chooser, strategy=kind, cost_model=cost, batch_size=batch_size,
