@@ -171,6 +171,12 @@ def test_cold_and_warm_timings_are_recorded_apart(small_cnn_onnx, tmp_path):
     assert targets == {host_key(cold.target.name + COLD_CACHE), host_key(warm.target.name)}
 
 
+def test_a_model_that_fits_the_last_level_cache_is_timed_warm_by_default(cnn_result):
+    with Database(cnn_result.database) as db:
+        targets = {record.target for workload in db.workloads() for record in db.records(workload.id)}
+    assert targets == {host_key(cnn_result.target.name)}  # a few KiB of weights: no +cold-llc records
+
+
 def test_a_relax_module_is_checked_against_its_untuned_build(tmp_path):
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((8, 16), "float32"))
