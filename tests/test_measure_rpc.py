@@ -15,6 +15,8 @@ import probtune
 from conftest import host_key
 from probtune import Database
 from probtune.cli import main
+from probtune.cli.commands import _parser
+from probtune.cli.model import model_runner
 from probtune.measure.rpc import tracker_servers
 
 KEY = "loopback"
@@ -126,6 +128,13 @@ def test_a_key_without_servers_is_named_before_any_trial(pool, tmp_path):
 def test_the_cli_lists_what_the_tracker_offers(pool, capsys):
     assert main(["rpc-servers", "--rpc-tracker", pool]) == 0
     assert f"{KEY:<24} 2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("option", "flushes"), [([], True), (["--cache-flush"], True), (["--no-cache-flush"], False)])
+def test_tune_model_over_rpc_flushes_the_caches_unless_told_not_to(pool, option, flushes):
+    args = _parser().parse_args(["tune-model", "m.onnx", "--rpc-tracker", pool, "--rpc-key", KEY, *option])
+    with model_runner(args) as runner:
+        assert runner.cache_flush is flushes  # the servers' caches are not known here: MODEL_CACHE_FLUSH
 
 
 def test_rpc_options_go_together(capsys):

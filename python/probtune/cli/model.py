@@ -78,13 +78,19 @@ def input_shapes(items: list[str]) -> dict[str, str]:
     return shapes
 
 
+def model_runner(args: argparse.Namespace) -> Any:
+    """The RPC runner of ``tune-model``'s options, or None (the target's own): it times with the caches flushed unless
+    ``--no-cache-flush``, as the machine behind it has caches this machine cannot read (``MODEL_CACHE_FLUSH``)."""
+    return rpc_runner(args, cache_flush=defaults.MODEL_CACHE_FLUSH if args.cache_flush is None else args.cache_flush)
+
+
 def _cmd_tune_model(args: argparse.Namespace) -> int:
     from probtune.model import load_model, tune_model
     from probtune.targets import resolve_target
 
     target = resolve_target(args.target)
     model = load_model(args.model, input_shapes(args.input_shape))
-    runner = rpc_runner(args, cache_flush=args.cache_flush)
+    runner = model_runner(args)
     if args.output:
         _check_writable(Path(args.output))
     print(f"tuning model {model.name} on target {target.name}: {args.trials} trials, database {args.database}",
