@@ -19,7 +19,7 @@ from probtune.errors import ModelCheckError, summary
 from probtune.model.importer import Model
 from probtune.model.precision import TOLERANCES
 
-__all__ = ["CheckReport", "check_outputs", "onnxruntime_runner", "outputs_to_numpy", "reference_outputs"]
+__all__ = ["CheckReport", "check_outputs", "flat_outputs", "onnxruntime_runner", "outputs_to_numpy", "reference_outputs"]
 
 RTOL, ATOL_SCALE = TOLERANCES["fp32"]
 """Outputs agree when ``|got - want| <= RTOL * |want| + ATOL_SCALE * rms(want)``, per output.
@@ -228,7 +228,15 @@ def onnxruntime_runner(
         model.onnx_model.SerializeToString(), options, providers=["CPUExecutionProvider"]
     )
     names = [spec.name for spec in model.inputs]
-    return lambda *inputs: [np.asarray(out) for out in session.run(None, dict(zip(names, inputs)))]
+    return lambda *inputs: flat_outputs(session.run(None, dict(zip(names, inputs))))
+
+
+def flat_outputs(values: Sequence[Any]) -> list[np.ndarray]:
+    """ONNX outputs as a compiled model gives them: a flat list of arrays, a sequence output's tensors in its place."""
+    flat = []
+    for value in values:
+        flat.extend(flat_outputs(value) if isinstance(value, (list, tuple)) else [np.asarray(value)])
+    return flat
 
 
 def _untuned_outputs(model: Model, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
