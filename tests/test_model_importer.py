@@ -141,6 +141,47 @@ def test_a_plugin_converts_an_operator_tvms_frontend_lacks(tmp_path, monkeypatch
     np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), np.maximum(x, 0) * 2)
 
 
+def _recurrent_model(tmp_path, op, gates, steps=6, hidden=8, features=5):
+    rng = np.random.default_rng(0)
+    shapes = {"W": (1, gates * hidden, features), "R": (1, gates * hidden, hidden), "B": (1, 2 * gates * hidden),
+              "h0": (1, 2, hidden)}
+    weights = [onnx.numpy_helper.from_array((rng.standard_normal(shape) * 0.5).astype(np.float32), name)
+               for name, shape in shapes.items()]
+    node = helper.make_node(op, ["x", "W", "R", "B", "", "h0"], ["y"], hidden_size=hidden,
+                            **({"linear_before_reset": 1} if op == "GRU" else {}))
+    return _write(tmp_path, [node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, 2, features])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [steps, 1, 2, hidden])], initializers=weights)
+
+
+def _fused_calls(path):
+    from probtune.model.tasks import fuse
+    from probtune.targets import resolve_target
+
+    main = fuse(load_model(path), resolve_target("host"))["main"]
+    values = [binding.value for block in main.body.blocks for binding in block.bindings]
+    return [call for call in values if isinstance(call, relax.Call) and call.op.name == "relax.call_tir"]
+
+
+@pytest.mark.parametrize("op, gates, calls_per_step", [("LSTM", 4, 3), ("RNN", 1, 2)])
+def test_a_recurrent_step_is_its_product_and_its_fused_gates(tmp_path, op, gates, calls_per_step):
+    """An unrolled step costs a VM call per kernel: it is the recurrent product and its gates fused (an LSTM cell's
+    state and output are two), with no slice or split of its own, and still computes what onnxruntime does."""
+    from probtune.model import tune_model
+
+    path = _recurrent_model(tmp_path, op, gates)
+    assert len(_fused_calls(path)) <= calls_per_step * 6 + 2  # and the input projections, split into steps
+    compiled = tune_model(path, trials=0, database=tmp_path / "t.db").compile()
+    assert compiled.check.reference == "onnxruntime"
+
+
+@pytest.mark.parametrize("op, gates", [("LSTM", 4), ("GRU", 3), ("RNN", 1)])
+def test_a_recurrent_layers_weights_are_prepared_at_compile_time(tmp_path, op, gates):
+    """What the converters compute from the weights alone (slices, concatenations, transposes) is folded into
+    constants, not computed at every inference."""
+    calls = _fused_calls(_recurrent_model(tmp_path, op, gates))
+    assert all(any(not isinstance(arg, tvm.ir.expr.Constant) for arg in call.args[1].fields) for call in calls)
+
+
 @pytest.mark.parametrize("linear_before_reset, direction", [(1, "forward"), (0, "bidirectional")])
 def test_a_gru_is_converted_as_onnxruntime_computes_it(tmp_path, linear_before_reset, direction):
     """TVM 0.27's frontend has no GRU (nor LSTM): probtune converts them, unrolled over the sequence."""

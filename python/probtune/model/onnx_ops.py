@@ -7,7 +7,10 @@ Relax expression, or a ``relax.Tuple`` for several outputs. Shapes are
 static, so a recurrent layer is unrolled over its sequence: the input
 projections of every step are one matrix product up front, and each step
 adds its recurrent product and applies the gates, as onnxruntime computes
-them (ONNX's default activations).
+them (ONNX's default activations). An LSTM's or RNN's biases are added to the
+projections, which are split into steps, and its gates read their slices of
+those and of the product: fusion makes a step two or three calls, each a
+kernel launch the VM pays for.
 """
 
 from __future__ import annotations
@@ -77,16 +80,29 @@ class _Layer:
             return self.emit(relax.op.zeros((self.batch, self.hidden), self.x.ty.dtype))
         return self.take(state, direction)
 
-    def gates(self, projected: relax.Expr, step: int, hidden: relax.Expr, recurrent: relax.Expr,
-              bias: relax.Expr | None, count: int) -> list[relax.Expr]:
-        """The step's pre-activations, split into ``count`` gates: input projection + hidden x recurrent^T + bias."""
-        total = self.emit(relax.op.add(self.take(projected, step), self.emit(relax.op.matmul(hidden, recurrent))))
-        if bias is not None:
-            total = self.emit(relax.op.add(total, bias))
-        if count == 1:
-            return [total]
-        split = self.emit(relax.op.split(total, count, axis=-1))
-        return [self.emit(relax.TupleGetItem(split, i)) for i in range(count)]
+    def steps_of(self, projected: relax.Expr) -> list[relax.Expr]:
+        """The input projections step by step, (1, batch, gates x hidden) each: one split, so that every step's
+        cell reads a tensor of the same shape and compiles to the same function."""
+        if self.steps == 1:
+            return [projected]
+        pieces = self.emit(relax.op.split(projected, self.steps, axis=0))
+        return [self.emit(relax.TupleGetItem(pieces, step)) for step in range(self.steps)]
+
+    def gate(self, tensor: relax.Expr, index: int) -> relax.Expr:
+        """Gate ``index`` of a step's (1, batch, gates x hidden) or (batch, gates x hidden) tensor, (batch, hidden).
+
+        A slice per gate, not one split: each feeds only its gate's elementwise
+        chain, which fusion then takes it into.
+        """
+        axis = len(tensor.ty.shape) - 1
+        part = self.emit(relax.op.strided_slice(tensor, axes=[axis], begin=[index * self.hidden],
+                                                end=[(index + 1) * self.hidden]))
+        return self.emit(relax.op.squeeze(part, axis=[0])) if axis == 2 else part
+
+    def gates(self, step_input: relax.Expr, hidden: relax.Expr, recurrent: relax.Expr, count: int) -> list[relax.Expr]:
+        """The step's ``count`` pre-activations: its input projection (biases included) + hidden x recurrent^T."""
+        product = self.emit(relax.op.matmul(hidden, recurrent))
+        return [self.emit(relax.op.add(self.gate(step_input, k), self.gate(product, k))) for k in range(count)]
 
     def order(self, direction: int) -> range:
         return range(self.steps - 1, -1, -1) if self.reverse[direction] else range(self.steps)
@@ -108,13 +124,14 @@ class _Layer:
 
     def cell_inputs(
         self, weight: relax.Expr, recurrent: relax.Expr, biases: relax.Expr | None, direction: int
-    ) -> tuple[relax.Expr, relax.Expr, relax.Expr | None]:
-        """What an LSTM's or RNN's cell reads in ``direction``: every step's input projections, the recurrent
-        weight transposed, and the input and recurrent biases summed (None where the node has none)."""
+    ) -> tuple[list[relax.Expr], relax.Expr]:
+        """What an LSTM's or RNN's cell reads in ``direction``: each step's input projection with both biases
+        added (:meth:`steps_of`), and the recurrent weight transposed."""
         projected = self.projections(weight, direction)
-        transposed = self.emit(relax.op.permute_dims(self.take(recurrent, direction)))
         wb, rb = self.bias(biases, direction)
-        return projected, transposed, self.emit(relax.op.add(wb, rb)) if wb is not None and rb is not None else None
+        if wb is not None and rb is not None:
+            projected = self.emit(relax.op.add(projected, self.emit(relax.op.add(wb, rb))))
+        return self.steps_of(projected), self.emit(relax.op.permute_dims(self.take(recurrent, direction)))
 
     def bias(self, biases: relax.Expr | None, direction: int) -> tuple[relax.Expr | None, relax.Expr | None]:
         """The direction's input bias and recurrent bias, None where the node has none."""
@@ -135,12 +152,12 @@ def lstm(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], o
     layer = _Layer(bb, x, attrs)
     per_direction, finals = [], []
     for d in range(len(layer.reverse)):
-        projected, recurrent, bias = layer.cell_inputs(w, r, b, d)
+        projected, recurrent = layer.cell_inputs(w, r, b, d)
         peep = [None, None, None] if p is None else [
             layer.emit(relax.TupleGetItem(layer.emit(relax.op.split(layer.take(p, d), 3, axis=-1)), i)) for i in range(3)]
         hidden, cell, states = layer.initial(h0, d), layer.initial(c0, d), []
         for step in layer.order(d):
-            i, o, f, c = layer.gates(projected, step, hidden, recurrent, bias, 4)
+            i, o, f, c = layer.gates(projected[step], hidden, recurrent, 4)
             if peep[0] is not None:
                 i = layer.emit(relax.op.add(i, layer.emit(relax.op.multiply(peep[0], cell))))
                 f = layer.emit(relax.op.add(f, layer.emit(relax.op.multiply(peep[2], cell))))
@@ -214,10 +231,10 @@ def rnn(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], op
     layer = _Layer(bb, x, attrs)
     per_direction, finals = [], []
     for d in range(len(layer.reverse)):
-        projected, recurrent, bias = layer.cell_inputs(w, r, b, d)
+        projected, recurrent = layer.cell_inputs(w, r, b, d)
         hidden, states = layer.initial(h0, d), []
         for step in layer.order(d):
-            (total,) = layer.gates(projected, step, hidden, recurrent, bias, 1)
+            (total,) = layer.gates(projected[step], hidden, recurrent, 1)
             hidden = layer.emit(relax.op.tanh(total))
             states.append(hidden)
         per_direction.append(states)

@@ -41,7 +41,9 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
 
     The pipeline legalizes (:mod:`probtune.model.legalize` first, for what the
     layout pass makes that TVM does not lower), folds the transposed weights
-    into constants, and fuses operators and TIR. The fused module records what
+    into constants, and fuses operators and TIR; then it folds the fused calls
+    that read only constants (a GRU's recurrent weights split, concatenated
+    and transposed), which the first folding missed. The fused module records what
     each rewrite changed, and whether the target writes concatenations in place.
     """
     integer, quantized = _on_integers(model.mod)
@@ -51,6 +53,7 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
     try:
         with tvm.target.Target(target.tvm_target):
             fused = relax.get_pipeline("zero")(legalize(mod))
+            fused = relax.transform.FoldConstant()(fused)
     except Exception as exc:  # noqa: BLE001 - TVM's legalization or fusion refused an operator of the model
         raise ModelCompileError(
             f"TVM cannot lower the model for target {target.name!r}: {summary(exc)}. Nothing was tuned; replace "
