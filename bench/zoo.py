@@ -29,6 +29,7 @@ from common import cpu_model, geomean, say
 from isolated import Engine, Worker, median_ratio, time_in_turn
 
 THREADS = 2
+SAME_THREADS = "onnxruntime_same_threads"  # onnxruntime on the compiled model's thread count, where it chose fewer
 ZOO = Path(__file__).parent / "zoo"
 RESULTS = Path(__file__).parent / "results"
 TRANSPOSE = re.compile(r"(?<!conv2d_)transpose")  # a transposition, not a transposed convolution
@@ -89,6 +90,9 @@ def run_one(name: str, entry: dict, args: argparse.Namespace, scratch: Path) -> 
         compiled = tuned.compile()
         result["seconds"]["compile_and_check"] = round(time.perf_counter() - mark, 1)
         result["check"] = str(compiled.check)
+        result["threads"] = compiled.num_threads
+        if compiled.thread_choice is not None:
+            result["thread_choice_ms"] = {n: round(t * 1e3, 4) for n, t in compiled.thread_choice.medians.items()}
         compiled.export_library(scratch / "compiled.so")
         result["stage"] = "done"
     except Exception as exc:  # noqa: BLE001 - every failure is the table's subject
@@ -120,13 +124,14 @@ def bench_model(name: str, entry: dict, args: argparse.Namespace) -> dict:
                                                                    "message": f"over {args.timeout} s"}}
         result["family"] = entry.get("family")
         if result["stage"] == "done":
-            result.update(time_against_onnxruntime(name, entry, args, scratch / "compiled.so"))
+            result.update(time_against_onnxruntime(name, entry, args, scratch / "compiled.so", result["threads"]))
     say(f"[{name}] {summary_line(result)}")
     return result
 
 
-def time_against_onnxruntime(name: str, entry: dict, args: argparse.Namespace, library: Path) -> dict:
-    """Latency of onnxruntime and of the compiled model, each alone in its own process, in turns."""
+def time_against_onnxruntime(name: str, entry: dict, args: argparse.Namespace, library: Path, threads: int) -> dict:
+    """Latency of onnxruntime and of the compiled model (on the ``threads`` it chose), each alone in its own process,
+    in turns; where it chose fewer threads than onnxruntime's, onnxruntime on as few is timed too."""
     from probtune.model import load_model
 
     shapes = {spec["name"]: tuple(spec["shape"]) for spec in entry["inputs"]}
@@ -134,7 +139,9 @@ def time_against_onnxruntime(name: str, entry: dict, args: argparse.Namespace, l
     workers = {}
     try:
         workers["onnxruntime"] = Worker(Engine("onnxruntime", path, shapes, THREADS))
-        workers["probtune"] = Worker(Engine("tvm", path, shapes, THREADS, library))
+        workers["probtune"] = Worker(Engine("tvm", path, shapes, threads, library))
+        if threads != THREADS:
+            workers[SAME_THREADS] = Worker(Engine("onnxruntime", path, shapes, threads))
         inputs = load_model(path, shapes).random_inputs(0)
         rounds = time_in_turn(workers, inputs, args.rounds, args.round_seconds)
     except Exception as exc:  # noqa: BLE001 - the model's row says why it has no timing
@@ -142,11 +149,14 @@ def time_against_onnxruntime(name: str, entry: dict, args: argparse.Namespace, l
     finally:
         for worker in workers.values():
             worker.close()
-    return {
+    timed = {
         "latency_ms": {k: round(float(np.median(v)) * 1e3, 3) for k, v in rounds.items()},
         "latency_ms_per_round": {k: [round(t * 1e3, 3) for t in v] for k, v in rounds.items()},
         "speedup_vs_onnxruntime": round(median_ratio(rounds["onnxruntime"], rounds["probtune"]), 3),
     }
+    if SAME_THREADS in rounds:
+        timed["speedup_vs_onnxruntime_same_threads"] = round(median_ratio(rounds[SAME_THREADS], rounds["probtune"]), 3)
+    return timed
 
 
 def summary_line(result: dict) -> str:
@@ -161,8 +171,8 @@ def summary_line(result: dict) -> str:
 
 def table(results: list[dict]) -> str:
     """The zoo table in markdown: one row per model, then the counts."""
-    lines = ["| model | family | outcome | tasks | transposes (own layouts) | ms probtune | ms onnxruntime | x onnxruntime |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | family | outcome | tasks | transposes (own layouts) | threads | ms probtune | ms onnxruntime | "
+             "x onnxruntime |", "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         outcome = "correct" if r["stage"] == "done" else (
             f"{r['stage']}: {'named' if r['error']['probtune'] else 'UNEXPECTED'} {r['error']['type']}")
@@ -170,6 +180,7 @@ def table(results: list[dict]) -> str:
         moved = f"{r['transposes']['calls']} ({r['transposes_own_layouts']['calls']})" if "transposes" in r else "-"
         speed = r.get("speedup_vs_onnxruntime")
         lines.append(f"| {r['model']} | {r.get('family')} | {outcome} | {r.get('tasks', '-')} | {moved} | "
+                     f"{r.get('threads', '-')} | "
                      f"{latency.get('probtune', '-')} | {latency.get('onnxruntime', '-')} | "
                      f"{'-' if speed is None else f'{speed:.3f}'} |")
     correct = [r for r in results if r["stage"] == "done"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import onnx
 import pytest
 
@@ -25,13 +27,17 @@ def test_tune_model_exports_and_run_model_compares(small_cnn_onnx, tmp_path, cap
     assert "compiling the model once with default programs" in captured.err  # what it does outside its trials
     assert "checking the compiled model's outputs against onnxruntime" in captured.err
     assert output.is_file() and (tmp_path / "cnn.so.json").is_file()
+    threads = json.loads((tmp_path / "cnn.so.json").read_text())["threads"]
+    assert f"thread count: the compiled model runs on {threads} thread" in out  # the count it was timed fastest on
 
     assert main(["run-model", str(output), "--compare-onnx", str(small_cnn_onnx), "--input-shape", "x=1,3,16,16",
                  "--repeat", "2"]) == 0
     out = capsys.readouterr().out
     assert "outputs match onnxruntime" in out and "probtune/onnxruntime speed ratio" in out
-    assert main(["run-model", str(output), "--repeat", "2"]) == 0  # the inputs come from cnn.so.json
-    assert "ms per inference" in capsys.readouterr().out
+    assert main(["run-model", str(output), "--repeat", "2"]) == 0  # the inputs and thread count come from cnn.so.json
+    assert f"ms per inference on {threads} threads" in capsys.readouterr().out
+    assert main(["run-model", str(output), "--repeat", "2", "--threads", "1"]) == 0
+    assert "ms per inference on 1 threads" in capsys.readouterr().out
     assert main(["run-model", str(output), "--compare-onnx", str(small_cnn_onnx), "--repeat", "2"]) == 0  # and its shapes
     assert "ms per inference" in capsys.readouterr().out
 

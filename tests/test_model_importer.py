@@ -141,14 +141,14 @@ def test_a_plugin_converts_an_operator_tvms_frontend_lacks(tmp_path, monkeypatch
     np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), np.maximum(x, 0) * 2)
 
 
-def _recurrent_model(tmp_path, op, gates, steps=6, hidden=8, features=5):
+def _recurrent_model(tmp_path, op, gates, steps=6, hidden=8, features=5, peepholes=False):
     rng = np.random.default_rng(0)
     shapes = {"W": (1, gates * hidden, features), "R": (1, gates * hidden, hidden), "B": (1, 2 * gates * hidden),
-              "h0": (1, 2, hidden)}
+              "h0": (1, 2, hidden), **({"c0": (1, 2, hidden), "P": (1, 3 * hidden)} if peepholes else {})}
     weights = [onnx.numpy_helper.from_array((rng.standard_normal(shape) * 0.5).astype(np.float32), name)
                for name, shape in shapes.items()]
-    node = helper.make_node(op, ["x", "W", "R", "B", "", "h0"], ["y"], hidden_size=hidden,
-                            **({"linear_before_reset": 1} if op == "GRU" else {}))
+    node = helper.make_node(op, ["x", "W", "R", "B", "", "h0", *(["c0", "P"] if peepholes else [])], ["y"],
+                            hidden_size=hidden, **({"linear_before_reset": 1} if op == "GRU" else {}))
     return _write(tmp_path, [node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, 2, features])],
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [steps, 1, 2, hidden])], initializers=weights)
 
@@ -162,13 +162,15 @@ def _fused_calls(path):
     return [call for call in values if isinstance(call, relax.Call) and call.op.name == "relax.call_tir"]
 
 
-@pytest.mark.parametrize("op, gates, calls_per_step", [("LSTM", 4, 3), ("RNN", 1, 2)])
-def test_a_recurrent_step_is_its_product_and_its_fused_gates(tmp_path, op, gates, calls_per_step):
+@pytest.mark.parametrize("op, gates, calls_per_step, peepholes",
+                         [("LSTM", 4, 3, False), ("LSTM", 4, 3, True), ("RNN", 1, 2, False)])
+def test_a_recurrent_step_is_its_product_and_its_fused_gates(tmp_path, op, gates, calls_per_step, peepholes):
     """An unrolled step costs a VM call per kernel: it is the recurrent product and its gates fused (an LSTM cell's
-    state and output are two), with no slice or split of its own, and still computes what onnxruntime does."""
+    state and output are two), with no slice or split of its own, and still computes what onnxruntime does (peepholes
+    too)."""
     from probtune.model import tune_model
 
-    path = _recurrent_model(tmp_path, op, gates)
+    path = _recurrent_model(tmp_path, op, gates, peepholes=peepholes)
     assert len(_fused_calls(path)) <= calls_per_step * 6 + 2  # and the input projections, split into steps
     compiled = tune_model(path, trials=0, database=tmp_path / "t.db").compile()
     assert compiled.check.reference == "onnxruntime"

@@ -98,6 +98,27 @@ def test_only_a_fresh_tensor_that_nothing_uses_later_is_overwritten():
         np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(data)).numpy(), want, rtol=1e-5)
 
 
+def test_a_call_with_two_outputs_is_left_as_it_is():
+    """A program of two outputs, the second read from the first where it is written (a recurrent cell's state and
+    output): its first output is no input the call could write over."""
+    from tvm import te
+
+    def two(x):
+        state = te.compute(x.shape, lambda i: x[i] + 1.0, name="state")
+        return [state, te.compute(x.shape, lambda i: state[i] * 2.0, name="output")]
+
+    x = relax.Var("x", relax.TensorType((8,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            pair = bb.emit_te(two, bb.emit(relax.op.exp(x)))
+            out = bb.emit_output(relax.TupleGetItem(pair, 1))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    updated, count = write_in_place(mod)
+    assert count == 0 and updated.same_as(mod)
+
+
 def _bottleneck_onnx(path):
     """``relu(conv2(relu(conv1(y))) + y)`` with ``y = relu(conv0(x))``: the residual ``y`` is not the last conv's input."""
     import onnx

@@ -11,6 +11,8 @@ import threading
 import numpy as np
 import pytest
 
+from probtune.model import thread_count
+from probtune.model.thread_count import candidate_counts, fastest_count
 from probtune.model.threads import PoolThread
 
 _SMALL_POOL_FIRST = textwrap.dedent(
@@ -60,3 +62,55 @@ def test_the_model_reports_its_threads(encoder_onnx, host):
     assert compiled.threads() == min(host.num_cores, os.cpu_count() or 1)
     outputs = compiled(*model.random_inputs(0))
     assert outputs and all(np.isfinite(out).all() for out in outputs)
+
+
+_TWO_POOL_SIZES = textwrap.dedent(
+    """
+    import threading
+    from probtune.model.threads import PoolThread
+    pools = [PoolThread(2), PoolThread(1)]
+    here = threading.get_ident()
+    print(*[pool.run(lambda: (threading.get_ident() == here, pool.workers())) for pool in pools + pools])
+    """
+)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores")
+def test_pools_of_different_sizes_in_one_thread_each_get_their_own_count():
+    done = subprocess.run([sys.executable, "-c", _TWO_POOL_SIZES], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["(True,", "2)", "(True,", "1)"] * 2  # each sets its count again after the other's
+
+
+def test_the_counts_tried_are_powers_of_two_below_the_cores_and_the_cores(monkeypatch):
+    monkeypatch.setattr(thread_count.os, "cpu_count", lambda: 16)
+    assert candidate_counts(16) == [1, 2, 4, 8, 16]
+    assert candidate_counts(6) == [1, 2, 4, 6]
+    assert candidate_counts(2) == [1, 2]
+    assert candidate_counts(1) == [1]
+    assert candidate_counts(64) == [1, 2, 4, 8, 16]  # no more than this machine has
+
+
+def _timer(figures: dict[int, list[float]], calls: list[int]):
+    def seconds_at(count: int) -> float:
+        calls.append(count)
+        return figures[count][sum(c == count for c in calls) - 1]
+
+    return seconds_at
+
+
+def test_fewer_threads_are_chosen_where_they_are_faster_than_the_margin():
+    calls: list[int] = []
+    figures = {1: [1.0, 5.0, 1.0, 1.0, 1.0], 2: [1.2, 1.2, 0.5, 1.2, 1.2]}  # one slow round each: medians decide
+    choice = fastest_count(_timer(figures, calls), [1, 2], rounds=5, margin=0.03)
+    assert choice.count == 1 and choice.medians == {1: 1.0, 2: 1.2}
+    assert calls == [1, 2] * 5  # in turns, not one count after the other
+    assert str(choice).startswith("runs on 1 thread: 1000.000 ms per inference (median of")
+    assert "1200.000 ms on 2" in str(choice)
+
+
+def test_all_cores_are_kept_unless_fewer_are_clearly_faster():
+    figures = {1: [0.99] * 3, 2: [1.0] * 3, 4: [1.01] * 3}
+    assert fastest_count(_timer(figures, []), [1, 2, 4], rounds=3, margin=0.03).count == 4
+    figures = {1: [0.9] * 3, 2: [0.8] * 3, 4: [1.0] * 3}
+    assert fastest_count(_timer(figures, []), [1, 2, 4], rounds=3, margin=0.03).count == 2

@@ -22,6 +22,7 @@ from probtune.errors import ModelCheckError
 from probtune.measure.pipeline import COLD_CACHE
 from probtune.model import CompiledModel, tune_model
 from probtune.model import check as check_module
+from probtune.model.thread_count import candidate_counts
 
 CNN_SHAPES = {"x": (1, 3, 16, 16)}
 FAST = dict(batch_size=4, confirm=0)
@@ -43,7 +44,8 @@ def test_a_cnn_is_tuned_compiled_and_matches_onnxruntime(cnn_result, tmp_path):
 
     compiled = cnn_result.compile()
     assert compiled.check.reference == "onnxruntime" and compiled.check.max_rel_error < 1e-3
-    assert compiled.num_threads == cnn_result.target.num_cores
+    assert compiled.num_threads == compiled.thread_choice.count == compiled.threads()  # timed on 1 and all cores
+    assert sorted(compiled.thread_choice.medians) == candidate_counts(cnn_result.target.num_cores)
     inputs = cnn_result.model.random_inputs(5)
     (logits,) = compiled(*inputs)
     assert logits.shape == (1, 10)
@@ -52,6 +54,11 @@ def test_a_cnn_is_tuned_compiled_and_matches_onnxruntime(cnn_result, tmp_path):
     path = compiled.export_library(tmp_path / "cnn.so")
     loaded = CompiledModel.load(path, cnn_result.model.inputs)
     np.testing.assert_array_equal(loaded(*inputs)[0], logits)
+
+
+def test_a_thread_count_asked_for_is_kept_untimed(cnn_result):
+    compiled = cnn_result.compile(check=False, num_threads=1)
+    assert compiled.num_threads == compiled.threads() == 1 and compiled.thread_choice is None
 
 
 def test_export_and_load_print_nothing_of_tvms_executable_scope(cnn_result, tmp_path, capfd):

@@ -60,3 +60,10 @@ PRECISIONS = ("fp32", "fp16")
 
 MODEL_ROUND_CANDIDATES = 16
 """New candidates of each task in one round of a model tuned through bundles (:mod:`probtune.model.rounds`)."""
+
+THREAD_CHOICE_ROUNDS = 5
+"""Rounds in which a compiled model is timed at each thread count it may run on (:mod:`probtune.model.thread_count`)."""
+
+THREAD_CHOICE_MARGIN = 0.03
+"""How much faster (median over the rounds) fewer threads must run a compiled model than the target's cores to be
+chosen: a smaller gain is within the noise of a shared machine, and all cores are what its tasks were tuned on."""

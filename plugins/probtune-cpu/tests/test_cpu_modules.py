@@ -311,6 +311,25 @@ def test_a_transpose_gathers_one_vector_at_a_time(host):
         assert vectors and all(int(loop.extent) <= lanes for loop in vectors)
 
 
+def _parallel_loops(func: tirx.PrimFunc) -> list[tirx.For]:
+    return [s for s in iter_stmts(func.body) if isinstance(s, tirx.For) and s.kind == tirx.ForKind.PARALLEL]
+
+
+def _row_of(a: te.Tensor, k: int):
+    return lambda _, j: a[k, j]
+
+
+def test_a_block_of_few_iterations_runs_on_one_core(host):
+    """A split into 8 pieces of 512 floats: each piece's copy is shorter than starting the workers; a piece of 8192
+    floats is split over the cores."""
+    for size, parallel in ((512, False), (8192, True)):
+        a = te.placeholder((8, size), name="a")
+        pieces = [te.compute((1, size), _row_of(a, k), name=f"piece{k}") for k in range(8)]
+        workload = Workload.from_module(tvm.IRModule({"main": te.create_prim_func([a, *pieces])}))
+        for candidate in assert_samples_correct(workload, generate_space(workload, host), host, samples=3):
+            assert bool(_parallel_loops(candidate.mod["main"])) == parallel, size
+
+
 def test_softmax_can_make_one_parallel_pass_over_each_row(host):
     """Every block placed in the normalisation's loop over rows: max, exponentials, sum and division row by row."""
     workload = catalog_workload("softmax", (4, 256))

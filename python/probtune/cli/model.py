@@ -55,8 +55,9 @@ def add_model_commands(sub: Any, positive_int: Any, non_negative_int: Any, defau
     run_p.add_argument("--compare-onnx", help="the ONNX model it came from: outputs checked, onnxruntime timed too "
                        "(at the input shapes in COMPILED.json unless --input-shape is given)")
     input_shape_option(run_p)
-    run_p.add_argument("--threads", type=positive_int, default=os.cpu_count() or 1,
-                       help="threads of the compiled model and of onnxruntime beside it")
+    run_p.add_argument("--threads", type=positive_int,
+                       help="threads of the compiled model and of onnxruntime beside it (default: the compiled model's "
+                            "chosen count, in COMPILED.json, and all cores for onnxruntime)")
     run_p.add_argument("--repeat", type=positive_int, default=10)
     run_p.set_defaults(run=_cmd_run_model)
 
@@ -114,12 +115,15 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
     if compiled.in_place:
         print(f"{compiled.in_place} calls write in place: over a residual they read, or into their stretch of a "
               "concatenation")
+    choice = getattr(compiled, "thread_choice", None)  # made where it runs here, not on an RPC server
+    if choice is not None:
+        print(f"thread count: the compiled model {choice}")
     latency = float(np.median(compiled.time(model.random_inputs(0))))
     where = " of an RPC server" if runner is not None else ""
     print(f"compiled model: {latency * 1e3:.3f} ms per inference on {compiled.num_threads} threads{where}")
     if args.output:
         path = compiled.export_library(args.output)
-        _write_inputs(path, model)
+        _write_inputs(path, model, compiled.num_threads)
         print(f"written: {path} (inputs in {path}.json)")
     return 0
 
@@ -142,14 +146,16 @@ def _cmd_run_model(args: argparse.Namespace) -> int:
         shapes = {spec.name: spec.shape for spec in _read_inputs(Path(args.compiled), InputSpec)}
     model = load_model(args.compare_onnx, shapes) if args.compare_onnx else None
     inputs = model.inputs if model else _read_inputs(Path(args.compiled), InputSpec)
-    compiled = CompiledModel.load(args.compiled, inputs, args.threads)
+    threads = args.threads or _read_threads(Path(args.compiled)) or os.cpu_count() or 1
+    compiled = CompiledModel.load(args.compiled, inputs, threads)
     arrays = [spec.random(np.random.default_rng(0)) for spec in inputs] if model is None else model.random_inputs(0)
     latency = float(np.median(compiled.time(arrays, repeat=args.repeat)))
-    print(f"{args.compiled}: {latency * 1e3:.3f} ms per inference on {args.threads} threads")
+    print(f"{args.compiled}: {latency * 1e3:.3f} ms per inference on {threads} threads")
     if model is not None:
         print(check_outputs(model, compiled))
-        reference = _onnxruntime_seconds(model, arrays, args.repeat, args.threads)
-        print(f"onnxruntime: {reference * 1e3:.3f} ms on {args.threads} threads "
+        reference_threads = args.threads or os.cpu_count() or 1
+        reference = _onnxruntime_seconds(model, arrays, args.repeat, reference_threads)
+        print(f"onnxruntime: {reference * 1e3:.3f} ms on {reference_threads} threads "
               f"(probtune/onnxruntime speed ratio {reference / latency:.2f}x)")
     return 0
 
@@ -178,9 +184,18 @@ def _check_writable(path: Path) -> None:
         raise TuningConfigError(f"--output {path}: cannot write there (no such folder, not writable, or a folder)")
 
 
-def _write_inputs(path: Path, model: Any) -> None:
+def _write_inputs(path: Path, model: Any, threads: int) -> None:
     specs = [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype} for s in model.inputs]
-    Path(f"{path}.json").write_text(json.dumps({"model": model.name, "inputs": specs}, indent=1))
+    Path(f"{path}.json").write_text(json.dumps({"model": model.name, "inputs": specs, "threads": threads}, indent=1))
+
+
+def _read_threads(path: Path) -> int | None:
+    """The thread count tune-model chose for the compiled model at ``path`` (in PATH.json), if it wrote one."""
+    try:
+        threads = json.loads(Path(f"{path}.json").read_text()).get("threads")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return threads if isinstance(threads, int) and threads > 0 else None
 
 
 def _read_inputs(path: Path, spec_type: Any) -> tuple[Any, ...]:

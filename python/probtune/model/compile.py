@@ -27,6 +27,7 @@ from probtune.model.concat_in_place import write_concatenations_in_place
 from probtune.model.importer import InputSpec
 from probtune.model.inplace import write_in_place
 from probtune.model.prepack import prepack_weights
+from probtune.model.thread_count import ThreadChoice
 from probtune.model.threads import PoolThread
 from probtune.space.design_space import DesignSpace
 
@@ -177,6 +178,7 @@ class CompiledModel:
         self.check: CheckReport | None = None  # set by ModelTuneResult.compile when the outputs were checked
         self.prepacked = 0  # weights whose layout copy was made at compile time (ModelTuneResult.compile)
         self.in_place = 0  # calls that write in place: over a residual, into a concatenation (ModelTuneResult.compile)
+        self.thread_choice: ThreadChoice | None = None  # how its thread count was chosen (ModelTuneResult.compile)
         self._pool = PoolThread(num_threads)
         self._device = tvm.cpu()
         self._vm = relax.VirtualMachine(executable, self._device)
@@ -227,6 +229,13 @@ class CompiledModel:
     def threads(self) -> int:
         """How many threads the model runs on."""
         return self._pool.workers()
+
+    def use_threads(self, count: int) -> None:
+        """Run on ``count`` threads from now on."""
+        with self._lock:
+            self._pool.close()
+            self._pool = PoolThread(count)
+            self.num_threads = count
 
     def export_library(self, path: str | os.PathLike[str]) -> Path:
         """Write the model as a shared library that TVM's runtime loads (:meth:`load`); OSError if it cannot."""

@@ -120,6 +120,8 @@ def _calls_in_place(main: relax.Function, positions: dict[str, list[int]]) -> li
         call = binding.value
         if not isinstance(call, relax.Call) or not call.op.same_as(call_tir) or not isinstance(call.args[1], relax.Tuple):
             continue
+        if isinstance(binding.var.ty, relax.TupleType):
+            continue  # several outputs: overwritable_inputs reads only a program of one
         name, args = call.args[0].name_hint, list(call.args[1].fields)
         position = next((p for p in positions.get(name, []) if _dead_after(args, p, index, fresh, last_use)), None)
         if position is not None:

@@ -22,6 +22,8 @@ __all__ = ["PoolThread", "set_num_threads"]
 
 T = TypeVar("T")
 
+_configured = threading.local()  # per thread: the worker count set_num_threads last gave that thread's TVM pool
+
 
 def set_num_threads(count: int) -> int:
     """Size the calling thread's TVM pool to ``count`` workers, pinned one per core; returns how many it now uses.
@@ -31,6 +33,7 @@ def set_num_threads(count: int) -> int:
     """
     os.environ["TVM_NUM_THREADS"] = str(count)  # sizes pools started from now on, in any thread
     tvm.get_global_func("runtime.config_threadpool")(1, count)  # 1: big cores, i.e. all of them on one kind
+    _configured.count = count
     return int(tvm.get_global_func("runtime.NumThreads")())
 
 
@@ -62,7 +65,7 @@ class PoolThread:
 
     def _fits_here(self) -> bool:
         fits = getattr(self._fits, "value", None)
-        if fits is None:
+        if fits is None or getattr(_configured, "count", None) != self.count:  # another count was set here since
             fits = self._fits.value = set_num_threads(self.count) >= self.reachable
         return fits
 

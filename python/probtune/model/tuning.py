@@ -33,6 +33,7 @@ from probtune.model.precision import TOLERANCES, convert_precision
 from probtune.model.remote import RemoteModel
 from probtune.model.rewrites import rewrite_counts
 from probtune.model.tasks import extract_tasks, fuse
+from probtune.model.thread_count import candidate_counts, choose_threads
 from probtune.space.space_generator import generate_space
 from probtune.targets import resolve_target
 from probtune.task.driver import Driven, drive, make_scheduler, strategy_kind
@@ -104,6 +105,9 @@ class ModelTuneResult:
     ) -> CompiledModel | RemoteModel:
         """The model with every task's program in place, compiled, running on the target's cores.
 
+        Run here with ``num_threads`` None, it is timed on fewer threads too and
+        keeps the fastest count (:mod:`probtune.model.thread_count`): ``compiled.thread_choice``.
+
         With ``check``, its outputs on random inputs are compared with the
         reference's (onnxruntime for an ONNX model, else the untuned build): a
         mismatch raises :class:`~probtune.errors.ModelCheckError`; the report is ``compiled.check``.
@@ -132,6 +136,9 @@ class ModelTuneResult:
             log.info("checking the compiled model's outputs against %s",
                      "onnxruntime" if self.model.onnx_model is not None else "the untuned build")
         compiled.check = check_outputs(self.model, compiled, seed=seed, tolerance=TOLERANCES[self.precision]) if check else None
+        if num_threads is None and isinstance(compiled, CompiledModel) and len(candidate_counts(threads)) > 1:
+            log.info("timing the compiled model on %s threads", " and ".join(map(str, candidate_counts(threads))))
+            log.info("the compiled model %s", choose_threads(compiled, self.model.random_inputs(seed), threads))
         return compiled
 
     def table(self) -> str:
