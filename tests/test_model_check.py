@@ -53,3 +53,29 @@ def test_a_model_onnxruntime_cannot_run_is_checked_against_the_untuned_build(sqr
     monkeypatch.setattr(check_module, "onnxruntime_runner", refuse)
     report = check_outputs(sqrt_model, _sqrt)
     assert report.reference.startswith("untuned build (onnxruntime cannot run the model: RuntimeError")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int8", "int64", "bool", "bfloat16"])
+def test_outputs_are_copied_out_whatever_their_dtype(dtype):
+    """Through DLPack where numpy views the dtype, else ``.numpy()`` (bfloat16); either way a copy of its own."""
+    import tvm
+
+    from probtune.model.check import outputs_to_numpy
+    from probtune.model.compile import _numpy_view
+
+    values = np.arange(6).reshape(2, 3) % 2
+    if dtype == "bfloat16":
+        tensor = tvm.runtime.empty((2, 3), dtype, tvm.cpu())
+        tensor.copyfrom(values.astype(tensor.numpy().dtype))  # ml_dtypes' bfloat16, as TVM gives it
+    else:
+        tensor = tvm.runtime.tensor(values.astype(dtype))
+    first, second = outputs_to_numpy((tensor, (tensor,)))
+    assert str(first.dtype) == dtype and first.shape == (2, 3)
+    np.testing.assert_array_equal(first.astype("float32"), values.astype("float32"))
+    first[...] = 0
+    np.testing.assert_array_equal(second.astype("float32"), values.astype("float32"))  # each output is its own copy
+    view = _numpy_view(tensor)
+    assert (view is None) == (dtype == "bfloat16")
+    if view is not None:
+        np.copyto(view, np.zeros((2, 3), dtype))
+        assert not tensor.numpy().any()  # a view of the tensor's memory: the staged input a call copies into
