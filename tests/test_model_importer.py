@@ -163,10 +163,11 @@ def _fused_calls(path):
 
 
 @pytest.mark.parametrize("op, gates, calls_per_step, peepholes",
-                         [("LSTM", 4, 3, False), ("LSTM", 4, 3, True), ("RNN", 1, 2, False)])
+                         [("LSTM", 4, 3, False), ("LSTM", 4, 3, True), ("GRU", 3, 2, False), ("RNN", 1, 2, False)])
 def test_a_recurrent_step_is_its_product_and_its_fused_gates(tmp_path, op, gates, calls_per_step, peepholes):
     """An unrolled step costs a VM call per kernel: it is the recurrent product and its gates fused (an LSTM cell's
-    state and output are two), with no slice or split of its own, and still computes what onnxruntime does (peepholes
+    state and output are two; a GRU's with ``linear_before_reset``, as PyTorch exports it, one), with no slice or
+    split of its own, and still computes what onnxruntime does (peepholes
     too)."""
     from probtune.model import tune_model
 
@@ -184,7 +185,7 @@ def test_a_recurrent_layers_weights_are_prepared_at_compile_time(tmp_path, op, g
     assert all(any(not isinstance(arg, tvm.ir.expr.Constant) for arg in call.args[1].fields) for call in calls)
 
 
-@pytest.mark.parametrize("linear_before_reset, direction", [(1, "forward"), (0, "bidirectional")])
+@pytest.mark.parametrize("linear_before_reset, direction", [(1, "forward"), (1, "bidirectional"), (0, "bidirectional")])
 def test_a_gru_is_converted_as_onnxruntime_computes_it(tmp_path, linear_before_reset, direction):
     """TVM 0.27's frontend has no GRU (nor LSTM): probtune converts them, unrolled over the sequence."""
     from probtune.model import tune_model

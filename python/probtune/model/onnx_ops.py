@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -182,6 +183,10 @@ def gru(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], op
     linear_before_reset = bool(int(attrs.get("linear_before_reset", 0)))
     per_direction, finals = [], []
     for d in range(len(layer.reverse)):
+        if linear_before_reset:
+            per_direction.append(_gru_steps(layer, w, r, b, layer.initial(h0, d), d))
+            finals.append([per_direction[-1][-1]])
+            continue
         projected = layer.projections(w, d)
         if b is not None:
             wb, rb = layer.bias(b, d)
@@ -221,6 +226,41 @@ def gru(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], op
         per_direction.append(states)
         finals.append([hidden])
     return relax.Tuple(layer.outputs(per_direction, finals))
+
+
+def _gru_steps(
+    layer: _Layer, weight: relax.Expr, recurrent: relax.Expr, biases: relax.Expr | None, hidden: relax.Expr, direction: int
+) -> list[relax.Expr]:
+    """A GRU direction's states with ``linear_before_reset``, as the LSTM's: one recurrent product per step, and its
+    gates reading their slices of it and of the step's input projection (which carries the input biases and the z
+    and r gates' recurrent biases; the h gate's is added before the reset gate scales it)."""
+    size, dtype = layer.hidden, str(layer.x.ty.dtype)
+    projected = layer.projections(weight, direction)
+    reset_bias = None
+    wb, rb = layer.bias(biases, direction)
+    if wb is not None and rb is not None:
+        zeros = relax.const(np.zeros(size, dtype))
+        zr_bias = layer.emit(relax.op.strided_slice(rb, axes=[0], begin=[0], end=[2 * size]))
+        reset_bias = layer.emit(relax.op.strided_slice(rb, axes=[0], begin=[2 * size], end=[3 * size]))
+        projected = layer.emit(relax.op.add(projected, layer.emit(relax.op.add(wb, layer.emit(
+            relax.op.concat([zr_bias, zeros]))))))
+    steps = layer.steps_of(projected)
+    weights = layer.emit(relax.op.permute_dims(layer.take(recurrent, direction)))  # (hidden, 3 x hidden)
+    one = relax.const(1.0, dtype)
+    states = []
+    for step in layer.order(direction):
+        product = layer.emit(relax.op.matmul(hidden, weights))
+        z, reset = (layer.emit(relax.op.sigmoid(layer.emit(relax.op.add(layer.gate(steps[step], k),
+                                                                        layer.gate(product, k))))) for k in (0, 1))
+        hh = layer.gate(product, 2)
+        hh = hh if reset_bias is None else layer.emit(relax.op.add(hh, reset_bias))
+        candidate = layer.emit(relax.op.tanh(layer.emit(relax.op.add(
+            layer.gate(steps[step], 2), layer.emit(relax.op.multiply(reset, hh))))))
+        kept = layer.emit(relax.op.multiply(z, hidden))
+        hidden = layer.emit(relax.op.add(kept, layer.emit(relax.op.multiply(
+            layer.emit(relax.op.subtract(one, z)), candidate))))
+        states.append(hidden)
+    return states
 
 
 def rnn(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], opset: int) -> relax.Expr:
