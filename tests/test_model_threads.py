@@ -105,8 +105,9 @@ def test_fewer_threads_are_chosen_where_they_are_faster_than_the_margin():
     choice = fastest_count(_timer(figures, calls), [1, 2], rounds=5, margin=0.03)
     assert choice.count == 1 and choice.medians == {1: 1.0, 2: 1.2}
     assert calls == [1, 2] * 5  # in turns, not one count after the other
-    assert str(choice).startswith("runs on 1 thread: 1000.000 ms per inference (median of")
-    assert "1200.000 ms on 2" in str(choice)
+    assert str(choice) == "runs on 1 thread: 1000.000 ms per inference (median of 5 rounds; 1200.000 ms on 2)"
+    alone = fastest_count(_timer({1: [2.0]}, []), [1], rounds=1, margin=0.03)
+    assert str(alone) == "runs on 1 thread: 2000.000 ms per inference (median of 1 rounds)"
 
 
 def test_all_cores_are_kept_unless_fewer_are_clearly_faster():

@@ -7,10 +7,10 @@ Relax expression, or a ``relax.Tuple`` for several outputs. Shapes are
 static, so a recurrent layer is unrolled over its sequence: the input
 projections of every step are one matrix product up front, and each step
 adds its recurrent product and applies the gates, as onnxruntime computes
-them (ONNX's default activations). An LSTM's or RNN's biases are added to the
-projections, which are split into steps, and its gates read their slices of
-those and of the product: fusion makes a step two or three calls, each a
-kernel launch the VM pays for.
+them (ONNX's default activations). The biases are added to the projections,
+which are split into steps, and the gates read their slices of those and of
+the product: fusion makes a step two or three calls, each a kernel launch the
+VM pays for (a GRU without ``linear_before_reset`` keeps a form of its own).
 """
 
 from __future__ import annotations
@@ -124,15 +124,26 @@ class _Layer:
         return results
 
     def cell_inputs(
-        self, weight: relax.Expr, recurrent: relax.Expr, biases: relax.Expr | None, direction: int
-    ) -> tuple[list[relax.Expr], relax.Expr]:
-        """What an LSTM's or RNN's cell reads in ``direction``: each step's input projection with both biases
-        added (:meth:`steps_of`), and the recurrent weight transposed."""
+        self, weight: relax.Expr, recurrent: relax.Expr, biases: relax.Expr | None, direction: int,
+        folded: int | None = None,
+    ) -> tuple[list[relax.Expr], relax.Expr, relax.Expr | None]:
+        """What a cell reads in ``direction``: each step's input projection with the biases added (:meth:`steps_of`),
+        the recurrent weight transposed, and what is left of the recurrent bias: None, or, given ``folded``, its
+        entries from ``folded`` on, which are not added to the projection (a GRU's h gate applies its own after
+        the reset gate)."""
         projected = self.projections(weight, direction)
         wb, rb = self.bias(biases, direction)
+        rest = None
         if wb is not None and rb is not None:
+            if folded is not None:
+                width = int(rb.ty.shape[0])
+                rest = self.emit(relax.op.strided_slice(rb, axes=[0], begin=[folded], end=[width]))
+                kept = self.emit(relax.op.strided_slice(rb, axes=[0], begin=[0], end=[folded]))
+                zeros = relax.const(np.zeros(width - folded, str(self.x.ty.dtype)))
+                rb = self.emit(relax.op.concat([kept, zeros]))
             projected = self.emit(relax.op.add(projected, self.emit(relax.op.add(wb, rb))))
-        return self.steps_of(projected), self.emit(relax.op.permute_dims(self.take(recurrent, direction)))
+        transposed = self.emit(relax.op.permute_dims(self.take(recurrent, direction)))
+        return self.steps_of(projected), transposed, rest
 
     def bias(self, biases: relax.Expr | None, direction: int) -> tuple[relax.Expr | None, relax.Expr | None]:
         """The direction's input bias and recurrent bias, None where the node has none."""
@@ -153,7 +164,7 @@ def lstm(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], o
     layer = _Layer(bb, x, attrs)
     per_direction, finals = [], []
     for d in range(len(layer.reverse)):
-        projected, recurrent = layer.cell_inputs(w, r, b, d)
+        projected, recurrent, _ = layer.cell_inputs(w, r, b, d)
         peep = [None, None, None] if p is None else [
             layer.emit(relax.TupleGetItem(layer.emit(relax.op.split(layer.take(p, d), 3, axis=-1)), i)) for i in range(3)]
         hidden, cell, states = layer.initial(h0, d), layer.initial(c0, d), []
@@ -234,19 +245,8 @@ def _gru_steps(
     """A GRU direction's states with ``linear_before_reset``, as the LSTM's: one recurrent product per step, and its
     gates reading their slices of it and of the step's input projection (which carries the input biases and the z
     and r gates' recurrent biases; the h gate's is added before the reset gate scales it)."""
-    size, dtype = layer.hidden, str(layer.x.ty.dtype)
-    projected = layer.projections(weight, direction)
-    reset_bias = None
-    wb, rb = layer.bias(biases, direction)
-    if wb is not None and rb is not None:
-        zeros = relax.const(np.zeros(size, dtype))
-        zr_bias = layer.emit(relax.op.strided_slice(rb, axes=[0], begin=[0], end=[2 * size]))
-        reset_bias = layer.emit(relax.op.strided_slice(rb, axes=[0], begin=[2 * size], end=[3 * size]))
-        projected = layer.emit(relax.op.add(projected, layer.emit(relax.op.add(wb, layer.emit(
-            relax.op.concat([zr_bias, zeros]))))))
-    steps = layer.steps_of(projected)
-    weights = layer.emit(relax.op.permute_dims(layer.take(recurrent, direction)))  # (hidden, 3 x hidden)
-    one = relax.const(1.0, dtype)
+    steps, weights, reset_bias = layer.cell_inputs(weight, recurrent, biases, direction, folded=2 * layer.hidden)
+    one = relax.const(1.0, str(layer.x.ty.dtype))
     states = []
     for step in layer.order(direction):
         product = layer.emit(relax.op.matmul(hidden, weights))
@@ -271,7 +271,7 @@ def rnn(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], op
     layer = _Layer(bb, x, attrs)
     per_direction, finals = [], []
     for d in range(len(layer.reverse)):
-        projected, recurrent = layer.cell_inputs(w, r, b, d)
+        projected, recurrent, _ = layer.cell_inputs(w, r, b, d)
         hidden, states = layer.initial(h0, d), []
         for step in layer.order(d):
             (total,) = layer.gates(projected[step], hidden, recurrent, 1)

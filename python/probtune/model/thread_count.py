@@ -26,16 +26,17 @@ _ROUND_MS = 20  # TVM's timer runs the model at least this long per figure
 
 @dataclass(frozen=True)
 class ThreadChoice:
-    """The thread count chosen, and the model's median seconds per inference at each count tried."""
+    """The thread count chosen, and the model's median seconds per inference at each count tried, over ``rounds``."""
 
     count: int
     medians: dict[int, float]
+    rounds: int
 
     def __str__(self) -> str:
-        others = ", ".join(f"{self.medians[n] * 1e3:.3f} ms on {n}" for n in sorted(self.medians) if n != self.count)
+        others = "".join(f"; {self.medians[n] * 1e3:.3f} ms on {n}" for n in sorted(self.medians) if n != self.count)
         threads = "thread" if self.count == 1 else "threads"
         return (f"runs on {self.count} {threads}: {self.medians[self.count] * 1e3:.3f} ms per inference "
-                f"(median of {THREAD_CHOICE_ROUNDS} rounds; {others})")
+                f"(median of {self.rounds} rounds{others})")
 
 
 class _Runnable(Protocol):
@@ -74,7 +75,7 @@ def fastest_count(
     best = min(counts, key=lambda count: medians[count])
     if medians[best] > medians[everything] * (1.0 - margin):
         best = everything
-    return ThreadChoice(best, medians)
+    return ThreadChoice(best, medians, rounds)
 
 
 def choose_threads(compiled: _Runnable, inputs: Sequence[np.ndarray], cores: int) -> ThreadChoice:
