@@ -141,14 +141,14 @@ def test_a_plugin_converts_an_operator_tvms_frontend_lacks(tmp_path, monkeypatch
     np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), np.maximum(x, 0) * 2)
 
 
-def _recurrent_model(tmp_path, op, gates, steps=6, hidden=8, features=5, peepholes=False):
+def _recurrent_model(tmp_path, op, gates, steps=6, hidden=8, features=5, peepholes=False, linear_before_reset=1):
     rng = np.random.default_rng(0)
     shapes = {"W": (1, gates * hidden, features), "R": (1, gates * hidden, hidden), "B": (1, 2 * gates * hidden),
               "h0": (1, 2, hidden), **({"c0": (1, 2, hidden), "P": (1, 3 * hidden)} if peepholes else {})}
     weights = [onnx.numpy_helper.from_array((rng.standard_normal(shape) * 0.5).astype(np.float32), name)
                for name, shape in shapes.items()]
     node = helper.make_node(op, ["x", "W", "R", "B", "", "h0", *(["c0", "P"] if peepholes else [])], ["y"],
-                            hidden_size=hidden, **({"linear_before_reset": 1} if op == "GRU" else {}))
+                            hidden_size=hidden, **({"linear_before_reset": linear_before_reset} if op == "GRU" else {}))
     return _write(tmp_path, [node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, 2, features])],
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [steps, 1, 2, hidden])], initializers=weights)
 
@@ -167,8 +167,7 @@ def _fused_calls(path):
 def test_a_recurrent_step_is_its_product_and_its_fused_gates(tmp_path, op, gates, calls_per_step, peepholes):
     """An unrolled step costs a VM call per kernel: it is the recurrent product and its gates fused (an LSTM cell's
     state and output are two; a GRU's with ``linear_before_reset``, as PyTorch exports it, one), with no slice or
-    split of its own, and still computes what onnxruntime does (peepholes
-    too)."""
+    split of its own, and still computes what onnxruntime does (peepholes too)."""
     from probtune.model import tune_model
 
     path = _recurrent_model(tmp_path, op, gates, peepholes=peepholes)
@@ -177,11 +176,11 @@ def test_a_recurrent_step_is_its_product_and_its_fused_gates(tmp_path, op, gates
     assert compiled.check.reference == "onnxruntime"
 
 
-@pytest.mark.parametrize("op, gates", [("LSTM", 4), ("GRU", 3), ("RNN", 1)])
-def test_a_recurrent_layers_weights_are_prepared_at_compile_time(tmp_path, op, gates):
+@pytest.mark.parametrize("op, gates, linear_before_reset", [("LSTM", 4, 1), ("GRU", 3, 1), ("GRU", 3, 0), ("RNN", 1, 1)])
+def test_a_recurrent_layers_weights_are_prepared_at_compile_time(tmp_path, op, gates, linear_before_reset):
     """What the converters compute from the weights alone (slices, concatenations, transposes) is folded into
     constants, not computed at every inference."""
-    calls = _fused_calls(_recurrent_model(tmp_path, op, gates))
+    calls = _fused_calls(_recurrent_model(tmp_path, op, gates, linear_before_reset=linear_before_reset))
     assert all(any(not isinstance(arg, tvm.ir.expr.Constant) for arg in call.args[1].fields) for call in calls)
 
 
