@@ -37,6 +37,28 @@ def test_a_pool_started_with_one_worker_is_not_what_the_model_runs_on():
     assert (resized, used) == ("1", "2")  # TVM cannot grow the old pool; the model's own thread has two workers
 
 
+_WORKER_CORES = textwrap.dedent(
+    """
+    import os
+    allowed = os.sched_getaffinity(0)
+    from probtune.model.threads import set_num_threads
+    before = set(os.listdir("/proc/self/task"))
+    set_num_threads(len(allowed))
+    workers = set(os.listdir("/proc/self/task")) - before
+    print(len(workers), all(os.sched_getaffinity(int(worker)) >= allowed for worker in workers))
+    """
+)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs two cores, Linux")
+def test_the_pools_workers_are_not_pinned_to_a_core_each():
+    # Pinned, a worker shares its core with the calling thread whenever the system puts that thread there.
+    done = subprocess.run([sys.executable, "-c", _WORKER_CORES], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    started, free = done.stdout.split()
+    assert int(started) >= 1 and free == "True"
+
+
 def test_a_pool_that_fits_runs_calls_in_the_calling_thread():
     pool = PoolThread(1)
     try:

@@ -76,6 +76,7 @@ def run_worker_main(connection: Connection, num_threads: int | None) -> None:
     """Load, check and time candidates one at a time."""
     if num_threads is not None:
         os.environ["TVM_NUM_THREADS"] = str(num_threads)  # read when TVM's thread pool starts
+    os.environ["TVM_BIND_THREADS"] = "0"  # workers not pinned to cores (why: probtune.model.threads.set_num_threads)
     os.environ["TVM_USE_RUNTIME_LIB"] = "1"  # load and time only: TVM's runtime holds ~110 MB less than its compiler
     _return_large_frees_to_the_system()
     import tvm

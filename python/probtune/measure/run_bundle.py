@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if manifest.get("num_threads"):
         os.environ.setdefault("TVM_NUM_THREADS", str(manifest["num_threads"]))  # read when TVM's pool starts
+    os.environ.setdefault("TVM_BIND_THREADS", "0")  # workers not pinned to cores, as in probtune's own runner
     runtime = _runtime(bundle, manifest, args.runtime)
     if isinstance(runtime, str):
         print(f"error: {runtime}", file=sys.stderr)

@@ -25,14 +25,22 @@ T = TypeVar("T")
 _configured = threading.local()  # per thread: the worker count set_num_threads last gave that thread's TVM pool
 
 
-def set_num_threads(count: int) -> int:
-    """Size the calling thread's TVM pool to ``count`` workers, pinned one per core; returns how many it now uses.
+SHARE_ALL_CORES = -3  # TVM's kSpecifyThreadShareAllCore: every worker may run on any of the given cores
 
+
+def set_num_threads(count: int) -> int:
+    """Size the calling thread's TVM pool to ``count`` workers, free to run on any core; returns how many it uses.
+
+    TVM would otherwise pin its workers one per core and leave the calling
+    thread, which runs a share of each parallel loop itself, free: where the
+    system puts that thread on a worker's core, the two take turns and every
+    parallel loop takes twice as long, for as long as it stays there.
     Fewer than ``count`` when the pool was started before with fewer workers,
     or when the machine has fewer cores than ``count``.
     """
     os.environ["TVM_NUM_THREADS"] = str(count)  # sizes pools started from now on, in any thread
-    tvm.get_global_func("runtime.config_threadpool")(1, count)  # 1: big cores, i.e. all of them on one kind
+    cores = [str(core) for core in range(os.cpu_count() or 1)]  # as TVM numbers them (a pool may have pinned this thread)
+    tvm.get_global_func("runtime.config_threadpool")(SHARE_ALL_CORES, count, cores)
     _configured.count = count
     return int(tvm.get_global_func("runtime.NumThreads")())
 
