@@ -141,16 +141,20 @@ def test_a_plugin_converts_an_operator_tvms_frontend_lacks(tmp_path, monkeypatch
     np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), np.maximum(x, 0) * 2)
 
 
-def _recurrent_model(tmp_path, op, gates, steps=6, hidden=8, features=5, peepholes=False, linear_before_reset=1):
+def _recurrent_model(tmp_path, op, gates, steps=6, hidden=8, features=5, peepholes=False, linear_before_reset=1,
+                     direction="forward"):
     rng = np.random.default_rng(0)
-    shapes = {"W": (1, gates * hidden, features), "R": (1, gates * hidden, hidden), "B": (1, 2 * gates * hidden),
-              "h0": (1, 2, hidden), **({"c0": (1, 2, hidden), "P": (1, 3 * hidden)} if peepholes else {})}
+    d = 2 if direction == "bidirectional" else 1
+    shapes = {"W": (d, gates * hidden, features), "R": (d, gates * hidden, hidden), "B": (d, 2 * gates * hidden),
+              "h0": (d, 2, hidden), **({"c0": (d, 2, hidden), "P": (d, 3 * hidden)} if peepholes else {})}
     weights = [onnx.numpy_helper.from_array((rng.standard_normal(shape) * 0.5).astype(np.float32), name)
                for name, shape in shapes.items()]
-    node = helper.make_node(op, ["x", "W", "R", "B", "", "h0", *(["c0", "P"] if peepholes else [])], ["y"],
-                            hidden_size=hidden, **({"linear_before_reset": linear_before_reset} if op == "GRU" else {}))
+    node = helper.make_node(op, ["x", "W", "R", "B", "", "h0", *(["c0", "P"] if peepholes else [])], ["y", "y_h"],
+                            hidden_size=hidden, direction=direction,
+                            **({"linear_before_reset": linear_before_reset} if op == "GRU" else {}))
     return _write(tmp_path, [node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, 2, features])],
-                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [steps, 1, 2, hidden])], initializers=weights)
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [steps, d, 2, hidden]),
+                   helper.make_tensor_value_info("y_h", TensorProto.FLOAT, [d, 2, hidden])], initializers=weights)
 
 
 def _fused_calls(path):
@@ -162,16 +166,20 @@ def _fused_calls(path):
     return [call for call in values if isinstance(call, relax.Call) and call.op.name == "relax.call_tir"]
 
 
-@pytest.mark.parametrize("op, gates, calls_per_step, peepholes",
-                         [("LSTM", 4, 3, False), ("LSTM", 4, 3, True), ("GRU", 3, 2, False), ("RNN", 1, 2, False)])
-def test_a_recurrent_step_is_its_product_and_its_fused_gates(tmp_path, op, gates, calls_per_step, peepholes):
+@pytest.mark.parametrize("op, gates, calls_per_step, peepholes, direction",
+                         [("LSTM", 4, 3, False, "forward"), ("LSTM", 4, 3, True, "bidirectional"),
+                          ("GRU", 3, 2, False, "forward"), ("GRU", 3, 2, False, "bidirectional"),
+                          ("RNN", 1, 2, False, "reverse"), ("RNN", 1, 2, False, "bidirectional")])
+def test_a_recurrent_step_is_its_product_and_its_fused_gates(tmp_path, op, gates, calls_per_step, peepholes, direction):
     """An unrolled step costs a VM call per kernel: it is the recurrent product and its gates fused (an LSTM cell's
     state and output are two; a GRU's with ``linear_before_reset``, as PyTorch exports it, one), with no slice or
-    split of its own, and still computes what onnxruntime does (peepholes too)."""
+    split of its own, both directions of a bidirectional layer in the same calls, and still computes what
+    onnxruntime does (peepholes too)."""
     from probtune.model import tune_model
 
-    path = _recurrent_model(tmp_path, op, gates, peepholes=peepholes)
-    assert len(_fused_calls(path)) <= calls_per_step * 6 + 2  # and the input projections, split into steps
+    path = _recurrent_model(tmp_path, op, gates, peepholes=peepholes, direction=direction)
+    directions = 2 if direction == "bidirectional" else 1
+    assert len(_fused_calls(path)) <= calls_per_step * 6 + 2 * directions  # and the input projections, in steps
     compiled = tune_model(path, trials=0, database=tmp_path / "t.db").compile()
     assert compiled.check.reference == "onnxruntime"
 
@@ -201,3 +209,28 @@ def test_a_gru_is_converted_as_onnxruntime_computes_it(tmp_path, linear_before_r
                    helper.make_tensor_value_info("h", TensorProto.FLOAT, [directions, 2, hidden])], initializers=weights)
     compiled = tune_model(path, trials=0, database=tmp_path / "t.db").compile()
     assert compiled.check.reference == "onnxruntime"
+
+
+@pytest.mark.parametrize("op, gates", [("LSTM", 4), ("GRU", 3), ("RNN", 1)])
+def test_a_batch_first_bidirectional_layer_reads_its_initial_state_as_batch_first(tmp_path, op, gates):
+    """With ``layout=1`` the initial state is (batch, directions, hidden) too. onnxruntime refuses such layers, so
+    the reference is ONNX's own evaluator."""
+    from onnx.reference import ReferenceEvaluator
+
+    from probtune.model import tune_model
+
+    rng = np.random.default_rng(0)
+    hidden, features, batch, steps = 5, 3, 3, 4
+    shapes = {"W": (2, gates * hidden, features), "R": (2, gates * hidden, hidden), "B": (2, 2 * gates * hidden),
+              "h0": (batch, 2, hidden)}
+    weights = [onnx.numpy_helper.from_array((rng.standard_normal(shape) * 0.5).astype(np.float32), name)
+               for name, shape in shapes.items()]
+    node = helper.make_node(op, ["x", "W", "R", "B", "", "h0"], ["y", "y_h"], hidden_size=hidden, layout=1,
+                            direction="bidirectional", **({"linear_before_reset": 1} if op == "GRU" else {}))
+    path = _write(tmp_path, [node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, steps, features])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, steps, 2, hidden]),
+                   helper.make_tensor_value_info("y_h", TensorProto.FLOAT, [batch, 2, hidden])], initializers=weights)
+    x = rng.standard_normal((batch, steps, features)).astype(np.float32)
+    compiled = tune_model(path, trials=0, database=tmp_path / "t.db").compile(check=False)
+    for got, expected in zip(compiled(x), ReferenceEvaluator(str(path)).run(None, {"x": x}), strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)

@@ -10,7 +10,10 @@ adds its recurrent product and applies the gates, as onnxruntime computes
 them (ONNX's default activations). The biases are added to the projections,
 which are split into steps, and the gates read their slices of those and of
 the product: fusion makes a step two or three calls, each a kernel launch the
-VM pays for (a GRU without ``linear_before_reset`` keeps a form of its own).
+VM pays for. A bidirectional layer steps both directions at once (the
+backward one walking its sequence from the end), one batched product and
+one set of gates per step (a GRU without ``linear_before_reset`` keeps a
+form of its own, a direction at a time).
 """
 
 from __future__ import annotations
@@ -63,6 +66,10 @@ class _Layer:
         direction = _text(attrs.get("direction", "forward"))
         self.reverse = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}[direction]
 
+    @property
+    def directions(self) -> int:
+        return len(self.reverse)
+
     def emit(self, expr: relax.Expr) -> relax.Expr:
         return self.bb.emit(expr)
 
@@ -82,15 +89,16 @@ class _Layer:
         return self.take(state, direction)
 
     def steps_of(self, projected: relax.Expr) -> list[relax.Expr]:
-        """The input projections step by step, (1, batch, gates x hidden) each: one split, so that every step's
-        cell reads a tensor of the same shape and compiles to the same function."""
+        """The input projections step by step, (1, ...) each: one split, so that every step's cell reads a tensor
+        of the same shape and compiles to the same function."""
         if self.steps == 1:
             return [projected]
         pieces = self.emit(relax.op.split(projected, self.steps, axis=0))
         return [self.emit(relax.TupleGetItem(pieces, step)) for step in range(self.steps)]
 
     def gate(self, tensor: relax.Expr, index: int) -> relax.Expr:
-        """Gate ``index`` of a step's (1, batch, gates x hidden) or (batch, gates x hidden) tensor, (batch, hidden).
+        """Gate ``index`` of a step's input projections (1, directions, batch, gates x hidden) or of its recurrent
+        product (directions, batch, gates x hidden): (directions, batch, hidden).
 
         A slice per gate, not one split: each feeds only its gate's elementwise
         chain, which fusion then takes it into.
@@ -98,7 +106,7 @@ class _Layer:
         axis = len(tensor.ty.shape) - 1
         part = self.emit(relax.op.strided_slice(tensor, axes=[axis], begin=[index * self.hidden],
                                                 end=[(index + 1) * self.hidden]))
-        return self.emit(relax.op.squeeze(part, axis=[0])) if axis == 2 else part
+        return self.emit(relax.op.squeeze(part, axis=[0])) if axis == 3 else part
 
     def gates(self, step_input: relax.Expr, hidden: relax.Expr, recurrent: relax.Expr, count: int) -> list[relax.Expr]:
         """The step's ``count`` pre-activations: its input projection (biases included) + hidden x recurrent^T."""
@@ -124,13 +132,30 @@ class _Layer:
         return results
 
     def cell_inputs(
-        self, weight: relax.Expr, recurrent: relax.Expr, biases: relax.Expr | None, direction: int,
-        folded: int | None = None,
+        self, weight: relax.Expr, recurrent: relax.Expr, biases: relax.Expr | None, folded: int | None = None,
     ) -> tuple[list[relax.Expr], relax.Expr, relax.Expr | None]:
-        """What a cell reads in ``direction``: each step's input projection with the biases added (:meth:`steps_of`),
-        the recurrent weight transposed, and what is left of the recurrent bias: None, or, given ``folded``, its
-        entries from ``folded`` on, which are not added to the projection (a GRU's h gate applies its own after
-        the reset gate)."""
+        """What the cells read, every direction at once: each step's input projections with the biases added,
+        (1, directions, batch, gates x hidden), in the order each direction walks its sequence (:meth:`steps_of`);
+        the recurrent weights transposed, (directions, hidden, gates x hidden); and what is left of the recurrent
+        biases: None, or, given ``folded``, their entries from ``folded`` on, (directions, 1, rest), which are not
+        added to the projections (a GRU's h gate applies its own after the reset gate)."""
+        walked, rests = [], []
+        for direction in range(self.directions):
+            projected, rest = self._projected(weight, biases, direction, folded)
+            walked.append(self.emit(relax.op.flip(projected, axis=0)) if self.reverse[direction] else projected)
+            rests.append(rest)
+        stacked = self.emit(relax.op.stack(walked, axis=1))  # (steps, directions, batch, gates x hidden)
+        transposed = self.emit(relax.op.permute_dims(recurrent, [0, 2, 1]))
+        rest = None
+        if rests[0] is not None:
+            rest = self.emit(relax.op.expand_dims(self.emit(relax.op.stack(rests, axis=0)), axis=1))
+        return self.steps_of(stacked), transposed, rest
+
+    def _projected(
+        self, weight: relax.Expr, biases: relax.Expr | None, direction: int, folded: int | None
+    ) -> tuple[relax.Expr, relax.Expr | None]:
+        """The direction's input projections with its biases added (those of the recurrent bias below ``folded``),
+        and the rest of its recurrent bias (None without ``folded`` or biases)."""
         projected = self.projections(weight, direction)
         wb, rb = self.bias(biases, direction)
         rest = None
@@ -142,8 +167,29 @@ class _Layer:
                 zeros = relax.const(np.zeros(width - folded, str(self.x.ty.dtype)))
                 rb = self.emit(relax.op.concat([kept, zeros]))
             projected = self.emit(relax.op.add(projected, self.emit(relax.op.add(wb, rb))))
-        transposed = self.emit(relax.op.permute_dims(self.take(recurrent, direction)))
-        return self.steps_of(projected), transposed, rest
+        return projected, rest
+
+    def initial_states(self, state: relax.Expr | None) -> relax.Expr:
+        """Every direction's initial state, zeros where the node has none: (directions, batch, hidden)."""
+        if state is None:
+            return self.emit(relax.op.zeros((self.directions, self.batch, self.hidden), self.x.ty.dtype))
+        return self.emit(relax.op.permute_dims(state, [1, 0, 2])) if self.batch_first else state
+
+    def walked_outputs(self, states: list[relax.Expr], finals: list[relax.Expr]) -> list[relax.Expr]:
+        """Y (steps, directions, batch, hidden) in step order from the states of every direction as each walked
+        its sequence (a backward direction's put back in step order), then each final state."""
+        walked = self.emit(relax.op.stack(states, axis=0))
+        if any(self.reverse):
+            parts = []
+            for direction, reverse in enumerate(self.reverse):
+                part = walked if self.directions == 1 else self.emit(
+                    relax.op.strided_slice(walked, axes=[1], begin=[direction], end=[direction + 1]))
+                parts.append(self.emit(relax.op.flip(part, axis=0)) if reverse else part)
+            walked = parts[0] if len(parts) == 1 else self.emit(relax.op.concat(parts, axis=1))
+        if self.batch_first:
+            walked = self.emit(relax.op.permute_dims(walked, [2, 0, 1, 3]))
+            finals = [self.emit(relax.op.permute_dims(final, [1, 0, 2])) for final in finals]
+        return [walked, *finals]
 
     def bias(self, biases: relax.Expr | None, direction: int) -> tuple[relax.Expr | None, relax.Expr | None]:
         """The direction's input bias and recurrent bias, None where the node has none."""
@@ -162,27 +208,24 @@ def lstm(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], o
     x, w, r = inputs[:3]
     b, h0, c0, p = (inputs[i] if len(inputs) > i else None for i in (3, 5, 6, 7))
     layer = _Layer(bb, x, attrs)
-    per_direction, finals = [], []
-    for d in range(len(layer.reverse)):
-        projected, recurrent, _ = layer.cell_inputs(w, r, b, d)
-        peep = [None, None, None] if p is None else [
-            layer.emit(relax.TupleGetItem(layer.emit(relax.op.split(layer.take(p, d), 3, axis=-1)), i)) for i in range(3)]
-        hidden, cell, states = layer.initial(h0, d), layer.initial(c0, d), []
-        for step in layer.order(d):
-            i, o, f, c = layer.gates(projected[step], hidden, recurrent, 4)
-            if peep[0] is not None:
-                i = layer.emit(relax.op.add(i, layer.emit(relax.op.multiply(peep[0], cell))))
-                f = layer.emit(relax.op.add(f, layer.emit(relax.op.multiply(peep[2], cell))))
-            i, f = layer.emit(relax.op.sigmoid(i)), layer.emit(relax.op.sigmoid(f))
-            kept = layer.emit(relax.op.multiply(f, cell))
-            cell = layer.emit(relax.op.add(kept, layer.emit(relax.op.multiply(i, layer.emit(relax.op.tanh(c))))))
-            if peep[1] is not None:
-                o = layer.emit(relax.op.add(o, layer.emit(relax.op.multiply(peep[1], cell))))
-            hidden = layer.emit(relax.op.multiply(layer.emit(relax.op.sigmoid(o)), layer.emit(relax.op.tanh(cell))))
-            states.append(hidden)
-        per_direction.append(states)
-        finals.append([hidden, cell])
-    return relax.Tuple(layer.outputs(per_direction, finals))
+    steps, recurrent, _ = layer.cell_inputs(w, r, b)
+    peep = [None, None, None] if p is None else [  # (directions, 1, hidden) each, against the (directions, batch, hidden) cell
+        layer.emit(relax.op.expand_dims(layer.emit(relax.TupleGetItem(layer.emit(relax.op.split(p, 3, axis=-1)), i)),
+                                        axis=1)) for i in range(3)]
+    hidden, cell, states = layer.initial_states(h0), layer.initial_states(c0), []
+    for step in steps:
+        i, o, f, c = layer.gates(step, hidden, recurrent, 4)
+        if peep[0] is not None:
+            i = layer.emit(relax.op.add(i, layer.emit(relax.op.multiply(peep[0], cell))))
+            f = layer.emit(relax.op.add(f, layer.emit(relax.op.multiply(peep[2], cell))))
+        i, f = layer.emit(relax.op.sigmoid(i)), layer.emit(relax.op.sigmoid(f))
+        kept = layer.emit(relax.op.multiply(f, cell))
+        cell = layer.emit(relax.op.add(kept, layer.emit(relax.op.multiply(i, layer.emit(relax.op.tanh(c))))))
+        if peep[1] is not None:
+            o = layer.emit(relax.op.add(o, layer.emit(relax.op.multiply(peep[1], cell))))
+        hidden = layer.emit(relax.op.multiply(layer.emit(relax.op.sigmoid(o)), layer.emit(relax.op.tanh(cell))))
+        states.append(hidden)
+    return relax.Tuple(layer.walked_outputs(states, [hidden, cell]))
 
 
 def gru(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], opset: int) -> relax.Expr:
@@ -192,12 +235,11 @@ def gru(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], op
     b, h0 = (inputs[i] if len(inputs) > i else None for i in (3, 5))
     layer = _Layer(bb, x, attrs)
     linear_before_reset = bool(int(attrs.get("linear_before_reset", 0)))
+    if linear_before_reset:
+        states = _gru_steps(layer, w, r, b, layer.initial_states(h0))
+        return relax.Tuple(layer.walked_outputs(states, [states[-1]]))
     per_direction, finals = [], []
     for d in range(len(layer.reverse)):
-        if linear_before_reset:
-            per_direction.append(_gru_steps(layer, w, r, b, layer.initial(h0, d), d))
-            finals.append([per_direction[-1][-1]])
-            continue
         projected = layer.projections(w, d)
         if b is not None:
             wb, rb = layer.bias(b, d)
@@ -240,22 +282,22 @@ def gru(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], op
 
 
 def _gru_steps(
-    layer: _Layer, weight: relax.Expr, recurrent: relax.Expr, biases: relax.Expr | None, hidden: relax.Expr, direction: int
+    layer: _Layer, weight: relax.Expr, recurrent: relax.Expr, biases: relax.Expr | None, hidden: relax.Expr
 ) -> list[relax.Expr]:
-    """A GRU direction's states with ``linear_before_reset``, as the LSTM's: one recurrent product per step, and its
-    gates reading their slices of it and of the step's input projection (which carries the input biases and the z
-    and r gates' recurrent biases; the h gate's is added before the reset gate scales it)."""
-    steps, weights, reset_bias = layer.cell_inputs(weight, recurrent, biases, direction, folded=2 * layer.hidden)
+    """A GRU's states with ``linear_before_reset``, every direction at once as the LSTM's: one recurrent product per
+    step, and its gates reading their slices of it and of the step's input projections (which carry the input
+    biases and the z and r gates' recurrent biases; the h gate's is added before the reset gate scales it)."""
+    steps, weights, reset_bias = layer.cell_inputs(weight, recurrent, biases, folded=2 * layer.hidden)
     one = relax.const(1.0, str(layer.x.ty.dtype))
     states = []
-    for step in layer.order(direction):
+    for step in steps:
         product = layer.emit(relax.op.matmul(hidden, weights))
-        z, reset = (layer.emit(relax.op.sigmoid(layer.emit(relax.op.add(layer.gate(steps[step], k),
+        z, reset = (layer.emit(relax.op.sigmoid(layer.emit(relax.op.add(layer.gate(step, k),
                                                                         layer.gate(product, k))))) for k in (0, 1))
         hh = layer.gate(product, 2)
         hh = hh if reset_bias is None else layer.emit(relax.op.add(hh, reset_bias))
         candidate = layer.emit(relax.op.tanh(layer.emit(relax.op.add(
-            layer.gate(steps[step], 2), layer.emit(relax.op.multiply(reset, hh))))))
+            layer.gate(step, 2), layer.emit(relax.op.multiply(reset, hh))))))
         kept = layer.emit(relax.op.multiply(z, hidden))
         hidden = layer.emit(relax.op.add(kept, layer.emit(relax.op.multiply(
             layer.emit(relax.op.subtract(one, z)), candidate))))
@@ -269,17 +311,13 @@ def rnn(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], op
     x, w, r = inputs[:3]
     b, h0 = (inputs[i] if len(inputs) > i else None for i in (3, 5))
     layer = _Layer(bb, x, attrs)
-    per_direction, finals = [], []
-    for d in range(len(layer.reverse)):
-        projected, recurrent, _ = layer.cell_inputs(w, r, b, d)
-        hidden, states = layer.initial(h0, d), []
-        for step in layer.order(d):
-            (total,) = layer.gates(projected[step], hidden, recurrent, 1)
-            hidden = layer.emit(relax.op.tanh(total))
-            states.append(hidden)
-        per_direction.append(states)
-        finals.append([hidden])
-    return relax.Tuple(layer.outputs(per_direction, finals))
+    steps, recurrent, _ = layer.cell_inputs(w, r, b)
+    hidden, states = layer.initial_states(h0), []
+    for step in steps:
+        (total,) = layer.gates(step, hidden, recurrent, 1)
+        hidden = layer.emit(relax.op.tanh(total))
+        states.append(hidden)
+    return relax.Tuple(layer.walked_outputs(states, [hidden]))
 
 
 def celu(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], opset: int) -> relax.Expr:
