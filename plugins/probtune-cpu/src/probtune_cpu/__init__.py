@@ -11,6 +11,7 @@ from probtune_cpu.auto_inline import AutoInline
 from probtune_cpu.multi_level_tiling import MultiLevelTiling, RewritePackedLayout, RewriteWriteBackLocation
 from probtune_cpu.output_reuse import RewriteOutputReuse
 from probtune_cpu.pad_channels import PadChannels
+from probtune_cpu.padded_taps import PaddedTaps
 from probtune_cpu.parallel_vectorize import (
     ParallelVectorize,
     RewriteParallelVectorizeUnroll,
@@ -82,5 +83,6 @@ def probtune_register_validators(register: Callable[[Any], None]) -> None:
 
 @hookimpl
 def probtune_register_graph_rewrites(register: Callable[[Any], None]) -> None:
+    register(PaddedTaps())
     register(PadChannels())
     register(WinogradConv2D())

@@ -43,6 +43,7 @@ DEFAULT_MUTATORS = {"tile_size": 0.9, "categorical": 0.05, "compute_location": 0
 # weights are contiguous along them. Pooling and elementwise operators follow their input's layout.
 DEFAULT_LAYOUTS = {"relax.nn.conv2d": ("NHWC", "HWIO")}
 
-DEFAULT_GRAPH_REWRITES = ("pad-channels", "winograd-conv2d")
-"""Convolutions' channels padded to whole vectors (:mod:`probtune_cpu.pad_channels`), then 3x3 convolutions where
-Winograd's form needs far fewer multiplies (:mod:`probtune_cpu.winograd`), padded ones included."""
+DEFAULT_GRAPH_REWRITES = ("padded-taps", "pad-channels", "winograd-conv2d")
+"""Dilated convolutions split where most of their taps read padding (:mod:`probtune_cpu.padded_taps`), convolutions'
+channels padded to whole vectors (:mod:`probtune_cpu.pad_channels`), then 3x3 convolutions where Winograd's form
+needs far fewer multiplies (:mod:`probtune_cpu.winograd`), padded ones included."""
