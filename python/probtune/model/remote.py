@@ -44,7 +44,8 @@ class RemoteModel:
             path = export_model(target.compiler, executable, Path(scratch) / name)
             session.upload(bytearray(path.read_bytes()), target=name)  # TVM's upload of a path leaves it open
         self._session = session
-        session.get_function("runtime.config_threadpool")(1, num_threads)  # 1: all cores, as set_num_threads does
+        # 1: big cores, workers pinned one per core: RPC cannot pass the list of cores set_num_threads frees them over
+        session.get_function("runtime.config_threadpool")(1, num_threads)
         self._device = session.device(device_type(target), 0)
         self._vm = relax.VirtualMachine(session.load_module(name), self._device)
 
