@@ -71,11 +71,10 @@ def bands(size: int, out: int, taps: int, stride: int, dilation: int, before: in
 
 @dataclass(frozen=True)
 class _Split:
-    """A convolution's row and column bands, and the share of its multiplies they keep."""
+    """A convolution's row and column bands."""
 
     rows: list[Band]
     cols: list[Band]
-    share: float
 
 
 def _split(call: relax.Call) -> _Split | None:
@@ -95,7 +94,7 @@ def _split(call: relax.Call) -> _Split | None:
         return None
     kept = sum((r.stop - r.start) * r.taps for r in rows) * sum((c.stop - c.start) * c.taps for c in cols)
     share = kept / (out[1] * weight[0] * out[2] * weight[1])
-    return _Split(rows, cols, share) if share <= MAX_WORK_SHARE else None
+    return _Split(rows, cols) if share <= MAX_WORK_SHARE else None
 
 
 def _is_kind(call: relax.Call) -> bool:
