@@ -211,8 +211,8 @@ def test_a_gru_is_converted_as_onnxruntime_computes_it(tmp_path, linear_before_r
     assert compiled.check.reference == "onnxruntime"
 
 
-@pytest.mark.parametrize("op, gates", [("LSTM", 4), ("GRU", 3), ("RNN", 1)])
-def test_a_batch_first_bidirectional_layer_reads_its_initial_state_as_batch_first(tmp_path, op, gates):
+@pytest.mark.parametrize("op, gates, linear_before_reset", [("LSTM", 4, 1), ("GRU", 3, 1), ("GRU", 3, 0), ("RNN", 1, 1)])
+def test_a_batch_first_bidirectional_layer_reads_its_initial_state_as_batch_first(tmp_path, op, gates, linear_before_reset):
     """With ``layout=1`` the initial state is (batch, directions, hidden) too. onnxruntime refuses such layers, so
     the reference is ONNX's own evaluator."""
     from onnx.reference import ReferenceEvaluator
@@ -226,7 +226,8 @@ def test_a_batch_first_bidirectional_layer_reads_its_initial_state_as_batch_firs
     weights = [onnx.numpy_helper.from_array((rng.standard_normal(shape) * 0.5).astype(np.float32), name)
                for name, shape in shapes.items()]
     node = helper.make_node(op, ["x", "W", "R", "B", "", "h0"], ["y", "y_h"], hidden_size=hidden, layout=1,
-                            direction="bidirectional", **({"linear_before_reset": 1} if op == "GRU" else {}))
+                            direction="bidirectional",
+                            **({"linear_before_reset": linear_before_reset} if op == "GRU" else {}))
     path = _write(tmp_path, [node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, steps, features])],
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, steps, 2, hidden]),
                    helper.make_tensor_value_info("y_h", TensorProto.FLOAT, [batch, 2, hidden])], initializers=weights)

@@ -84,9 +84,7 @@ class _Layer:
 
     def initial(self, state: relax.Expr | None, direction: int) -> relax.Expr:
         """The direction's initial state, zeros where the node has none: (batch, hidden)."""
-        if state is None:
-            return self.emit(relax.op.zeros((self.batch, self.hidden), self.x.ty.dtype))
-        return self.take(state, direction)
+        return self.take(self.initial_states(state), direction)
 
     def steps_of(self, projected: relax.Expr) -> list[relax.Expr]:
         """The input projections step by step, (1, ...) each: one split, so that every step's cell reads a tensor
