@@ -65,6 +65,17 @@ def test_a_convolution_mostly_on_padding_is_split_and_computes_the_same(size, di
     np.testing.assert_allclose(run(rewritten, x), run(mod, x), rtol=1e-5, atol=1e-5)
 
 
+def test_a_region_that_reads_the_whole_map_reads_it_without_a_copy():
+    # rate 24 over 32: the four corner regions' taps reach the whole map, the other five a slice of it
+    rewritten, _ = PaddedTaps().rewrite(dilated_conv(32, 24), None)
+    regions = conv_calls(rewritten)
+    assert len(regions) == 9
+    whole = [c for c in regions if isinstance(c.args[0], relax.Var) and c.args[0].same_as(rewritten["main"].params[0])]
+    assert len(whole) == 4
+    x = np.random.default_rng(2).standard_normal((1, 32, 32, 8)).astype("float32")
+    np.testing.assert_allclose(run(rewritten, x), run(dilated_conv(32, 24), x), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("size, dilation", [(32, 1), (32, 2), (32, 8)])
 def test_a_convolution_that_reads_the_map_with_most_taps_is_kept(size, dilation):
     assert PaddedTaps().rewrite(dilated_conv(size, dilation), None)[1] == 0

@@ -139,13 +139,20 @@ class _Rewrite(relax.PyExprMutator):  # type: ignore[misc]
         (sh, sw), (dh, dw) = ([int(s) for s in attrs.strides], [int(d) for d in attrs.dilation])
         begin = [row.start * sh + row.first * dh - top, col.start * sw + col.first * dw - left]
         end = [(row.stop - 1) * sh + row.last * dh - top + 1, (col.stop - 1) * sw + col.last * dw - left + 1]
-        part = relax.op.strided_slice(data, axes=[1, 2], begin=begin, end=end)
-        taps = relax.op.strided_slice(weight, axes=[0, 1], begin=[row.first, col.first],
-                                      end=[row.last + 1, col.last + 1])
+        part = self._slice(data, [1, 2], begin, end)
+        taps = self._slice(weight, [0, 1], [row.first, col.first], [row.last + 1, col.last + 1])
         return relax.op.nn.conv2d(
-            self.builder_.emit(part), self.builder_.emit(taps), attrs.strides, (0, 0, 0, 0), attrs.dilation, 1,
+            part, taps, attrs.strides, (0, 0, 0, 0), attrs.dilation, 1,
             data_layout="NHWC", kernel_layout="HWIO", out_layout="NHWC", out_dtype=attrs.out_dtype,
         )
+
+    def _slice(self, tensor: relax.Expr, axes: list[int], begin: list[int], end: list[int]) -> relax.Expr:
+        """``tensor`` from ``begin`` to ``end`` along ``axes``; ``tensor`` itself where that is all of it (a slice is a
+        copy: the region of a wide rate that reads the whole map reads it where it lies)."""
+        shape = [int(tensor.ty.shape[axis]) for axis in axes]
+        if begin == [0] * len(axes) and end == shape:
+            return tensor
+        return self.builder_.emit(relax.op.strided_slice(tensor, axes=axes, begin=begin, end=end))
 
 
 class PaddedTaps:
