@@ -5,15 +5,13 @@ A converter takes ``(bb, inputs, attrs, opset)`` as the frontend gives them
 (absent optional inputs are None, string attributes bytes) and returns a
 Relax expression, or a ``relax.Tuple`` for several outputs. Shapes are
 static, so a recurrent layer is unrolled over its sequence: the input
-projections of every step are one matrix product up front, and each step
-adds its recurrent product and applies the gates, as onnxruntime computes
-them (ONNX's default activations). The biases are added to the projections,
-which are split into steps, and the gates read their slices of those and of
-the product: fusion makes a step two or three calls, each a kernel launch the
-VM pays for. A bidirectional layer steps both directions at once (the
-backward one walking its sequence from the end), one batched product and
-one set of gates per step (a GRU without ``linear_before_reset`` keeps a
-form of its own, a direction at a time).
+projections of every step are one matrix product up front (the biases added
+to them), split into steps, and each step is one kernel
+(:mod:`probtune.model.recurrent_cells`): its recurrent product and the
+gates, as onnxruntime computes them (ONNX's default activations). A
+bidirectional layer steps both directions at once (the backward one walking
+its sequence from the end). A GRU without ``linear_before_reset`` keeps a
+form of its own, in Relax operators, a direction at a time.
 """
 
 from __future__ import annotations
@@ -27,6 +25,7 @@ from tvm import relax
 
 from probtune.errors import ModelImportError
 from probtune.interfaces import OnnxConverter
+from probtune.model.recurrent_cells import gru_cell, lstm_cell, rnn_cell
 
 __all__ = ["ONNX_CONVERTERS", "celu", "gru", "lp_normalization", "lstm", "rnn", "swish"]
 
@@ -93,23 +92,6 @@ class _Layer:
             return [projected]
         pieces = self.emit(relax.op.split(projected, self.steps, axis=0))
         return [self.emit(relax.TupleGetItem(pieces, step)) for step in range(self.steps)]
-
-    def gate(self, tensor: relax.Expr, index: int) -> relax.Expr:
-        """Gate ``index`` of a step's input projections (1, directions, batch, gates x hidden) or of its recurrent
-        product (directions, batch, gates x hidden): (directions, batch, hidden).
-
-        A slice per gate, not one split: each feeds only its gate's elementwise
-        chain, which fusion then takes it into.
-        """
-        axis = len(tensor.ty.shape) - 1
-        part = self.emit(relax.op.strided_slice(tensor, axes=[axis], begin=[index * self.hidden],
-                                                end=[(index + 1) * self.hidden]))
-        return self.emit(relax.op.squeeze(part, axis=[0])) if axis == 3 else part
-
-    def gates(self, step_input: relax.Expr, hidden: relax.Expr, recurrent: relax.Expr, count: int) -> list[relax.Expr]:
-        """The step's ``count`` pre-activations: its input projection (biases included) + hidden x recurrent^T."""
-        product = self.emit(relax.op.matmul(hidden, recurrent))
-        return [self.emit(relax.op.add(self.gate(step_input, k), self.gate(product, k))) for k in range(count)]
 
     def order(self, direction: int) -> range:
         return range(self.steps - 1, -1, -1) if self.reverse[direction] else range(self.steps)
@@ -207,21 +189,11 @@ def lstm(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], o
     b, h0, c0, p = (inputs[i] if len(inputs) > i else None for i in (3, 5, 6, 7))
     layer = _Layer(bb, x, attrs)
     steps, recurrent, _ = layer.cell_inputs(w, r, b)
-    peep = [None, None, None] if p is None else [  # (directions, 1, hidden) each, against the (directions, batch, hidden) cell
-        layer.emit(relax.op.expand_dims(layer.emit(relax.TupleGetItem(layer.emit(relax.op.split(p, 3, axis=-1)), i)),
-                                        axis=1)) for i in range(3)]
+    peepholes = () if p is None else (p,)
     hidden, cell, states = layer.initial_states(h0), layer.initial_states(c0), []
     for step in steps:
-        i, o, f, c = layer.gates(step, hidden, recurrent, 4)
-        if peep[0] is not None:
-            i = layer.emit(relax.op.add(i, layer.emit(relax.op.multiply(peep[0], cell))))
-            f = layer.emit(relax.op.add(f, layer.emit(relax.op.multiply(peep[2], cell))))
-        i, f = layer.emit(relax.op.sigmoid(i)), layer.emit(relax.op.sigmoid(f))
-        kept = layer.emit(relax.op.multiply(f, cell))
-        cell = layer.emit(relax.op.add(kept, layer.emit(relax.op.multiply(i, layer.emit(relax.op.tanh(c))))))
-        if peep[1] is not None:
-            o = layer.emit(relax.op.add(o, layer.emit(relax.op.multiply(peep[1], cell))))
-        hidden = layer.emit(relax.op.multiply(layer.emit(relax.op.sigmoid(o)), layer.emit(relax.op.tanh(cell))))
+        both = bb.emit_te(lstm_cell, step, hidden, cell, recurrent, *peepholes, primfunc_name_hint="lstm_cell")
+        hidden, cell = layer.emit(relax.TupleGetItem(both, 0)), layer.emit(relax.TupleGetItem(both, 1))
         states.append(hidden)
     return relax.Tuple(layer.walked_outputs(states, [hidden, cell]))
 
@@ -282,23 +254,14 @@ def gru(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], op
 def _gru_steps(
     layer: _Layer, weight: relax.Expr, recurrent: relax.Expr, biases: relax.Expr | None, hidden: relax.Expr
 ) -> list[relax.Expr]:
-    """A GRU's states with ``linear_before_reset``, every direction at once as the LSTM's: one recurrent product per
-    step, and its gates reading their slices of it and of the step's input projections (which carry the input
-    biases and the z and r gates' recurrent biases; the h gate's is added before the reset gate scales it)."""
+    """A GRU's states with ``linear_before_reset``, every direction at once as the LSTM's: one kernel per step
+    (:func:`~probtune.model.recurrent_cells.gru_cell`), the step's input projections carrying the input biases and
+    the z and r gates' recurrent biases."""
     steps, weights, reset_bias = layer.cell_inputs(weight, recurrent, biases, folded=2 * layer.hidden)
-    one = relax.const(1.0, str(layer.x.ty.dtype))
+    extra = () if reset_bias is None else (reset_bias,)
     states = []
     for step in steps:
-        product = layer.emit(relax.op.matmul(hidden, weights))
-        z, reset = (layer.emit(relax.op.sigmoid(layer.emit(relax.op.add(layer.gate(step, k),
-                                                                        layer.gate(product, k))))) for k in (0, 1))
-        hh = layer.gate(product, 2)
-        hh = hh if reset_bias is None else layer.emit(relax.op.add(hh, reset_bias))
-        candidate = layer.emit(relax.op.tanh(layer.emit(relax.op.add(
-            layer.gate(step, 2), layer.emit(relax.op.multiply(reset, hh))))))
-        kept = layer.emit(relax.op.multiply(z, hidden))
-        hidden = layer.emit(relax.op.add(kept, layer.emit(relax.op.multiply(
-            layer.emit(relax.op.subtract(one, z)), candidate))))
+        hidden = layer.bb.emit_te(gru_cell, step, hidden, weights, *extra, primfunc_name_hint="gru_cell")
         states.append(hidden)
     return states
 
@@ -312,8 +275,7 @@ def rnn(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], op
     steps, recurrent, _ = layer.cell_inputs(w, r, b)
     hidden, states = layer.initial_states(h0), []
     for step in steps:
-        (total,) = layer.gates(step, hidden, recurrent, 1)
-        hidden = layer.emit(relax.op.tanh(total))
+        hidden = bb.emit_te(rnn_cell, step, hidden, recurrent, primfunc_name_hint="rnn_cell")
         states.append(hidden)
     return relax.Tuple(layer.walked_outputs(states, [hidden]))
 

@@ -1,0 +1,88 @@
+"""One step of an LSTM, GRU or RNN layer as one kernel: the recurrent product and the gates that read it.
+
+Fusion puts a matrix product in one function with the elementwise operators
+that read each of its elements where it was written; a cell's gates read
+their own columns of the product (slices), so written with Relax operators a
+step is two calls, the product and the gates, and at the sizes of a
+recurrent layer the VM's cost per call is as large as either. Written in TE,
+the step is one function of two blocks: the product of the hidden state and
+the recurrent weights, then the cell that reads its gates' columns of it.
+
+The arithmetic is ONNX's (default activations), in the order onnxruntime
+and the unfused form compute it. Tensors, every direction at once: the
+step's input projections ``(1, directions, batch, gates x hidden)`` with the
+biases that can be added up front, the state ``(directions, batch, hidden)``
+and the recurrent weights transposed ``(directions, hidden, gates x hidden)``.
+"""
+
+from __future__ import annotations
+
+from tvm import te, tirx
+
+__all__ = ["gru_cell", "lstm_cell", "rnn_cell"]
+
+
+def _product(hidden: te.Tensor, weights: te.Tensor) -> te.Tensor:
+    """``hidden @ weights`` per direction: (directions, batch, gates x hidden)."""
+    directions, batch, width = hidden.shape
+    k = te.reduce_axis((0, width), "k")
+    return te.compute(
+        (directions, batch, weights.shape[2]),
+        lambda d, b, c: te.sum(hidden[d, b, k] * weights[d, k, c], axis=k),
+        name="recurrent_product",
+    )
+
+
+def gru_cell(step: te.Tensor, hidden: te.Tensor, weights: te.Tensor, *reset_bias: te.Tensor) -> te.Tensor:
+    """A GRU step with ``linear_before_reset`` (gates z, r, h): the next hidden state. ``step`` carries the input
+    biases and the z and r gates' recurrent biases; the h gate's (``reset_bias``, (directions, 1, hidden), if the
+    layer has biases) is added to its recurrent product before the reset gate scales it."""
+    product = _product(hidden, weights)
+    size = hidden.shape[2]
+    one = tirx.const(1.0, hidden.dtype)
+
+    def state(d: tirx.Var, b: tirx.Var, j: tirx.Var) -> tirx.PrimExpr:
+        z = tirx.sigmoid(step[0, d, b, j] + product[d, b, j])
+        reset = tirx.sigmoid(step[0, d, b, size + j] + product[d, b, size + j])
+        recurrent = product[d, b, 2 * size + j]
+        if reset_bias:
+            recurrent = recurrent + reset_bias[0][d, 0, j]
+        candidate = tirx.tanh(step[0, d, b, 2 * size + j] + reset * recurrent)
+        return z * hidden[d, b, j] + (one - z) * candidate
+
+    return te.compute(hidden.shape, state, name="gru_cell")
+
+
+def lstm_cell(
+    step: te.Tensor, hidden: te.Tensor, cell: te.Tensor, weights: te.Tensor, *peepholes: te.Tensor
+) -> list[te.Tensor]:
+    """An LSTM step (gates i, o, f, c): the next hidden state and cell state. ``peepholes``, if the layer has them,
+    is ONNX's ``P`` (directions, 3 x hidden: i, o, f)."""
+    product = _product(hidden, weights)
+    size = hidden.shape[2]
+
+    def gate(k: int, d: tirx.Var, b: tirx.Var, j: tirx.Var) -> tirx.PrimExpr:
+        return step[0, d, b, k * size + j] + product[d, b, k * size + j]
+
+    def peeped(k: int, d: tirx.Var, b: tirx.Var, j: tirx.Var, state: te.Tensor, peep: int) -> tirx.PrimExpr:
+        value = gate(k, d, b, j)
+        return value + peepholes[0][d, peep * size + j] * state[d, b, j] if peepholes else value
+
+    def next_cell(d: tirx.Var, b: tirx.Var, j: tirx.Var) -> tirx.PrimExpr:
+        i = tirx.sigmoid(peeped(0, d, b, j, cell, 0))
+        f = tirx.sigmoid(peeped(2, d, b, j, cell, 2))
+        return f * cell[d, b, j] + i * tirx.tanh(gate(3, d, b, j))
+
+    new_cell = te.compute(cell.shape, next_cell, name="lstm_cell")
+    new_hidden = te.compute(
+        hidden.shape,
+        lambda d, b, j: tirx.sigmoid(peeped(1, d, b, j, new_cell, 1)) * tirx.tanh(new_cell[d, b, j]),
+        name="lstm_hidden",
+    )
+    return [new_hidden, new_cell]
+
+
+def rnn_cell(step: te.Tensor, hidden: te.Tensor, weights: te.Tensor) -> te.Tensor:
+    """An RNN step (a tanh cell): the next hidden state."""
+    product = _product(hidden, weights)
+    return te.compute(hidden.shape, lambda d, b, j: tirx.tanh(step[0, d, b, j] + product[d, b, j]), name="rnn_cell")
