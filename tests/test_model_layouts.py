@@ -215,3 +215,41 @@ def test_a_models_own_channels_last_transposes_cancel_with_the_layout_passs(tmp_
     fused = fuse(model, host)
     assert _transposes(fused) == 2, [task.name for task in extract_tasks(fused)]  # into NHWC and out: none between
     check_outputs(model, untuned_runner(fused, host))
+
+
+def test_a_speech_front_ends_convolutions_are_the_sequence_the_transformer_reads(tmp_path):
+    """Whisper's and wav2vec2's front end: 1-D convolutions over time (the second strided), activations, then a Transpose
+    to (batch, time, channels) for the transformer. With the convolutions channels-last their output already lies
+    so: the model's transpose cancels with the layout pass's, and only the input is transposed."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.3, name)
+               for name, shape in (("w1", (16, 8, 3)), ("w2", (16, 16, 3)))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1]),
+             helper.make_node("Sigmoid", ["c1"], ["g1"]),
+             helper.make_node("Conv", ["g1", "w2"], ["c2"], pads=[1, 1], strides=[2]),
+             helper.make_node("Relu", ["c2"], ["g2"]),
+             helper.make_node("Transpose", ["g2"], ["y"], perm=[0, 2, 1])]
+    path = _save(tmp_path, "speech_front_end", nodes, weights, (1, 8, 64), (1, 32, 16))
+    host = resolve_target("host")
+    model = load_model(path)
+    fused = fuse(model, host)
+    convs = [task for task in extract_tasks(fused) if "conv1d" in task.name]
+    assert len(convs) == 2 and all("conv1d_nwc" in task.workload.mod.script() for task in convs)
+    assert _transposes(fused) == 1  # the input into NWC only
+    check_outputs(model, untuned_runner(fused, host))
+
+
+def test_a_video_models_3d_convolutions_are_channels_last_and_match_onnxruntime(tmp_path):
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.3, name)
+               for name, shape in (("w1", (8, 3, 3, 3, 3)), ("w2", (8, 8, 1, 3, 3)))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1] * 6),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["y"], pads=[0, 1, 1, 0, 1, 1], strides=[1, 2, 2])]
+    path = _save(tmp_path, "video", nodes, weights, (1, 3, 4, 8, 8), (1, 8, 4, 4, 4))
+    host = resolve_target("host")
+    model = load_model(path)
+    fused = fuse(model, host)
+    convs = [task for task in extract_tasks(fused) if "conv3d" in task.name]
+    assert len(convs) == 2 and all("conv3d_ndhwc" in task.workload.mod.script() for task in convs)
+    check_outputs(model, untuned_runner(fused, host))

@@ -40,8 +40,11 @@ DEFAULT_MUTATORS = {"tile_size": 0.9, "categorical": 0.05, "compute_location": 0
 
 # Channels last: a convolution's output channels are the innermost, vectorized dimension, a whole number
 # of vectors at any feature-map size (NCHW vectorizes the width, 7 or 14 in late CNN stages), and HWIO
-# weights are contiguous along them. Pooling and elementwise operators follow their input's layout.
-DEFAULT_LAYOUTS = {"relax.nn.conv2d": ("NHWC", "HWIO")}
+# weights are contiguous along them. Pooling and elementwise operators follow their input's layout. A 1-D
+# convolution (a speech model's front end) is then also already the (batch, time, channels) sequence that the
+# transformer after it reads, and a 3-D one (video) vectorizes its channels as a 2-D one does.
+DEFAULT_LAYOUTS = {"relax.nn.conv2d": ("NHWC", "HWIO"), "relax.nn.conv1d": ("NWC", "WIO"),
+                   "relax.nn.conv3d": ("NDHWC", "DHWIO")}
 
 DEFAULT_GRAPH_REWRITES = ("padded-taps", "pad-channels", "winograd-conv2d")
 """Dilated convolutions split where most of their taps read padding (:mod:`probtune_cpu.padded_taps`), convolutions'
