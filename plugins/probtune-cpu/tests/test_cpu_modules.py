@@ -152,6 +152,22 @@ def test_auto_inline_folds_no_crop_into_the_wider_block_it_reads(host):
     assert_samples_correct(workload, generate_space(workload, host), host, samples=6)
 
 
+def test_auto_inline_keeps_a_pass_its_consumer_reads_at_two_places(host):
+    """A bilinear upsampling in two passes: the pass along the height reads two rows of the pass along the width
+    for each element. Inlined, the first pass would be computed twice per output element; it is kept, and
+    random-compute-location may still sample inlining it."""
+    from probtune.model.legalize import bilinear_upsampling
+
+    data = te.placeholder((1, 4, 8, 8), name="data")
+    out = bilinear_upsampling(data, (32, 32), "NCHW", "half_pixel")
+    workload = Workload.from_module(tvm.IRModule({"main": te.create_prim_func([data, out])}))
+    space = generate_space(workload, host, modules=["auto-inline"])
+    assert block_names(fresh_program(workload, space, 0)) == ["resize_width", "resize_height"]
+    full = generate_space(workload, host)
+    assert "resize_width" in located_blocks(full.trace)
+    assert_samples_correct(workload, full, host, samples=6)
+
+
 # ---------------------------------------------------------------- random-compute-location
 
 

@@ -6,7 +6,8 @@ NCHW/IOHW: the model would then fail to compile; here every layout the pass
 converts to still compiles, without a transpose around the operator. An
 inference batch norm with constant statistics becomes a multiply-add with a
 scale and shift computed once, where TVM's takes a square root and a division
-per element.
+per element. A bilinear upsampling is computed along the width first, for the
+input's rows only, then along the height (:func:`bilinear_upsampling`).
 """
 
 from __future__ import annotations
@@ -15,9 +16,13 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import tvm
-from tvm import relax, te, topi
+from tvm import relax, te, tirx, topi
+from tvm.topi.image.resize import get_inx
 
-__all__ = ["LEGALIZATIONS", "conv2d_transpose_nhwc", "legalize"]
+__all__ = ["LEGALIZATIONS", "SEPARABLE_MODES", "bilinear_upsampling", "conv2d_transpose_nhwc", "legalize"]
+
+SEPARABLE_MODES = ("half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel")
+"""Coordinate transformations of a bilinear resize whose source coordinates depend on one output axis each."""
 
 
 def conv2d_transpose_nhwc(
@@ -95,9 +100,63 @@ def _batch_norm(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     return relax.Tuple([normalized, mean, var])
 
 
+def bilinear_upsampling(data: te.Tensor, size: Sequence[int], layout: str, mode: str) -> te.Tensor:
+    """A bilinear resize of NCHW or NHWC ``data`` to ``size`` (height, width), in two passes: along the width for
+    each input row, then along the height between the two rows each output row reads.
+
+    It computes what TOPI's ``resize2d`` does, value for value: TOPI's
+    interpolates between two rows of interpolations along the width, and the
+    first pass computes exactly those. TOPI's computes every output element's
+    source coordinates and reads four pixels for it; here the second pass
+    reads two, at coordinates that depend on the row only, and the first
+    pass runs over ``size[0] / height`` fewer elements than the output.
+    """
+    h_axis, w_axis = layout.index("H"), layout.index("W")
+    in_h, in_w = data.shape[h_axis], data.shape[w_axis]
+    out_h, out_w = (tirx.const(n, str(in_h.ty.dtype)) for n in size)
+
+    def taps(o: tirx.PrimExpr, extent: tirx.PrimExpr, target: tirx.PrimExpr) -> tuple[tirx.PrimExpr, ...]:
+        position = get_inx(o, extent, target, mode)
+        first = te.floor(position).astype("int32")
+        return (te.max(te.min(first, extent - 1), 0), te.max(te.min(first + 1, extent - 1), 0),
+                position - first)
+
+    def at(tensor: te.Tensor, index: list[tirx.PrimExpr], axis: int, value: tirx.PrimExpr) -> tirx.PrimExpr:
+        return tensor(*(value if i == axis else v for i, v in enumerate(index)))
+
+    def along_width(*index: tirx.PrimExpr) -> tirx.PrimExpr:
+        left, right, t = taps(index[w_axis], in_w, out_w)
+        return at(data, list(index), w_axis, left) * (1.0 - t) + at(data, list(index), w_axis, right) * t
+
+    shape = list(data.shape)
+    shape[w_axis] = out_w
+    rows = te.compute(shape, along_width, name="resize_width")
+
+    def along_height(*index: tirx.PrimExpr) -> tirx.PrimExpr:
+        top, bottom, t = taps(index[h_axis], in_h, out_h)
+        return at(rows, list(index), h_axis, top) * (1.0 - t) + at(rows, list(index), h_axis, bottom) * t
+
+    shape[h_axis] = out_h
+    return te.compute(shape, along_height, name="resize_height")
+
+
+def _resize2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """A float32 bilinear upsampling (taller output) through :func:`bilinear_upsampling`; any other as TVM does."""
+    attrs, data = call.attrs, call.args[0]
+    size = [int(v) for v in call.args[1].values] if all(isinstance(v, tirx.IntImm) for v in call.args[1].values) \
+        else None
+    height = data.ty.shape[str(attrs.layout).find("H")] if str(attrs.layout) in ("NCHW", "NHWC") else None
+    if (size is None or not isinstance(height, tirx.IntImm) or size[0] <= int(height) or attrs.method != "linear"
+            or attrs.coordinate_transformation_mode not in SEPARABLE_MODES or str(data.ty.dtype) != "float32"):
+        return relax.transform.legalize_ops.image._image_resize2d(bb, call)
+    return bb.call_te(bilinear_upsampling, data, size, str(attrs.layout), str(attrs.coordinate_transformation_mode),
+                      primfunc_name_hint="resize2d")
+
+
 LEGALIZATIONS: dict[str, Callable[[relax.BlockBuilder, relax.Call], relax.Expr]] = {
     "relax.nn.batch_norm": _batch_norm,
     "relax.nn.conv2d_transpose": _conv2d_transpose,
+    "relax.image.resize2d": _resize2d,
 }
 """Relax operator -> its lowering, for the forms TVM's legalization leaves unlowered."""
 

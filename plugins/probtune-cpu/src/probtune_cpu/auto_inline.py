@@ -16,12 +16,13 @@ recorded choice holds on every replay.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
+from tvm.ir.expr import TensorLoad
 
 from probtune.plugin import BlockRV, Schedule, SpaceContext, is_spatial, iter_stmts
 
@@ -41,20 +42,39 @@ def _is_spatial_function(func: tirx.PrimFunc) -> bool:
     )
 
 
-def _calls_any(expr: tirx.Expr, op_names: Iterable[str]) -> bool:
-    """Whether ``expr`` calls one of the named TIR operators anywhere inside."""
-    wanted = set(op_names)
+def _subexprs(expr: tirx.Expr) -> Iterator[tirx.Expr]:
+    """``expr`` and every expression inside it."""
     stack: list[object] = [expr]
     while stack:
         node = stack.pop()
-        if isinstance(node, tvm.ir.Call) and isinstance(node.op, tvm.ir.Op) and node.op.name in wanted:
-            return True
+        if isinstance(node, tirx.Expr):
+            yield node
         for field in _EXPR_CHILD_FIELDS:
             child = getattr(node, field, None)
             if isinstance(child, tirx.Expr):
                 stack.append(child)
             elif isinstance(child, tvm_ffi.Array):
                 stack.extend(c for c in child if isinstance(c, tirx.Expr))
+
+
+def _calls_any(expr: tirx.Expr, op_names: Iterable[str]) -> bool:
+    """Whether ``expr`` calls one of the named TIR operators anywhere inside."""
+    wanted = set(op_names)
+    return any(isinstance(node, tvm.ir.Call) and isinstance(node.op, tvm.ir.Op) and node.op.name in wanted
+               for node in _subexprs(expr))
+
+
+def _read_at_several_places(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """Whether a consumer reads the block's output at more than one index per element it computes (a stencil, a
+    resize's neighbouring rows): inlined, the block would be computed that many times over."""
+    buffer = sch.get(block).writes[0].source
+    for consumer in sch.get_consumers(block):
+        body = sch.get(consumer).body
+        value = body.value if isinstance(body, tirx.BufferStore) else None
+        loads = [node for node in _subexprs(value) if isinstance(node, TensorLoad)
+                 and node.source.same_as(buffer)] if value is not None else []
+        if any(not tvm_ffi.structural_equal(load.indices, loads[0].indices) for load in loads[1:]):
+            return True
     return False
 
 
@@ -89,6 +109,8 @@ class AutoInline:
     sum and the normalisation), ``if_then_else`` is convolution padding, a
     branch in the convolution's innermost loop (inlined padding was mostly
     slower than padding as its own pass, bench/results/NOTES.md).
+    Nor is a block that a consumer reads at several places per element (a
+    bilinear resize's two rows), which inlining would compute as many times.
     Such blocks are left to ``random-compute-location``, which may still
     sample inlining. Folding into the producer computes each value once and
     is always allowed.
@@ -102,7 +124,8 @@ class AutoInline:
         sblock = raw.get(block_rv)
         if len(sblock.writes) != 1 or not is_spatial(sblock):
             return
-        if self._cheap_to_recompute(sblock, ctx) and _legal(raw, lambda s: s.compute_inline(block_rv)):
+        recompute = self._cheap_to_recompute(sblock, ctx) and not _read_at_several_places(raw, block_rv)
+        if recompute and _legal(raw, lambda s: s.compute_inline(block_rv)):
             sch.compute_inline(block)
         elif self._sole_consumer(raw, block_rv) and _legal(raw, lambda s: s.reverse_compute_inline(block_rv)):
             sch.reverse_compute_inline(block)
