@@ -135,3 +135,21 @@ def test_a_fold_that_fails_leaves_the_layout_passs_transposes_with_a_warning(sma
     with pytest.warns(UserWarning, match="transposes are left where the layout pass put them"):
         fused = fuse(model, host)
     check_outputs(model, untuned_runner(fused, host))
+
+
+@pytest.mark.parametrize(("size", "transposed"), [
+    (16, [[1, 8, 8, 3], [1, 4, 8, 8]]),  # enlarged: laid out back before the resize, on the smaller tensor
+    (4, [[1, 8, 8, 3], [1, 4, 4, 4]]),  # shrunk: laid out back after it
+])
+def test_a_resize_at_the_output_is_laid_out_back_on_its_smaller_side(tmp_path, size, transposed):
+    """A segmentation head: a convolution, then a bilinear Resize to the output's size. The convolution's output is
+    NHWC, the model's NCHW; the transpose between them is done on whichever side of the resize is smaller."""
+    rng = np.random.default_rng(0)
+    weights = [_const("w", rng.standard_normal((4, 3, 3, 3)).astype(np.float32)),
+               _const("sizes", np.array([1, 4, size, size]))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1] * 4),
+             helper.make_node("Resize", ["c", "", "", "sizes"], ["y"], mode="linear")]
+    model = _model(tmp_path, "head", nodes, weights, [("x", (1, 3, 8, 8))], [("y", (1, 4, size, size))])
+    host = resolve_target("host")
+    assert _permutes(convert_layouts(model.mod, host.layouts)) == transposed
+    check_outputs(model, untuned_runner(fuse(model, host), host))

@@ -4,7 +4,10 @@ After the layout pass, a transpose is left wherever the model meets an
 operator without a layout rule: ConvNeXt's own channels-last layer norms,
 ShuffleNet's channel shuffle (a reshape, a transpose and a reshape).
 Carried forward past elementwise operators, slices, concatenations and
-reshapes, the layout pass's transpose meets the next one and cancels.
+reshapes, the layout pass's transpose meets the next one and cancels. A
+transpose after a resize that enlarges (a segmentation head's last upsampling,
+laid out back for the model's output) is done before it instead, on the
+smaller tensor.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ _ELEMENTWISE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide",
 _UNARY = ("relax.nn.relu", "relax.sigmoid", "relax.tanh", "relax.nn.silu", "relax.nn.gelu", "relax.nn.gelu_tanh",
           "relax.exp", "relax.sqrt", "relax.negative", "relax.abs", "relax.erf")
 """Elementwise operators of one tensor (and no axis attribute) a transpose is carried past."""
+
+RESIZE_LAYOUTS = ("NCHW", "NHWC")
+"""The layouts TVM lowers a ``resize2d`` in: a transpose is moved before a resize only into one of these."""
 
 Groups = list[tuple[list[int], list[int]]]
 
@@ -130,6 +136,7 @@ class _FoldTransposes(relax.PyExprMutator):  # type: ignore[misc]
             self.rules.update({name: self.carry_unary for name in _UNARY})
             self.rules.update({"relax.strided_slice": self.carry_slice, "relax.concat": self.carry_concat,
                                "relax.reshape": self.carry_reshape})
+        self.sunk = _sinkable(mod)
         self.changed = 0
 
     def axes(self, call: relax.Call) -> list[int]:
@@ -142,6 +149,9 @@ class _FoldTransposes(relax.PyExprMutator):  # type: ignore[misc]
         return bound if isinstance(bound, relax.Call) and bound.op.same_as(self.permute) else None
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
+        resize = self.sunk.get(call)
+        if resize is not None:
+            return self.sink(call, resize)
         call = super().visit_call_(call)
         rule = self.rules.get(call.op.name) if isinstance(call.op, tvm.ir.Op) else None
         return call if rule is None else rule(call)
@@ -164,6 +174,20 @@ class _FoldTransposes(relax.PyExprMutator):  # type: ignore[misc]
         if combined == list(range(len(combined))):
             return inner.args[0]
         return relax.op.permute_dims(inner.args[0], combined)
+
+    def sink(self, call: relax.Call, resize: relax.Call) -> relax.Expr:
+        """``permute_dims(resize2d(x))`` as the resize, in the permuted layout, of ``x`` transposed (joined with a
+        transpose ``x`` may come from)."""
+        axes = self.axes(call)
+        source = self.join(relax.op.permute_dims(self.visit_expr(resize.args[0]), axes))
+        if not isinstance(source, relax.Var):
+            source = self.builder_.emit(source)
+        self.changed += 1
+        attrs = resize.attrs
+        return relax.op.image.resize2d(
+            source, resize.args[1], [float(v) for v in attrs.roi], "".join(attrs.layout[a] for a in axes),
+            attrs.method, attrs.coordinate_transformation_mode, attrs.rounding_method, float(attrs.cubic_alpha),
+            int(attrs.cubic_exclude), float(attrs.extrapolation_value), attrs.out_dtype or None)
 
     def carry(self, call: relax.Call) -> relax.Expr:
         """``op(a, b)`` with a transposed operand, as the transpose of ``op`` on the untransposed ones; else as it is."""
@@ -239,6 +263,46 @@ class _FoldTransposes(relax.PyExprMutator):  # type: ignore[misc]
             reshaped.extend(shape[k] for k in groups[g][1])
         moved = [start[g] + k for g in range(len(groups)) for k in range(len(groups[g][1]))]
         return self.moved(relax.op.reshape(source, reshaped), moved)
+
+
+def _sinkable(mod: tvm.IRModule) -> dict[relax.Call, relax.Call]:
+    """The transposes of ``mod`` that are better done before the resize they transpose, each with that resize: its
+    only use, into a layout a resize has, and fewer elements before the resize than after it."""
+    found: dict[relax.Call, relax.Call] = {}
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function):
+            continue
+        uses = _uses(func)
+        bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
+        for value in bound.values():
+            if not (isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.permute_dims"):
+                continue
+            resize = bound.get(value.args[0])
+            if not (isinstance(resize, relax.Call) and getattr(resize.op, "name", "") == "relax.image.resize2d"):
+                continue
+            layout = str(resize.attrs.layout)
+            axes = [int(a) for a in value.attrs.axes] if value.attrs.axes is not None else [3, 2, 1, 0]
+            permuted = "".join(layout[a] for a in axes) if len(layout) == len(axes) else ""
+            smaller = _elements(resize.args[0].ty.shape) < _elements(resize.ty.shape)
+            if uses.get(value.args[0], 0) == 1 and permuted in RESIZE_LAYOUTS and smaller:
+                found[value] = resize
+    return found
+
+
+def _uses(func: relax.Function) -> dict[relax.Var, int]:
+    """How often each variable of ``func`` is read."""
+    counts: dict[relax.Var, int] = {}
+
+    @relax.expr_functor.visitor
+    class Count(relax.PyExprVisitor):  # type: ignore[misc]
+        def visit_var_(self, var: relax.Var) -> None:
+            counts[var] = counts.get(var, 0) + 1
+
+        def visit_dataflow_var_(self, var: relax.DataflowVar) -> None:
+            counts[var] = counts.get(var, 0) + 1
+
+    Count().visit_expr(func)
+    return counts
 
 
 def _elements(shape: relax.Expr | None) -> int:
