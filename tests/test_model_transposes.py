@@ -137,18 +137,20 @@ def test_a_fold_that_fails_leaves_the_layout_passs_transposes_with_a_warning(sma
     check_outputs(model, untuned_runner(fused, host))
 
 
-@pytest.mark.parametrize(("size", "transposed"), [
-    (16, [[1, 8, 8, 3], [1, 4, 8, 8]]),  # enlarged: laid out back before the resize, on the smaller tensor
-    (4, [[1, 8, 8, 3], [1, 4, 4, 4]]),  # shrunk: laid out back after it
+@pytest.mark.parametrize(("size", "mode", "transposed"), [
+    (16, "linear", [[1, 8, 8, 3], [1, 4, 8, 8]]),  # upsampled in two passes: laid out back before, on the smaller side
+    (4, "linear", [[1, 8, 8, 3], [1, 4, 4, 4]]),  # shrunk: laid out back after it
+    (16, "nearest", [[1, 8, 8, 3], [1, 4, 16, 16]]),  # not two passes: left after it, where the layout pass put it
 ])
-def test_a_resize_at_the_output_is_laid_out_back_on_its_smaller_side(tmp_path, size, transposed):
-    """A segmentation head: a convolution, then a bilinear Resize to the output's size. The convolution's output is
-    NHWC, the model's NCHW; the transpose between them is done on whichever side of the resize is smaller."""
+def test_a_bilinear_upsampling_at_the_output_is_laid_out_back_before_it(tmp_path, size, mode, transposed):
+    """A segmentation head: a convolution, then a Resize to the output's size. The convolution's output is NHWC,
+    the model's NCHW; the transpose between them is done before a bilinear upsampling (two passes, whole rows in
+    either layout), after any other resize."""
     rng = np.random.default_rng(0)
     weights = [_const("w", rng.standard_normal((4, 3, 3, 3)).astype(np.float32)),
                _const("sizes", np.array([1, 4, size, size]))]
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1] * 4),
-             helper.make_node("Resize", ["c", "", "", "sizes"], ["y"], mode="linear")]
+             helper.make_node("Resize", ["c", "", "", "sizes"], ["y"], mode=mode)]
     model = _model(tmp_path, "head", nodes, weights, [("x", (1, 3, 8, 8))], [("y", (1, 4, size, size))])
     host = resolve_target("host")
     assert _permutes(convert_layouts(model.mod, host.layouts)) == transposed

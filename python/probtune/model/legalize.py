@@ -19,7 +19,7 @@ import tvm
 from tvm import relax, te, tirx, topi
 from tvm.topi.image.resize import get_inx
 
-__all__ = ["LEGALIZATIONS", "SEPARABLE_MODES", "bilinear_upsampling", "conv2d_transpose_nhwc", "legalize"]
+__all__ = ["LEGALIZATIONS", "SEPARABLE_MODES", "bilinear_upsampling", "conv2d_transpose_nhwc", "in_two_passes", "legalize"]
 
 SEPARABLE_MODES = ("half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel")
 """Coordinate transformations of a bilinear resize whose source coordinates depend on one output axis each."""
@@ -140,17 +140,26 @@ def bilinear_upsampling(data: te.Tensor, size: Sequence[int], layout: str, mode:
     return te.compute(shape, along_height, name="resize_height")
 
 
+def in_two_passes(call: relax.Call) -> bool:
+    """Whether ``call``, a ``resize2d``, is lowered by :func:`bilinear_upsampling`: float32, linear, a coordinate
+    transformation of :data:`SEPARABLE_MODES`, NCHW or NHWC, static sizes, and a taller output than input."""
+    attrs, data, size = call.attrs, call.args[0], call.args[1]
+    layout = str(attrs.layout)
+    if layout not in ("NCHW", "NHWC") or not isinstance(size, relax.ShapeExpr) or str(data.ty.dtype) != "float32":
+        return False
+    height = data.ty.shape[layout.index("H")]
+    return (isinstance(height, tirx.IntImm) and isinstance(size.values[0], tirx.IntImm)
+            and int(size.values[0]) > int(height) and isinstance(size.values[1], tirx.IntImm)
+            and attrs.method == "linear" and attrs.coordinate_transformation_mode in SEPARABLE_MODES)
+
+
 def _resize2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-    """A float32 bilinear upsampling (taller output) through :func:`bilinear_upsampling`; any other as TVM does."""
-    attrs, data = call.attrs, call.args[0]
-    size = [int(v) for v in call.args[1].values] if all(isinstance(v, tirx.IntImm) for v in call.args[1].values) \
-        else None
-    height = data.ty.shape[str(attrs.layout).find("H")] if str(attrs.layout) in ("NCHW", "NHWC") else None
-    if (size is None or not isinstance(height, tirx.IntImm) or size[0] <= int(height) or attrs.method != "linear"
-            or attrs.coordinate_transformation_mode not in SEPARABLE_MODES or str(data.ty.dtype) != "float32"):
+    """A resize :func:`in_two_passes` through :func:`bilinear_upsampling`; any other as TVM lowers it."""
+    if not in_two_passes(call):
         return relax.transform.legalize_ops.image._image_resize2d(bb, call)
-    return bb.call_te(bilinear_upsampling, data, size, str(attrs.layout), str(attrs.coordinate_transformation_mode),
-                      primfunc_name_hint="resize2d")
+    size = [int(v) for v in call.args[1].values]
+    return bb.call_te(bilinear_upsampling, call.args[0], size, str(call.attrs.layout),
+                      str(call.attrs.coordinate_transformation_mode), primfunc_name_hint="resize2d")
 
 
 LEGALIZATIONS: dict[str, Callable[[relax.BlockBuilder, relax.Call], relax.Expr]] = {
@@ -158,7 +167,7 @@ LEGALIZATIONS: dict[str, Callable[[relax.BlockBuilder, relax.Call], relax.Expr]]
     "relax.nn.conv2d_transpose": _conv2d_transpose,
     "relax.image.resize2d": _resize2d,
 }
-"""Relax operator -> its lowering, for the forms TVM's legalization leaves unlowered."""
+"""Relax operator -> its lowering, for the forms TVM's legalization leaves unlowered or lowers less well."""
 
 
 def legalize(mod: tvm.IRModule) -> tvm.IRModule:

@@ -9,10 +9,10 @@ the step is one function of two blocks: the product of the hidden state and
 the recurrent weights, then the cell that reads its gates' columns of it.
 
 The arithmetic is ONNX's (default activations), in the order onnxruntime
-and the unfused form compute it. Tensors, every direction at once: the
-step's input projections ``(1, directions, batch, gates x hidden)`` with the
-biases that can be added up front, the state ``(directions, batch, hidden)``
-and the recurrent weights transposed ``(directions, hidden, gates x hidden)``.
+computes it. Tensors, every direction at once: the step's input projections
+``(1, directions, batch, gates x hidden)`` with the biases that can be added
+up front, the state ``(directions, batch, hidden)`` and the recurrent weights
+transposed ``(directions, hidden, gates x hidden)``.
 """
 
 from __future__ import annotations

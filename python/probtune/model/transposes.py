@@ -5,9 +5,8 @@ operator without a layout rule: ConvNeXt's own channels-last layer norms,
 ShuffleNet's channel shuffle (a reshape, a transpose and a reshape).
 Carried forward past elementwise operators, slices, concatenations and
 reshapes, the layout pass's transpose meets the next one and cancels. A
-transpose after a resize that enlarges (a segmentation head's last upsampling,
-laid out back for the model's output) is done before it instead, on the
-smaller tensor.
+transpose after a bilinear upsampling (a segmentation head's last, laid out
+back for the model's output) is done before it instead, on the smaller tensor.
 """
 
 from __future__ import annotations
@@ -17,6 +16,8 @@ from collections.abc import Sequence
 import numpy as np
 import tvm
 from tvm import relax
+
+from probtune.model.legalize import in_two_passes
 
 __all__ = ["fold_transposes", "mutated", "reshape_groups", "static_shape", "transposed_elements"]
 
@@ -267,7 +268,8 @@ class _FoldTransposes(relax.PyExprMutator):  # type: ignore[misc]
 
 def _sinkable(mod: tvm.IRModule) -> dict[relax.Call, relax.Call]:
     """The transposes of ``mod`` that are better done before the resize they transpose, each with that resize: its
-    only use, into a layout a resize has, and fewer elements before the resize than after it."""
+    only use, into a layout a resize has, and a resize lowered in two passes (an upsampling: fewer elements before
+    it than after), whose pass along the height reads and writes whole rows in either layout."""
     found: dict[relax.Call, relax.Call] = {}
     for func in mod.functions.values():
         if not isinstance(func, relax.Function):
@@ -278,7 +280,8 @@ def _sinkable(mod: tvm.IRModule) -> dict[relax.Call, relax.Call]:
             if not (isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.permute_dims"):
                 continue
             resize = bound.get(value.args[0])
-            if not (isinstance(resize, relax.Call) and getattr(resize.op, "name", "") == "relax.image.resize2d"):
+            if not (isinstance(resize, relax.Call) and getattr(resize.op, "name", "") == "relax.image.resize2d"
+                    and in_two_passes(resize)):
                 continue
             layout = str(resize.attrs.layout)
             axes = [int(a) for a in value.attrs.axes] if value.attrs.axes is not None else [3, 2, 1, 0]
