@@ -19,10 +19,14 @@ import tvm
 from tvm import relax, te, tirx, topi
 from tvm.topi.image.resize import get_inx
 
-__all__ = ["LEGALIZATIONS", "SEPARABLE_MODES", "bilinear_upsampling", "conv2d_transpose_nhwc", "in_two_passes", "legalize"]
+__all__ = ["LEGALIZATIONS", "SEPARABLE_MODES", "TWO_PASS_LAYOUTS", "bilinear_upsampling", "conv2d_transpose_nhwc",
+           "in_two_passes", "legalize"]
 
 SEPARABLE_MODES = ("half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel")
 """Coordinate transformations of a bilinear resize whose source coordinates depend on one output axis each."""
+
+TWO_PASS_LAYOUTS = ("NCHW", "NHWC")
+"""The layouts :func:`bilinear_upsampling` resizes in."""
 
 
 def conv2d_transpose_nhwc(
@@ -142,10 +146,10 @@ def bilinear_upsampling(data: te.Tensor, size: Sequence[int], layout: str, mode:
 
 def in_two_passes(call: relax.Call) -> bool:
     """Whether ``call``, a ``resize2d``, is lowered by :func:`bilinear_upsampling`: float32, linear, a coordinate
-    transformation of :data:`SEPARABLE_MODES`, NCHW or NHWC, static sizes, and a taller output than input."""
+    transformation of :data:`SEPARABLE_MODES`, :data:`TWO_PASS_LAYOUTS`, static sizes, and a taller output than input."""
     attrs, data, size = call.attrs, call.args[0], call.args[1]
     layout = str(attrs.layout)
-    if layout not in ("NCHW", "NHWC") or not isinstance(size, relax.ShapeExpr) or str(data.ty.dtype) != "float32":
+    if layout not in TWO_PASS_LAYOUTS or not isinstance(size, relax.ShapeExpr) or str(data.ty.dtype) != "float32":
         return False
     height = data.ty.shape[layout.index("H")]
     return (isinstance(height, tirx.IntImm) and isinstance(size.values[0], tirx.IntImm)

@@ -17,7 +17,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from probtune.model.legalize import in_two_passes
+from probtune.model.legalize import TWO_PASS_LAYOUTS, in_two_passes
 
 __all__ = ["fold_transposes", "mutated", "reshape_groups", "static_shape", "transposed_elements"]
 
@@ -27,9 +27,6 @@ _ELEMENTWISE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide",
 _UNARY = ("relax.nn.relu", "relax.sigmoid", "relax.tanh", "relax.nn.silu", "relax.nn.gelu", "relax.nn.gelu_tanh",
           "relax.exp", "relax.sqrt", "relax.negative", "relax.abs", "relax.erf")
 """Elementwise operators of one tensor (and no axis attribute) a transpose is carried past."""
-
-RESIZE_LAYOUTS = ("NCHW", "NHWC")
-"""The layouts TVM lowers a ``resize2d`` in: a transpose is moved before a resize only into one of these."""
 
 Groups = list[tuple[list[int], list[int]]]
 
@@ -287,7 +284,7 @@ def _sinkable(mod: tvm.IRModule) -> dict[relax.Call, relax.Call]:
             axes = [int(a) for a in value.attrs.axes] if value.attrs.axes is not None else [3, 2, 1, 0]
             permuted = "".join(layout[a] for a in axes) if len(layout) == len(axes) else ""
             smaller = _elements(resize.args[0].ty.shape) < _elements(resize.ty.shape)
-            if uses.get(value.args[0], 0) == 1 and permuted in RESIZE_LAYOUTS and smaller:
+            if uses.get(value.args[0], 0) == 1 and permuted in TWO_PASS_LAYOUTS and smaller:
                 found[value] = resize
     return found
 
