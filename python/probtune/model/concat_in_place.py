@@ -24,7 +24,7 @@ from probtune.model.concatenation import concatenation_axis
 from probtune.model.inplace import bindings_of
 from probtune.model.prepack import global_for
 
-__all__ = ["CONCAT_IN_PLACE_ATTR", "Site", "concatenations_in_place", "write_concatenations_in_place", "write_into"]
+__all__ = ["CONCAT_IN_PLACE_ATTR", "Site", "concatenations_in_place", "variable_uses", "write_concatenations_in_place", "write_into"]
 
 CONCAT_IN_PLACE_ATTR = "probtune_concat_in_place"
 """Set on a fused module (:func:`probtune.model.tasks.fuse`) whose target writes concatenations in place
@@ -119,7 +119,7 @@ class _Graph:
     def __init__(self, mod: tvm.IRModule) -> None:
         self.mod = mod
         self.bindings = [b for b in bindings_of(mod["main"]) if isinstance(b, relax.VarBinding)]
-        self.uses = _uses(mod["main"], self.bindings)
+        self.uses = variable_uses(mod["main"], self.bindings)
         self.position = {binding.var: index for index, binding in enumerate(self.bindings)}
         self._axes: dict[str, int | None] = {}
 
@@ -178,7 +178,7 @@ def _offsets(inputs: list[relax.Var], axis: int) -> list[int]:
     return offsets
 
 
-def _uses(main: relax.Function, bindings: list[relax.VarBinding]) -> Counter[relax.Var]:
+def variable_uses(main: relax.Function, bindings: list[relax.VarBinding]) -> Counter[relax.Var]:
     """How many times each variable is read: by a binding (once per appearance) or by the function's result."""
     uses: Counter[relax.Var] = Counter()
     for binding in bindings:

@@ -17,6 +17,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from probtune.model.concat_in_place import variable_uses
 from probtune.model.legalize import TWO_PASS_LAYOUTS, in_two_passes
 
 __all__ = ["fold_transposes", "mutated", "reshape_groups", "static_shape", "transposed_elements"]
@@ -271,8 +272,9 @@ def _sinkable(mod: tvm.IRModule) -> dict[relax.Call, relax.Call]:
     for func in mod.functions.values():
         if not isinstance(func, relax.Function):
             continue
-        uses = _uses(func)
-        bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
+        bindings = [b for block in func.body.blocks for b in block.bindings]
+        uses = variable_uses(func, bindings)
+        bound = {b.var: b.value for b in bindings}
         for value in bound.values():
             if not (isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.permute_dims"):
                 continue
@@ -287,22 +289,6 @@ def _sinkable(mod: tvm.IRModule) -> dict[relax.Call, relax.Call]:
             if uses.get(value.args[0], 0) == 1 and permuted in TWO_PASS_LAYOUTS and smaller:
                 found[value] = resize
     return found
-
-
-def _uses(func: relax.Function) -> dict[relax.Var, int]:
-    """How often each variable of ``func`` is read."""
-    counts: dict[relax.Var, int] = {}
-
-    @relax.expr_functor.visitor
-    class Count(relax.PyExprVisitor):  # type: ignore[misc]
-        def visit_var_(self, var: relax.Var) -> None:
-            counts[var] = counts.get(var, 0) + 1
-
-        def visit_dataflow_var_(self, var: relax.DataflowVar) -> None:
-            counts[var] = counts.get(var, 0) + 1
-
-    Count().visit_expr(func)
-    return counts
 
 
 def _elements(shape: relax.Expr | None) -> int:

@@ -16,15 +16,15 @@ recorded choice holds on every replay.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
-from tvm.ir.expr import TensorLoad
 
 from probtune.plugin import BlockRV, Schedule, SpaceContext, is_spatial, iter_stmts
+from probtune_cpu.output_reuse import loads_of
 
 __all__ = ["AutoInline"]
 
@@ -42,26 +42,21 @@ def _is_spatial_function(func: tirx.PrimFunc) -> bool:
     )
 
 
-def _subexprs(expr: tirx.Expr) -> Iterator[tirx.Expr]:
-    """``expr`` and every expression inside it."""
+def _calls_any(expr: tirx.Expr, op_names: Iterable[str]) -> bool:
+    """Whether ``expr`` calls one of the named TIR operators anywhere inside."""
+    wanted = set(op_names)
     stack: list[object] = [expr]
     while stack:
         node = stack.pop()
-        if isinstance(node, tirx.Expr):
-            yield node
+        if isinstance(node, tvm.ir.Call) and isinstance(node.op, tvm.ir.Op) and node.op.name in wanted:
+            return True
         for field in _EXPR_CHILD_FIELDS:
             child = getattr(node, field, None)
             if isinstance(child, tirx.Expr):
                 stack.append(child)
             elif isinstance(child, tvm_ffi.Array):
                 stack.extend(c for c in child if isinstance(c, tirx.Expr))
-
-
-def _calls_any(expr: tirx.Expr, op_names: Iterable[str]) -> bool:
-    """Whether ``expr`` calls one of the named TIR operators anywhere inside."""
-    wanted = set(op_names)
-    return any(isinstance(node, tvm.ir.Call) and isinstance(node.op, tvm.ir.Op) and node.op.name in wanted
-               for node in _subexprs(expr))
+    return False
 
 
 def _read_at_several_places(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
@@ -71,8 +66,7 @@ def _read_at_several_places(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV)
     for consumer in sch.get_consumers(block):
         body = sch.get(consumer).body
         value = body.value if isinstance(body, tirx.BufferStore) else None
-        loads = [node for node in _subexprs(value) if isinstance(node, TensorLoad)
-                 and node.source.same_as(buffer)] if value is not None else []
+        loads = loads_of(value, buffer) if value is not None else []
         if any(not tvm_ffi.structural_equal(load.indices, loads[0].indices) for load in loads[1:]):
             return True
     return False

@@ -32,7 +32,7 @@ from tvm.ir.expr import TensorLoad
 from probtune.plugin import SpaceContext, as_list, child_stmts, identity, sblock_names, variable_ids
 from probtune_cpu.stored_values import map_bottom_up, replace_block
 
-__all__ = ["RewriteOutputReuse"]
+__all__ = ["RewriteOutputReuse", "loads_of"]
 
 
 @dataclass
@@ -65,7 +65,8 @@ def _blocks(func: tirx.PrimFunc) -> list[_Block]:
     return blocks
 
 
-def _loads_of(expr: tirx.Expr, buffer: tirx.Buffer) -> list[TensorLoad]:
+def loads_of(expr: tirx.Expr, buffer: tirx.Buffer) -> list[TensorLoad]:
+    """Every load of ``buffer`` in ``expr``."""
     loads: list[TensorLoad] = []
 
     def collect(node: tirx.Expr) -> tirx.Expr:
@@ -84,7 +85,7 @@ def _single_store(block: s_tir.SBlock) -> bool:
 def _block_accesses(block: s_tir.SBlock, buffer: tirx.Buffer) -> list[list[tirx.Expr]]:
     """The indices of every load and store of ``buffer`` in a single-store block's value and init."""
     stores = [block.body] if block.init is None else [block.init, block.body]
-    loads = [list(load.indices) for store in stores for load in _loads_of(store.value, buffer)]
+    loads = [list(load.indices) for store in stores for load in loads_of(store.value, buffer)]
     return loads + [list(store.indices) for store in stores if store.buffer.same_as(buffer)]
 
 
@@ -145,7 +146,7 @@ def _reusable(func: tirx.PrimFunc) -> tuple[tirx.Buffer, tirx.Buffer] | None:
         for intermediate in allocated:
             if not _same_layout(intermediate, output):
                 continue
-            loads = _loads_of(store.value, intermediate)
+            loads = loads_of(store.value, intermediate)
             if not loads or not all(tvm_ffi.structural_equal(load.indices, store.indices) for load in loads):
                 continue
             users = [b for b in blocks if b is not finisher and (b.touches(intermediate, "reads") or b.touches(intermediate, "writes"))]
