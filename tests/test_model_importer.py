@@ -166,22 +166,26 @@ def _fused_calls(path):
     return [call for call in values if isinstance(call, relax.Call) and call.op.name == "relax.call_tir"]
 
 
-@pytest.mark.parametrize("op, gates, calls_per_step, peepholes, direction",
-                         [("LSTM", 4, 1, False, "forward"), ("LSTM", 4, 1, True, "bidirectional"),
-                          ("GRU", 3, 1, False, "forward"), ("GRU", 3, 1, False, "bidirectional"),
-                          ("RNN", 1, 1, False, "reverse"), ("RNN", 1, 1, False, "bidirectional")])
-def test_a_recurrent_step_is_one_call_of_its_product_and_its_gates(tmp_path, op, gates, calls_per_step, peepholes,
-                                                                    direction):
-    """An unrolled step costs a VM call per kernel: it is one, the recurrent product and the gates that read their
-    columns of it (a GRU with ``linear_before_reset``, as PyTorch exports it), with no slice or split of its own,
-    both directions of a bidirectional layer in the same call, and still computes what onnxruntime does
-    (peepholes too)."""
+@pytest.mark.parametrize("op, gates, peepholes, direction",
+                         [("LSTM", 4, False, "forward"), ("LSTM", 4, True, "bidirectional"),
+                          ("GRU", 3, False, "forward"), ("GRU", 3, False, "bidirectional"),
+                          ("RNN", 1, False, "reverse"), ("RNN", 1, False, "bidirectional")])
+@pytest.mark.parametrize("steps", [1, 6, 9])
+def test_a_run_of_recurrent_steps_is_one_call(tmp_path, op, gates, peepholes, direction, steps):
+    """An unrolled step costs the VM's cost per call: a run of up to STEPS_PER_KERNEL steps is one call, each
+    step's recurrent product and the gates that read their columns of it (a GRU with ``linear_before_reset``, as
+    PyTorch exports it), with no slice or split of its own, both directions of a bidirectional layer in the same
+    call; and it still computes what onnxruntime does (peepholes too, runs of unequal length too)."""
     from probtune.model import tune_model
+    from probtune.model.recurrent_cells import STEPS_PER_KERNEL
 
-    path = _recurrent_model(tmp_path, op, gates, peepholes=peepholes, direction=direction)
+    path = _recurrent_model(tmp_path, op, gates, steps=steps, peepholes=peepholes, direction=direction)
     directions = 2 if direction == "bidirectional" else 1
-    # and a product of the input projections per direction, their split into steps, and Y's stack of the states
-    assert len(_fused_calls(path)) <= calls_per_step * 6 + directions + 2
+    runs = [call for call in _fused_calls(path) if "_steps" in call.args[0].name_hint]
+    assert len(runs) == -(-steps // STEPS_PER_KERNEL)
+    # and a product of the input projections per direction, their split into runs, Y's stack of the states and,
+    # for a backward direction, the flip that puts its states in step order
+    assert len(_fused_calls(path)) <= len(runs) + directions + 2 + (direction != "forward")
     compiled = tune_model(path, trials=0, database=tmp_path / "t.db").compile()
     assert compiled.check.reference == "onnxruntime"
 

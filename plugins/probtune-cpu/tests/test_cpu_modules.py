@@ -168,6 +168,29 @@ def test_auto_inline_keeps_a_pass_its_consumer_reads_at_two_places(host):
     assert_samples_correct(workload, full, host, samples=6)
 
 
+def _tanh_then(consumer: str) -> Workload:
+    """``tanh(A)`` read by a matrix product (each element once per column) or by an elementwise add."""
+    a = te.placeholder((4, 16), name="A")
+    t = te.compute(a.shape, lambda i, j: te.tanh(a[i, j]), name="T")
+    if consumer == "matmul":
+        w = te.placeholder((16, 32), name="W")
+        k = te.reduce_axis((0, 16), "k")
+        out = te.compute((4, 32), lambda i, c: te.sum(t[i, k] * w[k, c], axis=k), name="Out")
+        return Workload.from_module(tvm.IRModule({"main": te.create_prim_func([a, w, out])}))
+    out = te.compute(a.shape, lambda i, j: t[i, j] + a[i, j], name="Out")
+    return Workload.from_module(tvm.IRModule({"main": te.create_prim_func([a, out])}))
+
+
+@pytest.mark.parametrize(("consumer", "kept"), [("matmul", True), ("add", False)])
+def test_auto_inline_keeps_a_transcendental_that_its_consumer_would_recompute(consumer, kept, host):
+    """A recurrent cell's state is the next step's matrix product's operand: inlined, its tanh would be computed
+    once per column of the product. Read once per element, it is inlined as before."""
+    workload = _tanh_then(consumer)
+    space = generate_space(workload, host, modules=["auto-inline"])
+    assert len(block_names(fresh_program(workload, space, 0))) == (2 if kept else 1)
+    assert_samples_correct(workload, generate_space(workload, host), host, samples=4)
+
+
 # ---------------------------------------------------------------- random-compute-location
 
 
@@ -299,9 +322,10 @@ def test_multi_level_tiling_leaves_row_reductions_alone(name, shape, host):
 def test_a_long_elementwise_loop_is_split_at_a_sampled_width_and_vectorized(host):
     workload = catalog_workload("softmax", (4, 32 * vector_width(host)))  # rows of more than 16 vectors
     space = generate_space(workload, host, modules=["parallel-vectorize"])
-    splits = [i for i, inst in enumerate(space.trace.instructions) if inst.kind == "sample_categorical"]
-    assert len(splits) == 2  # the exponentials and the normalisation; the reductions' innermost loops are not spatial
     lanes = vector_width(host)
+    splits = [i for i, inst in enumerate(space.trace.instructions)
+              if inst.kind == "sample_categorical" and list(inst.attrs["candidates"]) == [lanes * v for v in (1, 2, 4, 8)]]
+    assert len(splits) == 2  # the exponentials and the normalisation; the reductions' innermost loops are not spatial
     for choice, vectors in enumerate((1, 2, 4, 8)):
         sch, rejected = space.realize(space.trace.with_decisions({i: choice for i in splits}), Rng(0))
         assert rejected is None
@@ -344,6 +368,33 @@ def test_a_block_of_few_iterations_runs_on_one_core(host):
         workload = Workload.from_module(tvm.IRModule({"main": te.create_prim_func([a, *pieces])}))
         for candidate in assert_samples_correct(workload, generate_space(workload, host), host, samples=3):
             assert bool(_parallel_loops(candidate.mod["main"])) == parallel, size
+
+
+@pytest.mark.parametrize(("shape", "sampled"), [((1, 128, 512), True), ((64, 128, 512), False)])
+def test_a_small_product_may_run_on_one_core(host, shape, sampled):
+    """A recurrent step's product (1 x 128 x 512, 65k multiply-adds) takes about as long on one core as starting
+    and joining the workers: whether it is parallel is sampled, and both choices compute the product. A larger
+    one is always parallel."""
+    import dataclasses
+
+    m, k, n = shape
+    a, w = te.placeholder((m, k), name="A"), te.placeholder((k, n), name="W")
+    r = te.reduce_axis((0, k), "r")
+    out = te.compute((m, n), lambda i, j: te.sum(a[i, r] * w[r, j], axis=r), name="P")
+    workload = Workload.from_module(tvm.IRModule({"main": te.create_prim_func([a, w, out])}))
+    two_cores = dataclasses.replace(host, tvm_target={**host.tvm_target, "num-cores": 2})
+    space = generate_space(workload, two_cores)
+    choices = [i for i, inst in enumerate(space.trace.instructions)
+               if inst.kind == "sample_categorical" and list(inst.attrs["candidates"]) == [1, 32]]
+    assert len(choices) == (1 if sampled else 0)
+    parallel_loops = set()
+    for decision in range(2 if sampled else 1):
+        sch, rejected = space.realize(space.trace.with_decisions({i: decision for i in choices}), Rng(1))
+        assert rejected is None
+        parallel_loops.add(any(isinstance(s, tirx.For) and s.kind == tirx.ForKind.PARALLEL
+                               for s in iter_stmts(sch.mod["main"].body)))
+        assert_program_correct(workload, sch.mod, host)
+    assert parallel_loops == ({False, True} if sampled else {True})
 
 
 def test_softmax_can_make_one_parallel_pass_over_each_row(host):

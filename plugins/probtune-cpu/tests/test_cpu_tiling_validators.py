@@ -29,7 +29,7 @@ from probtune_cpu.multi_level_tiling import (
     MultiLevelTiling,
     accumulator_bytes,
 )
-from probtune_cpu.validators import VerifyNoRecompute, estimate_unrolled_size
+from probtune_cpu.validators import VerifyNoRecompute, VerifyUnrollSize, estimate_unrolled_size
 from probtune_cpu.vector_unit import vector_register_bytes, vector_width
 
 VERIFIERS = ["verify-static-loops", "verify-vectorize", "verify-parallel", "verify-unroll-size", "verify-no-recompute"]
@@ -624,3 +624,20 @@ def test_a_cpu_module_on_a_target_without_a_vector_unit_names_what_is_missing():
     bare = dataclasses.replace(resolve_target("host"), name="bare", attrs={})
     with pytest.raises(ValueError, match=r"target 'bare' has no 'vector_width'"):
         vector_width(bare)
+
+
+def test_the_unroll_limit_holds_for_each_loop_nest_and_a_larger_one_for_the_function(host):
+    """Two nests of 32 stores each unrolled: each is judged against the nest limit, their sum against the
+    function's (a run of recurrent steps is several nests, each as large as one step's)."""
+    a = te.placeholder((4, 8), name="A")
+    b = te.compute((4, 8), lambda i, j: a[i, j] + 1.0, name="B")
+    c = te.compute((4, 8), lambda i, j: b[i, j] * 2.0, name="C")
+    workload = Workload.from_module(tvm.IRModule({"main": te.create_prim_func([a, c])}))
+    sch = Schedule(workload.mod)
+    for name in ("B", "C"):
+        i, _ = sch.get_loops(sch.get_sblock(name))
+        sch.annotate(i, "pragma_auto_unroll_max_step", 32)
+    context = SpaceContext(workload=workload, target=host)
+    assert VerifyUnrollSize(max_vector_ops=32, max_function_ops=64).check(sch, context) is None
+    assert "a loop nest of about 32" in VerifyUnrollSize(max_vector_ops=31, max_function_ops=64).check(sch, context)
+    assert "about 64 vector operations" in VerifyUnrollSize(max_vector_ops=32, max_function_ops=63).check(sch, context)

@@ -6,11 +6,14 @@ A converter takes ``(bb, inputs, attrs, opset)`` as the frontend gives them
 Relax expression, or a ``relax.Tuple`` for several outputs. Shapes are
 static, so a recurrent layer is unrolled over its sequence: the input
 projections of every step are one matrix product up front (the biases added
-to them), split into steps, and each step is one kernel
-(:mod:`probtune.model.recurrent_cells`): its recurrent product and the
+to them), split into runs of a few steps, and each run is one kernel
+(:mod:`probtune.model.recurrent_cells`): each step's recurrent product and
 gates, as onnxruntime computes them (ONNX's default activations). A
 bidirectional layer steps both directions at once (the backward one walking
-its sequence from the end). A GRU without ``linear_before_reset`` keeps a
+its sequence from the end). The hidden states are stacked into the output Y
+by a call that fusion leaves alone: fused with the flips of a backward
+direction, TVM 0.27's FuseTIR fails on calls that read some fields of a
+kernel's tuple of outputs. A GRU without ``linear_before_reset`` keeps a
 form of its own, in Relax operators, a direction at a time.
 """
 
@@ -21,13 +24,16 @@ from typing import Any
 
 import numpy as np
 import tvm
-from tvm import relax
+from tvm import relax, topi
 
 from probtune.errors import ModelImportError
 from probtune.interfaces import OnnxConverter
-from probtune.model.recurrent_cells import gru_cell, lstm_cell, rnn_cell
+from probtune.model.recurrent_cells import STEPS_PER_KERNEL, gru_steps, lstm_steps, rnn_steps
 
 __all__ = ["ONNX_CONVERTERS", "celu", "gru", "lp_normalization", "lstm", "rnn", "swish"]
+
+_OPAQUE = 8
+"""TVM's ``OpPatternKind.kOpaque``: a function fusion leaves alone."""
 
 _DEFAULT_ACTIVATIONS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh"), "RNN": ("Tanh",)}
 
@@ -85,13 +91,23 @@ class _Layer:
         """The direction's initial state, zeros where the node has none: (batch, hidden)."""
         return self.take(self.initial_states(state), direction)
 
-    def steps_of(self, projected: relax.Expr) -> list[relax.Expr]:
-        """The input projections step by step, (1, ...) each: one split, so that every step's cell reads a tensor
-        of the same shape and compiles to the same function."""
-        if self.steps == 1:
+    def runs_of(self, projected: relax.Expr) -> list[relax.Expr]:
+        """The input projections in runs of at most :data:`STEPS_PER_KERNEL` steps, (run, ...) each: one split
+        into runs as even as they can be, so that the runs' kernels are one function (two where the steps do not
+        divide evenly)."""
+        runs = -(-self.steps // STEPS_PER_KERNEL)
+        if runs == 1:
             return [projected]
-        pieces = self.emit(relax.op.split(projected, self.steps, axis=0))
-        return [self.emit(relax.TupleGetItem(pieces, step)) for step in range(self.steps)]
+        length = -(-self.steps // runs)
+        sections = runs if self.steps % runs == 0 else list(range(length, self.steps, length))
+        pieces = self.emit(relax.op.split(projected, sections, axis=0))
+        return [self.emit(relax.TupleGetItem(pieces, run)) for run in range(-(-self.steps // length))]
+
+    def outputs_of(self, call: relax.Expr, count: int) -> list[relax.Expr]:
+        """The first ``count`` fields of a call's tuple (the call itself if it returns one tensor)."""
+        if not isinstance(call.ty, relax.TupleType):
+            return [call]
+        return [self.emit(relax.TupleGetItem(call, i)) for i in range(count)]
 
     def order(self, direction: int) -> range:
         return range(self.steps - 1, -1, -1) if self.reverse[direction] else range(self.steps)
@@ -114,8 +130,9 @@ class _Layer:
     def cell_inputs(
         self, weight: relax.Expr, recurrent: relax.Expr, biases: relax.Expr | None, folded: int | None = None,
     ) -> tuple[list[relax.Expr], relax.Expr, relax.Expr | None]:
-        """What the cells read, every direction at once: each step's input projections with the biases added,
-        (1, directions, batch, gates x hidden), in the order each direction walks its sequence (:meth:`steps_of`);
+        """What the kernels read, every direction at once: the input projections with the biases added, in runs of
+        steps (:meth:`runs_of`), (run, directions, batch, gates x hidden), in the order each direction walks its
+        sequence;
         the recurrent weights transposed, (directions, hidden, gates x hidden); and what is left of the recurrent
         biases: None, or, given ``folded``, their entries from ``folded`` on, (directions, 1, rest), which are not
         added to the projections (a GRU's h gate applies its own after the reset gate)."""
@@ -129,7 +146,7 @@ class _Layer:
         rest = None
         if rests[0] is not None:
             rest = self.emit(relax.op.expand_dims(self.emit(relax.op.stack(rests, axis=0)), axis=1))
-        return self.steps_of(stacked), transposed, rest
+        return self.runs_of(stacked), transposed, rest
 
     def _projected(
         self, weight: relax.Expr, biases: relax.Expr | None, direction: int, folded: int | None
@@ -158,7 +175,9 @@ class _Layer:
     def walked_outputs(self, states: list[relax.Expr], finals: list[relax.Expr]) -> list[relax.Expr]:
         """Y (steps, directions, batch, hidden) in step order from the states of every direction as each walked
         its sequence (a backward direction's put back in step order), then each final state."""
-        walked = self.emit(relax.op.stack(states, axis=0))
+        walked = self.bb.emit_te(topi.stack, states, 0, primfunc_name_hint="stack_states")
+        stack = self.bb.lookup_binding(walked).args[0]  # its own call: see the module's doc
+        self.bb.update_func(stack, self.bb.get()[stack].with_attr("op_pattern", _OPAQUE))
         if any(self.reverse):
             parts = []
             for direction, reverse in enumerate(self.reverse):
@@ -188,13 +207,14 @@ def lstm(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], o
     x, w, r = inputs[:3]
     b, h0, c0, p = (inputs[i] if len(inputs) > i else None for i in (3, 5, 6, 7))
     layer = _Layer(bb, x, attrs)
-    steps, recurrent, _ = layer.cell_inputs(w, r, b)
+    runs, recurrent, _ = layer.cell_inputs(w, r, b)
     peepholes = () if p is None else (p,)
     hidden, cell, states = layer.initial_states(h0), layer.initial_states(c0), []
-    for step in steps:
-        both = bb.emit_te(lstm_cell, step, hidden, cell, recurrent, *peepholes, primfunc_name_hint="lstm_cell")
-        hidden, cell = layer.emit(relax.TupleGetItem(both, 0)), layer.emit(relax.TupleGetItem(both, 1))
-        states.append(hidden)
+    for run in runs:
+        out = bb.emit_te(lstm_steps, run, hidden, cell, recurrent, *peepholes, primfunc_name_hint="lstm_steps")
+        length = int(run.ty.shape[0])
+        states.extend(layer.outputs_of(out, length))
+        hidden, cell = states[-1], layer.emit(relax.TupleGetItem(out, length))
     return relax.Tuple(layer.walked_outputs(states, [hidden, cell]))
 
 
@@ -254,15 +274,16 @@ def gru(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], op
 def _gru_steps(
     layer: _Layer, weight: relax.Expr, recurrent: relax.Expr, biases: relax.Expr | None, hidden: relax.Expr
 ) -> list[relax.Expr]:
-    """A GRU's states with ``linear_before_reset``, every direction at once as the LSTM's: one kernel per step
-    (:func:`~probtune.model.recurrent_cells.gru_cell`), the step's input projections carrying the input biases and
-    the z and r gates' recurrent biases."""
-    steps, weights, reset_bias = layer.cell_inputs(weight, recurrent, biases, folded=2 * layer.hidden)
+    """A GRU's hidden states with ``linear_before_reset``, every direction at once as the LSTM's, a run of steps
+    per kernel (:func:`~probtune.model.recurrent_cells.gru_steps`; the projections carry the input biases and the
+    z and r gates' recurrent biases)."""
+    runs, weights, reset_bias = layer.cell_inputs(weight, recurrent, biases, folded=2 * layer.hidden)
     extra = () if reset_bias is None else (reset_bias,)
     states = []
-    for step in steps:
-        hidden = layer.bb.emit_te(gru_cell, step, hidden, weights, *extra, primfunc_name_hint="gru_cell")
-        states.append(hidden)
+    for run in runs:
+        out = layer.bb.emit_te(gru_steps, run, hidden, weights, *extra, primfunc_name_hint="gru_steps")
+        states.extend(layer.outputs_of(out, int(run.ty.shape[0])))
+        hidden = states[-1]
     return states
 
 
@@ -272,11 +293,12 @@ def rnn(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], op
     x, w, r = inputs[:3]
     b, h0 = (inputs[i] if len(inputs) > i else None for i in (3, 5))
     layer = _Layer(bb, x, attrs)
-    steps, recurrent, _ = layer.cell_inputs(w, r, b)
+    runs, recurrent, _ = layer.cell_inputs(w, r, b)
     hidden, states = layer.initial_states(h0), []
-    for step in steps:
-        hidden = bb.emit_te(rnn_cell, step, hidden, recurrent, primfunc_name_hint="rnn_cell")
-        states.append(hidden)
+    for run in runs:
+        out = bb.emit_te(rnn_steps, run, hidden, recurrent, primfunc_name_hint="rnn_steps")
+        states.extend(layer.outputs_of(out, int(run.ty.shape[0])))
+        hidden = states[-1]
     return relax.Tuple(layer.walked_outputs(states, [hidden]))
 
 

@@ -1,25 +1,33 @@
-"""One step of an LSTM, GRU or RNN layer as one kernel: the recurrent product and the gates that read it.
+"""A few steps of an LSTM, GRU or RNN layer as one kernel: each step's recurrent product and the gates that read it.
 
 Fusion puts a matrix product in one function with the elementwise operators
 that read each of its elements where it was written; a cell's gates read
 their own columns of the product (slices), so written with Relax operators a
 step is two calls, the product and the gates, and at the sizes of a
-recurrent layer the VM's cost per call is as large as either. Written in TE,
-the step is one function of two blocks: the product of the hidden state and
-the recurrent weights, then the cell that reads its gates' columns of it.
+recurrent layer the VM's cost per call (its arguments, its outputs'
+allocation) is as large as either. Written in TE, one function computes
+:data:`STEPS_PER_KERNEL` steps in a row, each the product of the previous
+hidden state and the recurrent weights, then the cell that reads its gates'
+columns of it; the function returns the hidden state of each of its steps
+(an output each, so that none is inlined into the next step's product) and,
+for an LSTM, the last cell state, which the next call starts from.
 
 The arithmetic is ONNX's (default activations), in the order onnxruntime
-computes it. Tensors, every direction at once: the step's input projections
-``(1, directions, batch, gates x hidden)`` with the biases that can be added
-up front, the state ``(directions, batch, hidden)`` and the recurrent weights
-transposed ``(directions, hidden, gates x hidden)``.
+computes it. Tensors, every direction at once: the steps' input projections
+``(steps, directions, batch, gates x hidden)`` with the biases that can be
+added up front, the state ``(directions, batch, hidden)`` and the recurrent
+weights transposed ``(directions, hidden, gates x hidden)``.
 """
 
 from __future__ import annotations
 
 from tvm import te, tirx
 
-__all__ = ["gru_cell", "lstm_cell", "rnn_cell"]
+__all__ = ["STEPS_PER_KERNEL", "gru_steps", "lstm_steps", "rnn_steps"]
+
+STEPS_PER_KERNEL = 4
+"""The most steps of a layer one kernel computes: each call saves the VM's cost per call on all but one of them;
+more steps make a larger function to tune and compile (three blocks per LSTM step)."""
 
 
 def _product(hidden: te.Tensor, weights: te.Tensor) -> te.Tensor:
@@ -33,36 +41,46 @@ def _product(hidden: te.Tensor, weights: te.Tensor) -> te.Tensor:
     )
 
 
-def gru_cell(step: te.Tensor, hidden: te.Tensor, weights: te.Tensor, *reset_bias: te.Tensor) -> te.Tensor:
-    """A GRU step with ``linear_before_reset`` (gates z, r, h): the next hidden state. ``step`` carries the input
-    biases and the z and r gates' recurrent biases; the h gate's (``reset_bias``, (directions, 1, hidden), if the
-    layer has biases) is added to its recurrent product before the reset gate scales it."""
+def _gru_step(steps: te.Tensor, s: int, hidden: te.Tensor, weights: te.Tensor, *reset_bias: te.Tensor) -> te.Tensor:
+    """Step ``s`` of a GRU with ``linear_before_reset`` (gates z, r, h): the next hidden state."""
     product = _product(hidden, weights)
     size = hidden.shape[2]
     one = tirx.const(1.0, hidden.dtype)
 
     def state(d: tirx.Var, b: tirx.Var, j: tirx.Var) -> tirx.PrimExpr:
-        z = tirx.sigmoid(step[0, d, b, j] + product[d, b, j])
-        reset = tirx.sigmoid(step[0, d, b, size + j] + product[d, b, size + j])
+        z = tirx.sigmoid(steps[s, d, b, j] + product[d, b, j])
+        reset = tirx.sigmoid(steps[s, d, b, size + j] + product[d, b, size + j])
         recurrent = product[d, b, 2 * size + j]
         if reset_bias:
             recurrent = recurrent + reset_bias[0][d, 0, j]
-        candidate = tirx.tanh(step[0, d, b, 2 * size + j] + reset * recurrent)
+        candidate = tirx.tanh(steps[s, d, b, 2 * size + j] + reset * recurrent)
         return z * hidden[d, b, j] + (one - z) * candidate
 
     return te.compute(hidden.shape, state, name="gru_cell")
 
 
-def lstm_cell(
-    step: te.Tensor, hidden: te.Tensor, cell: te.Tensor, weights: te.Tensor, *peepholes: te.Tensor
-) -> list[te.Tensor]:
-    """An LSTM step (gates i, o, f, c): the next hidden state and cell state. ``peepholes``, if the layer has them,
-    is ONNX's ``P`` (directions, 3 x hidden: i, o, f)."""
+def gru_steps(steps: te.Tensor, hidden: te.Tensor, weights: te.Tensor, *reset_bias: te.Tensor) -> list[te.Tensor]:
+    """GRU steps with ``linear_before_reset``: each step's hidden state (directions, batch, hidden).
+
+    ``steps`` carries the input biases and the z and r gates' recurrent biases; the h gate's (``reset_bias``,
+    (directions, 1, hidden), if the layer has biases) is added to its recurrent product before the reset gate
+    scales it."""
+    states = []
+    for s in range(int(steps.shape[0])):
+        hidden = _gru_step(steps, s, hidden, weights, *reset_bias)
+        states.append(hidden)
+    return states
+
+
+def _lstm_step(
+    steps: te.Tensor, s: int, hidden: te.Tensor, cell: te.Tensor, weights: te.Tensor, *peepholes: te.Tensor
+) -> tuple[te.Tensor, te.Tensor]:
+    """Step ``s`` of an LSTM (gates i, o, f, c): the next hidden state and cell state."""
     product = _product(hidden, weights)
     size = hidden.shape[2]
 
     def gate(k: int, d: tirx.Var, b: tirx.Var, j: tirx.Var) -> tirx.PrimExpr:
-        return step[0, d, b, k * size + j] + product[d, b, k * size + j]
+        return steps[s, d, b, k * size + j] + product[d, b, k * size + j]
 
     def peeped(k: int, d: tirx.Var, b: tirx.Var, j: tirx.Var, state: te.Tensor, peep: int) -> tirx.PrimExpr:
         value = gate(k, d, b, j)
@@ -79,10 +97,31 @@ def lstm_cell(
         lambda d, b, j: tirx.sigmoid(peeped(1, d, b, j, new_cell, 1)) * tirx.tanh(new_cell[d, b, j]),
         name="lstm_hidden",
     )
-    return [new_hidden, new_cell]
+    return new_hidden, new_cell
 
 
-def rnn_cell(step: te.Tensor, hidden: te.Tensor, weights: te.Tensor) -> te.Tensor:
-    """An RNN step (a tanh cell): the next hidden state."""
+def lstm_steps(
+    steps: te.Tensor, hidden: te.Tensor, cell: te.Tensor, weights: te.Tensor, *peepholes: te.Tensor
+) -> list[te.Tensor]:
+    """LSTM steps: each step's hidden state (directions, batch, hidden), then the last cell state.
+    ``peepholes``, if the layer has them, is ONNX's ``P`` (directions, 3 x hidden: i, o, f)."""
+    states = []
+    for s in range(int(steps.shape[0])):
+        hidden, cell = _lstm_step(steps, s, hidden, cell, weights, *peepholes)
+        states.append(hidden)
+    return [*states, cell]
+
+
+def _rnn_step(steps: te.Tensor, s: int, hidden: te.Tensor, weights: te.Tensor) -> te.Tensor:
+    """Step ``s`` of an RNN (a tanh cell): the next hidden state."""
     product = _product(hidden, weights)
-    return te.compute(hidden.shape, lambda d, b, j: tirx.tanh(step[0, d, b, j] + product[d, b, j]), name="rnn_cell")
+    return te.compute(hidden.shape, lambda d, b, j: tirx.tanh(steps[s, d, b, j] + product[d, b, j]), name="rnn_cell")
+
+
+def rnn_steps(steps: te.Tensor, hidden: te.Tensor, weights: te.Tensor) -> list[te.Tensor]:
+    """RNN steps: each step's hidden state (directions, batch, hidden)."""
+    states = []
+    for s in range(int(steps.shape[0])):
+        hidden = _rnn_step(steps, s, hidden, weights)
+        states.append(hidden)
+    return states

@@ -72,6 +72,25 @@ def _read_at_several_places(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV)
     return False
 
 
+def _recomputed_if_inlined(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """Whether inlined, the block's elements would be computed more than once each: its consumers' iterations times
+    their reads of it outnumber its elements (two consumers, a matrix product reading its operand once per column,
+    a broadcast)."""
+    elements = _iterations(sch.get(block))
+    if elements is None:
+        return True
+    buffer = sch.get(block).writes[0].source
+    computed = 0
+    for consumer in sch.get_consumers(block):
+        sblock = sch.get(consumer)
+        iterations = _iterations(sblock, every_iterator=True)
+        body = sblock.body
+        if iterations is None or not isinstance(body, tirx.BufferStore):
+            return True
+        computed += iterations * len(loads_of(body.value, buffer))
+    return computed > elements
+
+
 def _legal(sch: s_tir.Schedule, primitive: Callable[[s_tir.Schedule], None]) -> bool:
     """Whether ``primitive`` succeeds on a throw-away copy of ``sch`` (the copy keeps the random variables valid)."""
     try:
@@ -81,11 +100,12 @@ def _legal(sch: s_tir.Schedule, primitive: Callable[[s_tir.Schedule], None]) -> 
     return True
 
 
-def _iterations(sblock: s_tir.SBlock) -> int | None:
-    """How many elements a block writes: the product of its spatial iterators' extents (None if one is symbolic)."""
+def _iterations(sblock: s_tir.SBlock, every_iterator: bool = False) -> int | None:
+    """How many elements a block writes: the product of its spatial iterators' extents, or of all of them given
+    ``every_iterator`` (None if one is symbolic)."""
     total = 1
     for iv in sblock.iter_vars:
-        if int(iv.iter_type) != tirx.IterVar.DataPar:
+        if not every_iterator and int(iv.iter_type) != tirx.IterVar.DataPar:
             continue
         if not isinstance(iv.dom.extent, tirx.IntImm):
             return None
@@ -104,7 +124,11 @@ class AutoInline:
     branch in the convolution's innermost loop (inlined padding was mostly
     slower than padding as its own pass, bench/results/NOTES.md).
     Nor is a block that a consumer reads at several places per element (a
-    bilinear resize's two rows), which inlining would compute as many times.
+    bilinear resize's two rows), which inlining would compute as many times,
+    nor, in a function with a reduction, one that calls one of
+    ``transcendental_ops`` and would be computed more than once per element (a recurrent cell's state, read by the next
+    step's matrix product once per column and by the next cell; a
+    squeeze-excite's per-channel sigmoid broadcast over the map).
     Such blocks are left to ``random-compute-location``, which may still
     sample inlining. Folding into the producer computes each value once and
     is always allowed.
@@ -112,13 +136,21 @@ class AutoInline:
 
     name: str = "auto-inline"
     costly_ops: tuple[str, ...] = ("tirx.exp", "prim.if_then_else")
+    transcendental_ops: tuple[str, ...] = (
+        "tirx.exp", "tirx.exp2", "tirx.exp10", "tirx.log", "tirx.log2", "tirx.log10", "tirx.log1p", "tirx.tanh",
+        "tirx.sigmoid", "tirx.erf", "tirx.pow", "tirx.sin", "tirx.cos",
+    )
 
     def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
         raw, block_rv = sch.tvm, sch.resolve(block)
         sblock = raw.get(block_rv)
         if len(sblock.writes) != 1 or not is_spatial(sblock):
             return
-        recompute = self._cheap_to_recompute(sblock, ctx) and not _read_at_several_places(raw, block_rv)
+        recompute = (
+            self._cheap_to_recompute(sblock, ctx)
+            and not _read_at_several_places(raw, block_rv)
+            and not (self._transcendental(sblock, ctx) and _recomputed_if_inlined(raw, block_rv))
+        )
         if recompute and _legal(raw, lambda s: s.compute_inline(block_rv)):
             sch.compute_inline(block)
         elif self._sole_consumer(raw, block_rv) and _legal(raw, lambda s: s.reverse_compute_inline(block_rv)):
@@ -137,6 +169,13 @@ class AutoInline:
         if len(producers) != 1 or len(raw.get_consumers(producers[0])) != 1:
             return False
         return _iterations(raw.get(block_rv)) == _iterations(raw.get(producers[0]))  # None == None: TVM decides
+
+    def _transcendental(self, sblock: s_tir.SBlock, ctx: SpaceContext) -> bool:
+        """Whether the block calls one of ``transcendental_ops`` in a function with a reduction."""
+        body = sblock.body
+        if not isinstance(body, tirx.BufferStore) or not _calls_any(body.value, self.transcendental_ops):
+            return False
+        return not _is_spatial_function(ctx.workload.prim_func)
 
     def _cheap_to_recompute(self, sblock: s_tir.SBlock, ctx: SpaceContext) -> bool:
         body = sblock.body

@@ -83,6 +83,10 @@ class ParallelVectorize:
     """A block that runs fewer iterations in all is not parallelized: it takes less time on one core than starting
     and joining the workers does (a split into many small pieces, each with a parallel loop of its own, ran many
     times slower; the measurement is in the commit that made this change)."""
+    sampled_parallel_iterations: int = 1 << 18
+    """A block that runs fewer iterations in all (but at least ``min_parallel_iterations``) runs on one core or on
+    all of them, a sampled choice: a recurrent step's matrix product (65k multiply-adds) takes about as long on
+    one core as the workers' start and join cost, and only a measurement tells which is faster."""
 
     def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
         raw, block_rv = sch.tvm, sch.resolve(block)
@@ -93,8 +97,14 @@ class ParallelVectorize:
         if not at_root(raw, block_rv):
             return
         lanes = vector_width(ctx.target)
-        small = _iterations(raw, block_rv) < self.min_parallel_iterations
-        sch.annotate(block, PARALLEL_KEY, 1 if small else self.jobs_per_core * ctx.target.num_cores)
+        iterations = _iterations(raw, block_rv)
+        jobs = self.jobs_per_core * ctx.target.num_cores
+        if iterations < self.min_parallel_iterations:
+            sch.annotate(block, PARALLEL_KEY, 1)
+        elif iterations < self.sampled_parallel_iterations and ctx.target.num_cores > 1:
+            sch.annotate(block, PARALLEL_KEY, sch.sample_uniform([1, jobs]))
+        else:
+            sch.annotate(block, PARALLEL_KEY, jobs)
         sch.annotate(block, VECTORIZE_KEY, lanes)
         innermost = raw.get_loops(block_rv)[-1]
         extent = raw.get(innermost).extent
