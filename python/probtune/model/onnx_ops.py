@@ -132,10 +132,9 @@ class _Layer:
     ) -> tuple[list[relax.Expr], relax.Expr, relax.Expr | None]:
         """What the kernels read, every direction at once: the input projections with the biases added, in runs of
         steps (:meth:`runs_of`), (run, directions, batch, gates x hidden), in the order each direction walks its
-        sequence;
-        the recurrent weights transposed, (directions, hidden, gates x hidden); and what is left of the recurrent
-        biases: None, or, given ``folded``, their entries from ``folded`` on, (directions, 1, rest), which are not
-        added to the projections (a GRU's h gate applies its own after the reset gate)."""
+        sequence; the recurrent weights transposed, (directions, hidden, gates x hidden); and what is left of the
+        recurrent biases: None, or, given ``folded``, their entries from ``folded`` on, (directions, 1, rest), which
+        are not added to the projections (a GRU's h gate applies its own after the reset gate)."""
         walked, rests = [], []
         for direction in range(self.directions):
             projected, rest = self._projected(weight, biases, direction, folded)
