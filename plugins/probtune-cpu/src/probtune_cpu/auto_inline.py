@@ -126,9 +126,10 @@ class AutoInline:
     Nor is a block that a consumer reads at several places per element (a
     bilinear resize's two rows), which inlining would compute as many times,
     nor, in a function with a reduction, one that calls one of
-    ``transcendental_ops`` and would be computed more than once per element (a recurrent cell's state, read by the next
-    step's matrix product once per column and by the next cell; a
-    squeeze-excite's per-channel sigmoid broadcast over the map).
+    ``transcendental_ops`` and would be computed more than once per element
+    (a recurrent cell's state, read by the next step's matrix product once
+    per column and by the next cell; a squeeze-excite's per-channel sigmoid
+    broadcast over the map).
     Such blocks are left to ``random-compute-location``, which may still
     sample inlining. Folding into the producer computes each value once and
     is always allowed.
