@@ -207,7 +207,8 @@ class VerifyUnrollSize:
     The limit holds for each loop nest, which runs on its own: a function
     of several steps (a few recurrent steps, each a product and its gates)
     may have as many nests as fast as one step's, up to
-    ``max_function_ops`` in all (a matrix product's 17k built in 5 s).
+    ``max_function_ops`` in all, a size that still builds in seconds
+    (bench/results/NOTES.md).
     """
 
     name: str = "verify-unroll-size"
