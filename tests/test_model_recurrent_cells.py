@@ -1,4 +1,7 @@
-"""Runs of recurrent steps as one kernel (probtune.model.recurrent_cells), against the gates written out in numpy."""
+"""Runs of recurrent steps as one kernel (probtune.model.recurrent_cells), against the gates written out in numpy.
+
+Each kernel starts from the last hidden state of the run before it (here a run of :data:`PREVIOUS` steps whose
+other states must not be read)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from tvm import relax
 from probtune.model.recurrent_cells import gru_steps, lstm_steps, rnn_steps
 
 DIRECTIONS, BATCH, HIDDEN = 2, 3, 4
+PREVIOUS = 2
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -29,11 +33,12 @@ def _run(kernel, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [result.numpy()] if hasattr(result, "numpy") else [r.numpy() for r in result]
 
 
-def _inputs(steps: int, gates: int, states: int = 1, extra: tuple[tuple[int, ...], ...] = ()) -> list[np.ndarray]:
-    """The steps' projections, ``states`` states, the recurrent weights, then ``extra`` (biases, peepholes)."""
+def _inputs(steps: int, gates: int, cell: bool = False, extra: tuple[tuple[int, ...], ...] = ()) -> list[np.ndarray]:
+    """The steps' projections, the previous run's hidden states, the cell state where ``cell``, the recurrent
+    weights, then ``extra`` (biases, peepholes)."""
     rng = np.random.default_rng(gates)
-    shapes = [(steps, DIRECTIONS, BATCH, gates * HIDDEN), *[(DIRECTIONS, BATCH, HIDDEN)] * states,
-              (DIRECTIONS, HIDDEN, gates * HIDDEN), *extra]
+    shapes = [(steps, DIRECTIONS, BATCH, gates * HIDDEN), (PREVIOUS, DIRECTIONS, BATCH, HIDDEN),
+              *[(DIRECTIONS, BATCH, HIDDEN)] * cell, (DIRECTIONS, HIDDEN, gates * HIDDEN), *extra]
     return [(rng.standard_normal(shape) * 0.5).astype("float32") for shape in shapes]
 
 
@@ -49,8 +54,8 @@ def _close(got: np.ndarray, expected: np.ndarray) -> None:
 @pytest.mark.parametrize("biased", [False, True])
 def test_gru_steps_are_the_linear_before_reset_gru(steps, biased):
     arrays = _inputs(steps, 3, extra=((DIRECTIONS, 1, HIDDEN),) if biased else ())
-    projections, hidden, weights = arrays[:3]
-    expected = []
+    projections, previous, weights = arrays[:3]
+    hidden, expected = previous[-1], []
     for step in projections:
         z, r, _ = _gates(step, hidden, weights, 3)
         z, r = _sigmoid(z), _sigmoid(r)
@@ -58,15 +63,16 @@ def test_gru_steps_are_the_linear_before_reset_gru(steps, biased):
         candidate = np.tanh(np.split(step, 3, axis=-1)[2] + r * recurrent)
         hidden = z * hidden + (1 - z) * candidate
         expected.append(hidden)
-    for got, state in zip(_run(gru_steps, arrays), expected, strict=True):
-        _close(got, state)
+    (got,) = _run(gru_steps, arrays)
+    _close(got, np.stack(expected))
 
 
 @pytest.mark.parametrize("steps", [1, 3])
 @pytest.mark.parametrize("peepholes", [False, True])
-def test_lstm_steps_give_each_hidden_state_and_the_last_cell_state(steps, peepholes):
-    arrays = _inputs(steps, 4, states=2, extra=((DIRECTIONS, 3 * HIDDEN),) if peepholes else ())
-    projections, hidden, cell, weights = arrays[:4]
+def test_lstm_steps_give_their_hidden_states_and_the_last_cell_state(steps, peepholes):
+    arrays = _inputs(steps, 4, cell=True, extra=((DIRECTIONS, 3 * HIDDEN),) if peepholes else ())
+    projections, previous, cell, weights = arrays[:4]
+    hidden = previous[-1]
     pi, po, pf = (p[:, None, :] for p in np.split(arrays[4], 3, axis=-1)) if peepholes else (0, 0, 0)
     expected = []
     for step in projections:
@@ -74,17 +80,18 @@ def test_lstm_steps_give_each_hidden_state_and_the_last_cell_state(steps, peepho
         cell = _sigmoid(f + pf * cell) * cell + _sigmoid(i + pi * cell) * np.tanh(c)
         hidden = _sigmoid(o + po * cell) * np.tanh(cell)
         expected.append(hidden)
-    for got, state in zip(_run(lstm_steps, arrays), [*expected, cell], strict=True):
-        _close(got, state)
+    states, last_cell = _run(lstm_steps, arrays)
+    _close(states, np.stack(expected))
+    _close(last_cell, cell)
 
 
 @pytest.mark.parametrize("steps", [1, 4])
 def test_rnn_steps_are_the_tanh_of_their_gates(steps):
     arrays = _inputs(steps, 1)
-    projections, hidden, weights = arrays
-    expected = []
+    projections, previous, weights = arrays
+    hidden, expected = previous[-1], []
     for step in projections:
         hidden = np.tanh(step + hidden @ weights)
         expected.append(hidden)
-    for got, state in zip(_run(rnn_steps, arrays), expected, strict=True):
-        _close(got, state)
+    (got,) = _run(rnn_steps, arrays)
+    _close(got, np.stack(expected))

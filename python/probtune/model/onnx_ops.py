@@ -8,12 +8,13 @@ static, so a recurrent layer is unrolled over its sequence: the input
 projections of every step are one matrix product up front (the biases added
 to them), split into runs of a few steps, and each run is one kernel
 (:mod:`probtune.model.recurrent_cells`): each step's recurrent product and
-gates, as onnxruntime computes them (ONNX's default activations). A
-bidirectional layer steps both directions at once (the backward one walking
-its sequence from the end). The hidden states are stacked into the output Y
-by a call that fusion leaves alone: fused with the flips of a backward
-direction, TVM 0.27's FuseTIR fails on calls that read some fields of a
-kernel's tuple of outputs. A GRU without ``linear_before_reset`` keeps a
+gates, as onnxruntime computes them (ONNX's default activations), its steps'
+hidden states stacked. A bidirectional layer steps both directions at once
+(the backward one walking its sequence from the end). The runs' hidden
+states are concatenated into the output Y, and the final state taken from
+the last run, by calls that fusion leaves alone: fused with the flips of a
+backward direction, TVM 0.27's FuseTIR fails on calls that read some fields
+of a kernel's tuple of outputs. A GRU without ``linear_before_reset`` keeps a
 form of its own, in Relax operators, a direction at a time.
 """
 
@@ -28,7 +29,7 @@ from tvm import relax, topi
 
 from probtune.errors import ModelImportError
 from probtune.interfaces import OnnxConverter
-from probtune.model.recurrent_cells import STEPS_PER_KERNEL, gru_steps, lstm_steps, rnn_steps
+from probtune.model.recurrent_cells import STEPS_PER_KERNEL, gru_steps, last_state, lstm_steps, rnn_steps
 
 __all__ = ["ONNX_CONVERTERS", "celu", "gru", "lp_normalization", "lstm", "rnn", "swish"]
 
@@ -103,11 +104,12 @@ class _Layer:
         pieces = self.emit(relax.op.split(projected, sections, axis=0))
         return [self.emit(relax.TupleGetItem(pieces, run)) for run in range(-(-self.steps // length))]
 
-    def outputs_of(self, call: relax.Expr, count: int) -> list[relax.Expr]:
-        """The first ``count`` fields of a call's tuple (the call itself if it returns one tensor)."""
-        if not isinstance(call.ty, relax.TupleType):
-            return [call]
-        return [self.emit(relax.TupleGetItem(call, i)) for i in range(count)]
+    def opaque(self, compute: Any, *args: relax.Expr, name: str) -> relax.Expr:
+        """``compute`` (a TE function) of ``args``, a call that fusion leaves alone (see the module's doc)."""
+        call = self.bb.emit_te(compute, *args, primfunc_name_hint=name)
+        func = self.bb.lookup_binding(call).args[0]
+        self.bb.update_func(func, self.bb.get()[func].with_attr("op_pattern", _OPAQUE))
+        return call
 
     def order(self, direction: int) -> range:
         return range(self.steps - 1, -1, -1) if self.reverse[direction] else range(self.steps)
@@ -171,12 +173,20 @@ class _Layer:
             return self.emit(relax.op.zeros((self.directions, self.batch, self.hidden), self.x.ty.dtype))
         return self.emit(relax.op.permute_dims(state, [1, 0, 2])) if self.batch_first else state
 
-    def walked_outputs(self, states: list[relax.Expr], finals: list[relax.Expr]) -> list[relax.Expr]:
-        """Y (steps, directions, batch, hidden) in step order from the states of every direction as each walked
-        its sequence (a backward direction's put back in step order), then each final state."""
-        walked = self.bb.emit_te(topi.stack, states, 0, primfunc_name_hint="stack_states")
-        stack = self.bb.lookup_binding(walked).args[0]  # its own call: see the module's doc
-        self.bb.update_func(stack, self.bb.get()[stack].with_attr("op_pattern", _OPAQUE))
+    def start_of(self, state: relax.Expr | None, runs: list[relax.Expr]) -> relax.Expr:
+        """What the first run starts from, in the form every run reads the run before it: the initial state
+        (zeros where the node has none) repeated, (first run's steps, directions, batch, hidden)."""
+        shape = (int(runs[0].ty.shape[0]), self.directions, self.batch, self.hidden)
+        if state is None:
+            return self.emit(relax.op.zeros(shape, self.x.ty.dtype))
+        return self.emit(relax.op.broadcast_to(self.emit(relax.op.expand_dims(self.initial_states(state), 0)), shape))
+
+    def walked_outputs(self, runs: list[relax.Expr], finals: list[relax.Expr]) -> list[relax.Expr]:
+        """Y (steps, directions, batch, hidden) in step order from the hidden states of every run, each direction's
+        as it walked its sequence (a backward direction's put back in step order), then the final hidden state and
+        the other ``finals``."""
+        finals = [self.opaque(last_state, runs[-1], name="final_state"), *finals]
+        walked = self.opaque(lambda *r: topi.concatenate(r, 0), *runs, name="hidden_states")
         if any(self.reverse):
             parts = []
             for direction, reverse in enumerate(self.reverse):
@@ -208,13 +218,12 @@ def lstm(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], o
     layer = _Layer(bb, x, attrs)
     runs, recurrent, _ = layer.cell_inputs(w, r, b)
     peepholes = () if p is None else (p,)
-    hidden, cell, states = layer.initial_states(h0), layer.initial_states(c0), []
+    start, cell, states = layer.start_of(h0, runs), layer.initial_states(c0), []
     for run in runs:
-        out = bb.emit_te(lstm_steps, run, hidden, cell, recurrent, *peepholes, primfunc_name_hint="lstm_steps")
-        length = int(run.ty.shape[0])
-        states.extend(layer.outputs_of(out, length))
-        hidden, cell = states[-1], layer.emit(relax.TupleGetItem(out, length))
-    return relax.Tuple(layer.walked_outputs(states, [hidden, cell]))
+        out = bb.emit_te(lstm_steps, run, start, cell, recurrent, *peepholes, primfunc_name_hint="lstm_steps")
+        start, cell = layer.emit(relax.TupleGetItem(out, 0)), layer.emit(relax.TupleGetItem(out, 1))
+        states.append(start)
+    return relax.Tuple(layer.walked_outputs(states, [cell]))
 
 
 def gru(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], opset: int) -> relax.Expr:
@@ -225,8 +234,7 @@ def gru(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], op
     layer = _Layer(bb, x, attrs)
     linear_before_reset = bool(int(attrs.get("linear_before_reset", 0)))
     if linear_before_reset:
-        states = _gru_steps(layer, w, r, b, layer.initial_states(h0))
-        return relax.Tuple(layer.walked_outputs(states, [states[-1]]))
+        return relax.Tuple(layer.walked_outputs(_gru_steps(layer, w, r, b, h0), []))
     per_direction, finals = [], []
     for d in range(len(layer.reverse)):
         projected = layer.projections(w, d)
@@ -271,18 +279,17 @@ def gru(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], op
 
 
 def _gru_steps(
-    layer: _Layer, weight: relax.Expr, recurrent: relax.Expr, biases: relax.Expr | None, hidden: relax.Expr
+    layer: _Layer, weight: relax.Expr, recurrent: relax.Expr, biases: relax.Expr | None, h0: relax.Expr | None
 ) -> list[relax.Expr]:
-    """A GRU's hidden states with ``linear_before_reset``, every direction at once as the LSTM's, a run of steps
-    per kernel (:func:`~probtune.model.recurrent_cells.gru_steps`; the projections carry the input biases and the
+    """A GRU's hidden states with ``linear_before_reset``, run by run, every direction at once as the LSTM's, a
+    run of steps per kernel (:func:`~probtune.model.recurrent_cells.gru_steps`; the projections carry the input biases and the
     z and r gates' recurrent biases)."""
     runs, weights, reset_bias = layer.cell_inputs(weight, recurrent, biases, folded=2 * layer.hidden)
     extra = () if reset_bias is None else (reset_bias,)
-    states = []
+    start, states = layer.start_of(h0, runs), []
     for run in runs:
-        out = layer.bb.emit_te(gru_steps, run, hidden, weights, *extra, primfunc_name_hint="gru_steps")
-        states.extend(layer.outputs_of(out, int(run.ty.shape[0])))
-        hidden = states[-1]
+        start = layer.bb.emit_te(gru_steps, run, start, weights, *extra, primfunc_name_hint="gru_steps")
+        states.append(start)
     return states
 
 
@@ -293,12 +300,11 @@ def rnn(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], op
     b, h0 = (inputs[i] if len(inputs) > i else None for i in (3, 5))
     layer = _Layer(bb, x, attrs)
     runs, recurrent, _ = layer.cell_inputs(w, r, b)
-    hidden, states = layer.initial_states(h0), []
+    start, states = layer.start_of(h0, runs), []
     for run in runs:
-        out = bb.emit_te(rnn_steps, run, hidden, recurrent, primfunc_name_hint="rnn_steps")
-        states.extend(layer.outputs_of(out, int(run.ty.shape[0])))
-        hidden = states[-1]
-    return relax.Tuple(layer.walked_outputs(states, [hidden]))
+        start = bb.emit_te(rnn_steps, run, start, recurrent, primfunc_name_hint="rnn_steps")
+        states.append(start)
+    return relax.Tuple(layer.walked_outputs(states, []))
 
 
 def celu(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], opset: int) -> relax.Expr:

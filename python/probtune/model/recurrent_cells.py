@@ -8,26 +8,47 @@ recurrent layer the VM's cost per call (its arguments, its outputs'
 allocation) is as large as either. Written in TE, one function computes
 :data:`STEPS_PER_KERNEL` steps in a row, each the product of the previous
 hidden state and the recurrent weights, then the cell that reads its gates'
-columns of it; the function returns the hidden state of each of its steps
-(an output each, so that none is inlined into the next step's product) and,
-for an LSTM, the last cell state, which the next call starts from.
+columns of it; the function returns its steps' hidden states stacked, one
+output (each further output costs the VM another allocation and tuple
+field), and, for an LSTM, the last cell state. The next run starts from the
+last of those hidden states: a kernel reads its starting state as the last
+entry of the run before it (the first run, of the initial state repeated).
 
 The arithmetic is ONNX's (default activations), in the order onnxruntime
 computes it. Tensors, every direction at once: the steps' input projections
 ``(steps, directions, batch, gates x hidden)`` with the biases that can be
-added up front, the state ``(directions, batch, hidden)`` and the recurrent
-weights transposed ``(directions, hidden, gates x hidden)``.
+added up front, the previous run's hidden states ``(steps, directions,
+batch, hidden)``, an LSTM's cell state ``(directions, batch, hidden)`` and
+the recurrent weights transposed ``(directions, hidden, gates x hidden)``.
 """
 
 from __future__ import annotations
 
 from tvm import te, tirx
 
-__all__ = ["STEPS_PER_KERNEL", "gru_steps", "lstm_steps", "rnn_steps"]
+__all__ = ["STEPS_PER_KERNEL", "gru_steps", "last_state", "lstm_steps", "rnn_steps"]
 
 STEPS_PER_KERNEL = 4
 """The most steps of a layer one kernel computes: each call saves the VM's cost per call on all but one of them;
 more steps make a larger function to tune and compile (three blocks per LSTM step)."""
+
+
+def last_state(states: te.Tensor) -> te.Tensor:
+    """The last of a run's hidden states, (directions, batch, hidden): the state the next run starts from."""
+    last = int(states.shape[0]) - 1
+    return te.compute(states.shape[1:], lambda d, b, j: states[last, d, b, j], name="start_state")
+
+
+def _stacked(states: list[te.Tensor]) -> te.Tensor:
+    """The steps' hidden states as one tensor, (steps, directions, batch, hidden)."""
+
+    def pick(s: tirx.Var, d: tirx.Var, b: tirx.Var, j: tirx.Var) -> tirx.PrimExpr:
+        value = states[-1][d, b, j]
+        for step in range(len(states) - 2, -1, -1):
+            value = tirx.if_then_else(s == step, states[step][d, b, j], value)
+        return value
+
+    return te.compute((len(states), *states[0].shape), pick, name="hidden_states")
 
 
 def _product(hidden: te.Tensor, weights: te.Tensor) -> te.Tensor:
@@ -59,17 +80,17 @@ def _gru_step(steps: te.Tensor, s: int, hidden: te.Tensor, weights: te.Tensor, *
     return te.compute(hidden.shape, state, name="gru_cell")
 
 
-def gru_steps(steps: te.Tensor, hidden: te.Tensor, weights: te.Tensor, *reset_bias: te.Tensor) -> list[te.Tensor]:
-    """GRU steps with ``linear_before_reset``: each step's hidden state (directions, batch, hidden).
+def gru_steps(steps: te.Tensor, start: te.Tensor, weights: te.Tensor, *reset_bias: te.Tensor) -> te.Tensor:
+    """GRU steps with ``linear_before_reset`` from the last of ``start``'s hidden states: their hidden states.
 
     ``steps`` carries the input biases and the z and r gates' recurrent biases; the h gate's (``reset_bias``,
     (directions, 1, hidden), if the layer has biases) is added to its recurrent product before the reset gate
     scales it."""
-    states = []
+    hidden, states = last_state(start), []
     for s in range(int(steps.shape[0])):
         hidden = _gru_step(steps, s, hidden, weights, *reset_bias)
         states.append(hidden)
-    return states
+    return _stacked(states)
 
 
 def _lstm_step(
@@ -101,15 +122,15 @@ def _lstm_step(
 
 
 def lstm_steps(
-    steps: te.Tensor, hidden: te.Tensor, cell: te.Tensor, weights: te.Tensor, *peepholes: te.Tensor
+    steps: te.Tensor, start: te.Tensor, cell: te.Tensor, weights: te.Tensor, *peepholes: te.Tensor
 ) -> list[te.Tensor]:
-    """LSTM steps: each step's hidden state (directions, batch, hidden), then the last cell state.
-    ``peepholes``, if the layer has them, is ONNX's ``P`` (directions, 3 x hidden: i, o, f)."""
-    states = []
+    """LSTM steps from the last of ``start``'s hidden states and ``cell``: their hidden states, then the last cell
+    state. ``peepholes``, if the layer has them, is ONNX's ``P`` (directions, 3 x hidden: i, o, f)."""
+    hidden, states = last_state(start), []
     for s in range(int(steps.shape[0])):
         hidden, cell = _lstm_step(steps, s, hidden, cell, weights, *peepholes)
         states.append(hidden)
-    return [*states, cell]
+    return [_stacked(states), cell]
 
 
 def _rnn_step(steps: te.Tensor, s: int, hidden: te.Tensor, weights: te.Tensor) -> te.Tensor:
@@ -118,10 +139,10 @@ def _rnn_step(steps: te.Tensor, s: int, hidden: te.Tensor, weights: te.Tensor) -
     return te.compute(hidden.shape, lambda d, b, j: tirx.tanh(steps[s, d, b, j] + product[d, b, j]), name="rnn_cell")
 
 
-def rnn_steps(steps: te.Tensor, hidden: te.Tensor, weights: te.Tensor) -> list[te.Tensor]:
-    """RNN steps: each step's hidden state (directions, batch, hidden)."""
-    states = []
+def rnn_steps(steps: te.Tensor, start: te.Tensor, weights: te.Tensor) -> te.Tensor:
+    """RNN steps from the last of ``start``'s hidden states: their hidden states."""
+    hidden, states = last_state(start), []
     for s in range(int(steps.shape[0])):
         hidden = _rnn_step(steps, s, hidden, weights)
         states.append(hidden)
-    return states
+    return _stacked(states)
