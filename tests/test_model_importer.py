@@ -149,12 +149,14 @@ def _recurrent_model(tmp_path, op, gates, steps=6, hidden=8, features=5, peephol
               "h0": (d, 2, hidden), **({"c0": (d, 2, hidden), "P": (d, 3 * hidden)} if peepholes else {})}
     weights = [onnx.numpy_helper.from_array((rng.standard_normal(shape) * 0.5).astype(np.float32), name)
                for name, shape in shapes.items()]
-    node = helper.make_node(op, ["x", "W", "R", "B", "", "h0", *(["c0", "P"] if peepholes else [])], ["y", "y_h"],
+    finals = ["y_h", "y_c"] if op == "LSTM" else ["y_h"]
+    node = helper.make_node(op, ["x", "W", "R", "B", "", "h0", *(["c0", "P"] if peepholes else [])], ["y", *finals],
                             hidden_size=hidden, direction=direction,
                             **({"linear_before_reset": linear_before_reset} if op == "GRU" else {}))
     return _write(tmp_path, [node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, 2, features])],
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [steps, d, 2, hidden]),
-                   helper.make_tensor_value_info("y_h", TensorProto.FLOAT, [d, 2, hidden])], initializers=weights)
+                   *(helper.make_tensor_value_info(name, TensorProto.FLOAT, [d, 2, hidden]) for name in finals)],
+                  initializers=weights)
 
 
 def _fused_calls(path):
@@ -175,7 +177,8 @@ def test_a_run_of_recurrent_steps_is_one_call(tmp_path, op, gates, peepholes, di
     """An unrolled step costs the VM's cost per call: a run of up to STEPS_PER_KERNEL steps is one call, each
     step's recurrent product and the gates that read their columns of it (a GRU with ``linear_before_reset``, as
     PyTorch exports it), with no slice or split of its own, both directions of a bidirectional layer in the same
-    call; and it still computes what onnxruntime does (peepholes too, runs of unequal length too)."""
+    call; and it still computes what onnxruntime does (Y and the final states; peepholes too, runs of unequal
+    length too)."""
     from probtune.model import tune_model
     from probtune.model.recurrent_cells import STEPS_PER_KERNEL
 
@@ -184,8 +187,9 @@ def test_a_run_of_recurrent_steps_is_one_call(tmp_path, op, gates, peepholes, di
     runs = [call for call in _fused_calls(path) if "_steps" in call.args[0].name_hint]
     assert len(runs) == -(-steps // STEPS_PER_KERNEL)
     # and a product of the input projections per direction, their split into runs, Y's concatenation of the runs,
-    # the final state taken from the last run and, for a backward direction, the flip that puts its states in order
-    assert len(_fused_calls(path)) <= len(runs) + directions + 3 + (direction != "forward")
+    # the final states taken from the last run and, for a backward direction, the flip that puts its states in order
+    finals = 2 if op == "LSTM" else 1
+    assert len(_fused_calls(path)) <= len(runs) + directions + 2 + finals + (direction != "forward")
     compiled = tune_model(path, trials=0, database=tmp_path / "t.db").compile()
     assert compiled.check.reference == "onnxruntime"
 

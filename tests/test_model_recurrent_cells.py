@@ -1,7 +1,7 @@
 """Runs of recurrent steps as one kernel (probtune.model.recurrent_cells), against the gates written out in numpy.
 
-Each kernel starts from the last hidden state of the run before it (here a run of :data:`PREVIOUS` steps whose
-other states must not be read)."""
+Each kernel starts from what the run before it left (here a run of :data:`PREVIOUS` steps whose other states must
+not be read): its last hidden state, and an LSTM's cell state after it."""
 
 from __future__ import annotations
 
@@ -34,11 +34,11 @@ def _run(kernel, arrays: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def _inputs(steps: int, gates: int, cell: bool = False, extra: tuple[tuple[int, ...], ...] = ()) -> list[np.ndarray]:
-    """The steps' projections, the previous run's hidden states, the cell state where ``cell``, the recurrent
-    weights, then ``extra`` (biases, peepholes)."""
+    """The steps' projections, the previous run's output (its hidden states, then its cell state where ``cell``),
+    the recurrent weights, then ``extra`` (biases, peepholes)."""
     rng = np.random.default_rng(gates)
-    shapes = [(steps, DIRECTIONS, BATCH, gates * HIDDEN), (PREVIOUS, DIRECTIONS, BATCH, HIDDEN),
-              *[(DIRECTIONS, BATCH, HIDDEN)] * cell, (DIRECTIONS, HIDDEN, gates * HIDDEN), *extra]
+    shapes = [(steps, DIRECTIONS, BATCH, gates * HIDDEN), (PREVIOUS + cell, DIRECTIONS, BATCH, HIDDEN),
+              (DIRECTIONS, HIDDEN, gates * HIDDEN), *extra]
     return [(rng.standard_normal(shape) * 0.5).astype("float32") for shape in shapes]
 
 
@@ -69,20 +69,19 @@ def test_gru_steps_are_the_linear_before_reset_gru(steps, biased):
 
 @pytest.mark.parametrize("steps", [1, 3])
 @pytest.mark.parametrize("peepholes", [False, True])
-def test_lstm_steps_give_their_hidden_states_and_the_last_cell_state(steps, peepholes):
+def test_lstm_steps_give_their_hidden_states_then_the_last_cell_state(steps, peepholes):
     arrays = _inputs(steps, 4, cell=True, extra=((DIRECTIONS, 3 * HIDDEN),) if peepholes else ())
-    projections, previous, cell, weights = arrays[:4]
-    hidden = previous[-1]
-    pi, po, pf = (p[:, None, :] for p in np.split(arrays[4], 3, axis=-1)) if peepholes else (0, 0, 0)
+    projections, previous, weights = arrays[:3]
+    hidden, cell = previous[-2], previous[-1]
+    pi, po, pf = (p[:, None, :] for p in np.split(arrays[3], 3, axis=-1)) if peepholes else (0, 0, 0)
     expected = []
     for step in projections:
         i, o, f, c = _gates(step, hidden, weights, 4)
         cell = _sigmoid(f + pf * cell) * cell + _sigmoid(i + pi * cell) * np.tanh(c)
         hidden = _sigmoid(o + po * cell) * np.tanh(cell)
         expected.append(hidden)
-    states, last_cell = _run(lstm_steps, arrays)
-    _close(states, np.stack(expected))
-    _close(last_cell, cell)
+    (got,) = _run(lstm_steps, arrays)
+    _close(got, np.stack([*expected, cell]))
 
 
 @pytest.mark.parametrize("steps", [1, 4])

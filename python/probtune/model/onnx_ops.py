@@ -9,12 +9,11 @@ projections of every step are one matrix product up front (the biases added
 to them), split into runs of a few steps, and each run is one kernel
 (:mod:`probtune.model.recurrent_cells`): each step's recurrent product and
 gates, as onnxruntime computes them (ONNX's default activations), its steps'
-hidden states stacked. A bidirectional layer steps both directions at once
-(the backward one walking its sequence from the end). The runs' hidden
-states are concatenated into the output Y, and the final state taken from
-the last run, by calls that fusion leaves alone: fused with the flips of a
-backward direction, TVM 0.27's FuseTIR fails on calls that read some fields
-of a kernel's tuple of outputs. A GRU without ``linear_before_reset`` keeps a
+hidden states stacked (an LSTM's cell state after them). A bidirectional
+layer steps both directions at once (the backward one walking its sequence
+from the end). The runs' hidden states are concatenated into the output Y,
+and the final states taken from the last run, by calls of their own
+(:meth:`_Layer.opaque`). A GRU without ``linear_before_reset`` keeps a
 form of its own, in Relax operators, a direction at a time.
 """
 
@@ -25,11 +24,11 @@ from typing import Any
 
 import numpy as np
 import tvm
-from tvm import relax, topi
+from tvm import relax, te, topi
 
 from probtune.errors import ModelImportError
 from probtune.interfaces import OnnxConverter
-from probtune.model.recurrent_cells import STEPS_PER_KERNEL, gru_steps, last_state, lstm_steps, rnn_steps
+from probtune.model.recurrent_cells import STEPS_PER_KERNEL, gru_steps, lstm_steps, rnn_steps, state_at
 
 __all__ = ["ONNX_CONVERTERS", "celu", "gru", "lp_normalization", "lstm", "rnn", "swish"]
 
@@ -105,7 +104,8 @@ class _Layer:
         return [self.emit(relax.TupleGetItem(pieces, run)) for run in range(-(-self.steps // length))]
 
     def opaque(self, compute: Any, *args: relax.Expr, name: str) -> relax.Expr:
-        """``compute`` (a TE function) of ``args``, a call that fusion leaves alone (see the module's doc)."""
+        """``compute`` (a TE function) of ``args``, a call that fusion leaves alone: a run's kernel that took in
+        what reads its output would no longer be the same function (the same task) as the other runs'."""
         call = self.bb.emit_te(compute, *args, primfunc_name_hint=name)
         func = self.bb.lookup_binding(call).args[0]
         self.bb.update_func(func, self.bb.get()[func].with_attr("op_pattern", _OPAQUE))
@@ -181,12 +181,13 @@ class _Layer:
             return self.emit(relax.op.zeros(shape, self.x.ty.dtype))
         return self.emit(relax.op.broadcast_to(self.emit(relax.op.expand_dims(self.initial_states(state), 0)), shape))
 
-    def walked_outputs(self, runs: list[relax.Expr], finals: list[relax.Expr]) -> list[relax.Expr]:
-        """Y (steps, directions, batch, hidden) in step order from the hidden states of every run, each direction's
-        as it walked its sequence (a backward direction's put back in step order), then the final hidden state and
-        the other ``finals``."""
-        finals = [self.opaque(last_state, runs[-1], name="final_state"), *finals]
-        walked = self.opaque(lambda *r: topi.concatenate(r, 0), *runs, name="hidden_states")
+    def walked_outputs(self, runs: list[relax.Expr], cell: bool = False) -> list[relax.Expr]:
+        """Y (steps, directions, batch, hidden) in step order from the hidden states of every run (``cell``: each
+        run's output ends with a cell state), each direction's as it walked its sequence (a backward direction's
+        put back in step order), then the final hidden state (and cell state)."""
+        ends = (-2, -1) if cell else (-1,)
+        finals = [self.opaque(state_at, runs[-1], at, name="final_state") for at in ends]
+        walked = self.opaque(_hidden_states, runs, int(cell), name="hidden_states")
         if any(self.reverse):
             parts = []
             for direction, reverse in enumerate(self.reverse):
@@ -208,6 +209,16 @@ class _Layer:
         return self.emit(relax.TupleGetItem(halves, 0)), self.emit(relax.TupleGetItem(halves, 1))
 
 
+def _hidden_states(runs: Sequence[te.Tensor], trailing: int) -> te.Tensor:
+    """The runs' outputs concatenated, each without its last ``trailing`` entries (an LSTM run's cell state)."""
+    return topi.concatenate([_head(run, int(run.shape[0]) - trailing) for run in runs], 0)
+
+
+def _head(run: te.Tensor, count: int) -> te.Tensor:
+    """The first ``count`` entries of ``run``."""
+    return te.compute((count, *run.shape[1:]), lambda s, d, b, j: run[s, d, b, j], name="head")
+
+
 def lstm(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], opset: int) -> relax.Expr:
     """ONNX LSTM (gates i, o, f, c; optional biases, initial states and peepholes): (Y, Y_h, Y_c)."""
     _check_supported("LSTM", inputs, attrs, 4)
@@ -218,12 +229,12 @@ def lstm(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], o
     layer = _Layer(bb, x, attrs)
     runs, recurrent, _ = layer.cell_inputs(w, r, b)
     peepholes = () if p is None else (p,)
-    start, cell, states = layer.start_of(h0, runs), layer.initial_states(c0), []
+    cell = layer.emit(relax.op.expand_dims(layer.initial_states(c0), 0))
+    start, states = layer.emit(relax.op.concat([layer.start_of(h0, runs), cell], axis=0)), []
     for run in runs:
-        out = bb.emit_te(lstm_steps, run, start, cell, recurrent, *peepholes, primfunc_name_hint="lstm_steps")
-        start, cell = layer.emit(relax.TupleGetItem(out, 0)), layer.emit(relax.TupleGetItem(out, 1))
+        start = bb.emit_te(lstm_steps, run, start, recurrent, *peepholes, primfunc_name_hint="lstm_steps")
         states.append(start)
-    return relax.Tuple(layer.walked_outputs(states, [cell]))
+    return relax.Tuple(layer.walked_outputs(states, cell=True))
 
 
 def gru(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], opset: int) -> relax.Expr:
@@ -234,7 +245,7 @@ def gru(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], op
     layer = _Layer(bb, x, attrs)
     linear_before_reset = bool(int(attrs.get("linear_before_reset", 0)))
     if linear_before_reset:
-        return relax.Tuple(layer.walked_outputs(_gru_steps(layer, w, r, b, h0), []))
+        return relax.Tuple(layer.walked_outputs(_gru_steps(layer, w, r, b, h0)))
     per_direction, finals = [], []
     for d in range(len(layer.reverse)):
         projected = layer.projections(w, d)
@@ -304,7 +315,7 @@ def rnn(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], op
     for run in runs:
         start = bb.emit_te(rnn_steps, run, start, recurrent, primfunc_name_hint="rnn_steps")
         states.append(start)
-    return relax.Tuple(layer.walked_outputs(states, []))
+    return relax.Tuple(layer.walked_outputs(states))
 
 
 def celu(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], opset: int) -> relax.Expr:

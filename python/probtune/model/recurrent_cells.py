@@ -8,39 +8,39 @@ recurrent layer the VM's cost per call (its arguments, its outputs'
 allocation) is as large as either. Written in TE, one function computes
 :data:`STEPS_PER_KERNEL` steps in a row, each the product of the previous
 hidden state and the recurrent weights, then the cell that reads its gates'
-columns of it; the function returns its steps' hidden states stacked, one
-output (each further output costs the VM another allocation and tuple
-field), and, for an LSTM, the last cell state. The next run starts from the
-last of those hidden states: a kernel reads its starting state as the last
-entry of the run before it (the first run, of the initial state repeated).
+columns of it; the function returns one tensor (each further output costs
+the VM another allocation and tuple field): its steps' hidden states
+stacked, and after them, for an LSTM, the last cell state. The next run
+starts from what the run before it left there, read from that tensor (the
+first run's, the initial state repeated, as the same tensor).
 
 The arithmetic is ONNX's (default activations), in the order onnxruntime
 computes it. Tensors, every direction at once: the steps' input projections
 ``(steps, directions, batch, gates x hidden)`` with the biases that can be
-added up front, the previous run's hidden states ``(steps, directions,
-batch, hidden)``, an LSTM's cell state ``(directions, batch, hidden)`` and
-the recurrent weights transposed ``(directions, hidden, gates x hidden)``.
+added up front, the previous run's output ``(steps, directions, batch,
+hidden)`` (``steps + 1`` for an LSTM) and the recurrent weights transposed
+``(directions, hidden, gates x hidden)``.
 """
 
 from __future__ import annotations
 
 from tvm import te, tirx
 
-__all__ = ["STEPS_PER_KERNEL", "gru_steps", "last_state", "lstm_steps", "rnn_steps"]
+__all__ = ["STEPS_PER_KERNEL", "gru_steps", "lstm_steps", "rnn_steps", "state_at"]
 
 STEPS_PER_KERNEL = 4
 """The most steps of a layer one kernel computes: each call saves the VM's cost per call on all but one of them;
 more steps make a larger function to tune and compile (three blocks per LSTM step)."""
 
 
-def last_state(states: te.Tensor) -> te.Tensor:
-    """The last of a run's hidden states, (directions, batch, hidden): the state the next run starts from."""
-    last = int(states.shape[0]) - 1
-    return te.compute(states.shape[1:], lambda d, b, j: states[last, d, b, j], name="start_state")
+def state_at(run: te.Tensor, index: int) -> te.Tensor:
+    """Entry ``index`` (negative: from the end) of a run's output, (directions, batch, hidden)."""
+    at = index % int(run.shape[0])
+    return te.compute(run.shape[1:], lambda d, b, j: run[at, d, b, j], name="start_state")
 
 
 def _stacked(states: list[te.Tensor]) -> te.Tensor:
-    """The steps' hidden states as one tensor, (steps, directions, batch, hidden)."""
+    """``states`` (directions, batch, hidden) as one tensor, (count, directions, batch, hidden)."""
 
     def pick(s: tirx.Var, d: tirx.Var, b: tirx.Var, j: tirx.Var) -> tirx.PrimExpr:
         value = states[-1][d, b, j]
@@ -86,7 +86,7 @@ def gru_steps(steps: te.Tensor, start: te.Tensor, weights: te.Tensor, *reset_bia
     ``steps`` carries the input biases and the z and r gates' recurrent biases; the h gate's (``reset_bias``,
     (directions, 1, hidden), if the layer has biases) is added to its recurrent product before the reset gate
     scales it."""
-    hidden, states = last_state(start), []
+    hidden, states = state_at(start, -1), []
     for s in range(int(steps.shape[0])):
         hidden = _gru_step(steps, s, hidden, weights, *reset_bias)
         states.append(hidden)
@@ -121,16 +121,15 @@ def _lstm_step(
     return new_hidden, new_cell
 
 
-def lstm_steps(
-    steps: te.Tensor, start: te.Tensor, cell: te.Tensor, weights: te.Tensor, *peepholes: te.Tensor
-) -> list[te.Tensor]:
-    """LSTM steps from the last of ``start``'s hidden states and ``cell``: their hidden states, then the last cell
-    state. ``peepholes``, if the layer has them, is ONNX's ``P`` (directions, 3 x hidden: i, o, f)."""
-    hidden, states = last_state(start), []
+def lstm_steps(steps: te.Tensor, start: te.Tensor, weights: te.Tensor, *peepholes: te.Tensor) -> te.Tensor:
+    """LSTM steps from the run before's output (``start``: its last hidden state at -2, its cell state at -1):
+    their hidden states, then the last cell state, (steps + 1, directions, batch, hidden). ``peepholes``, if the
+    layer has them, is ONNX's ``P`` (directions, 3 x hidden: i, o, f)."""
+    hidden, cell, states = state_at(start, -2), state_at(start, -1), []
     for s in range(int(steps.shape[0])):
         hidden, cell = _lstm_step(steps, s, hidden, cell, weights, *peepholes)
         states.append(hidden)
-    return [_stacked(states), cell]
+    return _stacked([*states, cell])
 
 
 def _rnn_step(steps: te.Tensor, s: int, hidden: te.Tensor, weights: te.Tensor) -> te.Tensor:
@@ -141,7 +140,7 @@ def _rnn_step(steps: te.Tensor, s: int, hidden: te.Tensor, weights: te.Tensor) -
 
 def rnn_steps(steps: te.Tensor, start: te.Tensor, weights: te.Tensor) -> te.Tensor:
     """RNN steps from the last of ``start``'s hidden states: their hidden states."""
-    hidden, states = last_state(start), []
+    hidden, states = state_at(start, -1), []
     for s in range(int(steps.shape[0])):
         hidden = _rnn_step(steps, s, hidden, weights)
         states.append(hidden)
