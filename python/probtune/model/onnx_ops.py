@@ -103,9 +103,10 @@ class _Layer:
         pieces = self.emit(relax.op.split(projected, sections, axis=0))
         return [self.emit(relax.TupleGetItem(pieces, run)) for run in range(-(-self.steps // length))]
 
-    def opaque(self, compute: Any, *args: relax.Expr, name: str) -> relax.Expr:
-        """``compute`` (a TE function) of ``args``, a call that fusion leaves alone: a run's kernel that took in
-        what reads its output would no longer be the same function (the same task) as the other runs'."""
+    def opaque(self, compute: Any, *args: Any, name: str) -> relax.Expr:
+        """``compute`` (a TE function) of ``args`` (Relax tensors, lists of them, constants), a call that fusion
+        leaves alone: a run's kernel that took in what reads its output would no longer be the same function (the
+        same task) as the other runs'."""
         call = self.bb.emit_te(compute, *args, primfunc_name_hint=name)
         func = self.bb.lookup_binding(call).args[0]
         self.bb.update_func(func, self.bb.get()[func].with_attr("op_pattern", _OPAQUE))
@@ -293,8 +294,8 @@ def _gru_steps(
     layer: _Layer, weight: relax.Expr, recurrent: relax.Expr, biases: relax.Expr | None, h0: relax.Expr | None
 ) -> list[relax.Expr]:
     """A GRU's hidden states with ``linear_before_reset``, run by run, every direction at once as the LSTM's, a
-    run of steps per kernel (:func:`~probtune.model.recurrent_cells.gru_steps`; the projections carry the input biases and the
-    z and r gates' recurrent biases)."""
+    run of steps per kernel (:func:`~probtune.model.recurrent_cells.gru_steps`; the projections carry the input
+    biases and the z and r gates' recurrent biases)."""
     runs, weights, reset_bias = layer.cell_inputs(weight, recurrent, biases, folded=2 * layer.hidden)
     extra = () if reset_bias is None else (reset_bias,)
     start, states = layer.start_of(h0, runs), []
