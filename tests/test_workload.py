@@ -327,6 +327,31 @@ def test_integer_inputs_are_valid_indices_so_an_embedding_lookup_is_tuned_correc
     assert result.statuses["ok"] == result.measured > 0
 
 
+def test_an_integer_input_that_picks_a_slice_is_drawn_below_the_extent_it_indexes() -> None:
+    """ONNX Gather's constant index (a vision transformer's q, k or v of three) reaches its task as an input."""
+    from tvm import te, topi
+
+    data = te.placeholder((3, 16, 8), "float32", name="data")
+    index = te.placeholder((), "int64", name="index")
+    picked = topi.take(data, index, axis=0, mode="fast")
+    work = Workload.from_module(te.create_prim_func([data, index, picked]), name="take_slice")
+    assert work.index_extents == {1: 3}
+    drawn = [int(work.random_inputs(seed)[1]) for seed in range(12)]
+    assert set(drawn) == {0, 1, 2}  # the draws of [0, 4] folded into [0, 2]
+    for seed in range(12):
+        inputs, (output,) = work.reference_case(seed)
+        np.testing.assert_array_equal(output, inputs[0][int(inputs[1])])
+
+
+def test_integer_inputs_that_index_nothing_keep_their_draws() -> None:
+    from tvm import te
+
+    a = te.placeholder((64,), "int32", name="a")
+    doubled = te.compute(a.shape, lambda i: a[i] * 2, name="doubled")
+    work = Workload.from_module(te.create_prim_func([a, doubled]), name="double")
+    assert work.index_extents == {} and work.random_inputs(0)[0].max() == 4
+
+
 def _normalize_by_a_given_variance() -> Workload:
     """What a real text recognizer's layer-norm task is: the variance comes in as an input, under a square root."""
     from tvm import te

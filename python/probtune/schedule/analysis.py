@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import tvm_ffi
 from tvm import s_tir, tirx
+from tvm.ir.expr import TensorLoad
 
 __all__ = [
     "OTHER",
@@ -20,6 +21,7 @@ __all__ = [
     "identity",
     "indexing_dims",
     "is_spatial",
+    "iter_loads",
     "iter_stmts",
     "loop_kinds",
     "nested_sblocks",
@@ -36,7 +38,8 @@ REDUCTION = "reduction"
 OTHER = "other"  # unused by the block's bindings, or bound to opaque/ordered iterators
 
 _CHILD_FIELDS = ("seq", "block", "init", "body", "then_case", "else_case")
-_child_fields_by_type: dict[type, tuple[str, ...]] = {}
+_EXPR_FIELDS = ("a", "b", "value", "condition", "true_value", "false_value", "args", "indices", "body")
+_fields_by_type: dict[tuple[type, tuple[str, ...]], tuple[str, ...]] = {}
 
 _get_sblock_realize = tvm_ffi.get_global_func("s_tir.schedule.GetSBlockRealize")  # no Python wrapper in TVM 0.27
 
@@ -47,10 +50,15 @@ def _child_fields(stmt: tirx.Stmt) -> tuple[str, ...]:
     Asking a TVM object for a field it lacks raises and catches an AttributeError, the
     slowest step of a walk.
     """
-    fields = _child_fields_by_type.get(type(stmt))
+    return _fields(stmt, _CHILD_FIELDS)
+
+
+def _fields(node: tvm_ffi.Object, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The ``names`` that nodes of this type have, looked up once per type."""
+    key = (type(node), names)
+    fields = _fields_by_type.get(key)
     if fields is None:
-        fields = tuple(name for name in _CHILD_FIELDS if hasattr(type(stmt), name))
-        _child_fields_by_type[type(stmt)] = fields
+        fields = _fields_by_type[key] = tuple(name for name in names if hasattr(type(node), name))
     return fields
 
 
@@ -99,6 +107,21 @@ def iter_stmts(stmt: tirx.Stmt) -> Iterator[tirx.Stmt]:
         node = stack.pop()
         yield node
         stack.extend(reversed(child_stmts(node)))
+
+
+def iter_loads(expr: tirx.Expr) -> Iterator[TensorLoad]:
+    """Every buffer load in ``expr``, those in other loads' indices too, outer loads first."""
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, TensorLoad):
+            yield node
+        for name in reversed(_fields(node, _EXPR_FIELDS)):
+            child = getattr(node, name)
+            if isinstance(child, tirx.Expr):
+                stack.append(child)
+            elif isinstance(child, tvm_ffi.Array):
+                stack.extend(reversed([c for c in as_list(child) if isinstance(c, tirx.Expr)]))
 
 
 def block_names(func: tirx.PrimFunc) -> list[str]:

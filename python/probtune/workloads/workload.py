@@ -13,7 +13,7 @@ import functools
 import math
 import operator
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -24,6 +24,7 @@ from tvm.s_tir.analysis import estimate_tir_flops
 
 from probtune.errors import WorkloadShapeError
 from probtune.measure.timing import random_inputs
+from probtune.schedule.analysis import identity, iter_loads, iter_stmts
 
 __all__ = [
     "Workload",
@@ -111,8 +112,34 @@ class Workload:
         return [_static_param_spec(self.name, param) for param in self.prim_func.params]
 
     def random_inputs(self, seed: int) -> list[np.ndarray]:
-        """Input arrays that depend only on ``seed``: floats ~ U(-1, 1), ints in [0, 4]."""
-        return random_inputs(seed, self.param_specs()[: self.num_inputs])
+        """Input arrays that depend only on ``seed``: floats ~ U(-1, 1), ints in [0, 4], below the extent they index."""
+        arrays = random_inputs(seed, self.param_specs()[: self.num_inputs])
+        for position, extent in self.index_extents.items():
+            arrays[position] = arrays[position] % extent
+        return arrays
+
+    @functools.cached_property
+    def index_extents(self) -> dict[int, int]:
+        """Input position -> the smallest extent of a buffer dimension that the integer input indexes.
+
+        A model's constant index (ONNX Gather's, picking one of a few slices)
+        reaches a task as an input; drawn beyond the dimension, it reads
+        outside the buffer, and no two programs agree on what they read.
+        """
+        func = self.prim_func
+        specs = self.param_specs()
+        integers = {
+            identity(param): position
+            for position, param in enumerate(func.params[: self.num_inputs])
+            if np.issubdtype(np.dtype(specs[position][1]), np.integer)
+        }
+        extents: dict[int, int] = {}
+        for shape, indices in _accesses(func):
+            for extent, index in zip(shape, indices):
+                positions = [integers.get(identity(load.source)) for load in iter_loads(index)]
+                for position in (p for p in positions if p is not None and isinstance(extent, tvm.tirx.IntImm)):
+                    extents[position] = min(extents.get(position, int(extent)), int(extent))
+        return extents
 
     def reference_case(self, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Inputs of ``seed`` where the function is defined (:data:`INPUT_RANGES`), and their reference outputs.
@@ -382,6 +409,16 @@ def _rms(arrays: Sequence[np.ndarray]) -> float:
     total = sum(float(np.sum(np.square(a))) for a in finite)
     count = sum(a.size for a in finite)
     return math.sqrt(total / count) if count else 0.0
+
+
+def _accesses(func: tvm.tirx.PrimFunc) -> Iterator[tuple[Any, Any]]:
+    """(shape, indices) of every buffer access of ``func``'s stores: the store's own and every load in it."""
+    for stmt in iter_stmts(func.body):
+        if isinstance(stmt, tvm.tirx.BufferStore):
+            yield stmt.buffer.shape, stmt.indices
+            for expr in (stmt.value, *stmt.indices):
+                for load in iter_loads(expr):
+                    yield load.source.shape, load.indices
 
 
 def _moved(array: np.ndarray, low: float, high: float) -> np.ndarray:
