@@ -147,6 +147,23 @@ def test_a_reference_too_large_to_carry_travels_as_a_seed_and_sampled_outputs(tm
     assert ran.returncode == 2 and "input 0 made from seed 1 differs" in ran.stderr
 
 
+def test_a_seeded_reference_folds_an_index_input_as_the_workload_draws_it(tmp_path: Path) -> None:
+    """A slice picked by an integer input: seed 3 draws 3 for it, out of the 3 slices, and both sides fold it to 0."""
+    from tvm import te, topi
+
+    from probtune.workloads.workload import Workload
+
+    data = te.placeholder((3, 16, 8), "float32", name="data")
+    index = te.placeholder((), "int64", name="index")
+    work = Workload.from_module(te.create_prim_func([data, index, topi.take(data, index, axis=0)]), name="pick")
+    db = tmp_path / "tuning.db"
+    written = write_bundle(work, tmp_path / "b", device=DEVICE, database=db, candidates=2, seed=3, reference_mb=1e-6)
+    seeded = json.loads((written.path / MANIFEST).read_text())["reference"]["seeded"]
+    assert seeded["index_extents"] == [[1, 3]]
+    assert _run_script(written.path).returncode == 0
+    assert import_results(written.path, db).statuses == {"ok": written.candidates}
+
+
 def test_bad_folders_are_named(tmp_path: Path) -> None:
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("")

@@ -22,7 +22,7 @@ import json
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -234,7 +234,8 @@ class BundlePipeline:
                                program_hash=candidate.program_hash, build_seconds=built[index].seconds)
         runnable = [i for i in runnable if i not in failed]
         entries = _write_candidates(out, [(batch[i], built[i], codes.get(i)) for i in runnable], kind)
-        reference = write_reference(session.form.reference, out / "reference.npz", self.seed, self.reference_mb)
+        reference = write_reference(session.form.reference, out / "reference.npz", self.seed, self.reference_mb,
+                                    session.workload.index_extents)
         write_manifest(out, session.workload, spec, entries, reference, measured_on=key.text,
                        cache_flush=key.cold, device_code=kind)
         return BundleWritten(out, key.text, len(entries), len(batch) - len(entries))
@@ -335,11 +336,14 @@ def carry_runtimes(out: Path, kind: str | None) -> dict[str, str]:
     return carried
 
 
-def write_reference(reference: MeasureReference, path: Path, seed: int, limit_mb: float = BUNDLE_REFERENCE_MB) -> dict[str, Any]:
+def write_reference(
+    reference: MeasureReference, path: Path, seed: int, limit_mb: float = BUNDLE_REFERENCE_MB,
+    index_extents: Mapping[int, int] | None = None,
+) -> dict[str, Any]:
     """Write a bundle's reference to ``path``, whole or seeded (inputs by seed, outputs sampled); its manifest entry.
 
     ``reference`` is a task's reference (:func:`~probtune.measure.runner.prepare_reference`),
-    computed from the inputs of ``seed``.
+    computed from the inputs of ``seed`` (integer inputs folded below ``index_extents``, as the workload draws them).
     """
     entry: dict[str, Any] = {"path": path.name, "num_inputs": reference.num_inputs, "rtol": reference.rtol,
                              "atol": reference.atol}
@@ -349,7 +353,8 @@ def write_reference(reference: MeasureReference, path: Path, seed: int, limit_mb
     inputs, outputs = timing.read_reference(reference.path, reference.num_inputs)
     specs = [(list(array.shape), array.dtype.name) for array in inputs]
     digests = [timing.sha256(array) for array in inputs]
-    if digests != [timing.sha256(array) for array in timing.random_inputs(seed, specs)]:
+    extents = dict(index_extents or {})
+    if digests != [timing.sha256(array) for array in timing.random_inputs(seed, specs, extents)]:
         raise TuningConfigError(
             f"the reference is {Path(reference.path).stat().st_size / 1e6:.0f} MB, over the bundle's limit of "
             f"{limit_mb:g} MB, and its inputs are not made from a seed: raise the limit to carry it whole"
@@ -360,7 +365,7 @@ def write_reference(reference: MeasureReference, path: Path, seed: int, limit_mb
         positions = np.sort(rng.choice(array.size, min(array.size, SAMPLED_POSITIONS), replace=False))
         arrays[f"positions_{index}"], arrays[f"output_{index}"] = positions, array.reshape(-1)[positions]
     np.savez(path, **arrays)
-    entry["seeded"] = {"seed": seed, "inputs": specs, "sha256": digests,
+    entry["seeded"] = {"seed": seed, "inputs": specs, "sha256": digests, "index_extents": sorted(extents.items()),
                        "outputs": [(list(array.shape), array.dtype.name) for array in outputs]}
     return entry
 

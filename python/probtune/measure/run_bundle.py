@@ -143,7 +143,8 @@ def read_reference_of(bundle: Path, reference: dict[str, Any]) -> tuple[tuple[An
     if "seeded" not in reference:
         return timing.read_reference(path, reference["num_inputs"])
     seeded = reference["seeded"]
-    inputs = tuple(timing.random_inputs(seeded["seed"], seeded["inputs"]))
+    extents = {int(position): int(extent) for position, extent in seeded.get("index_extents", [])}
+    inputs = tuple(timing.random_inputs(seeded["seed"], seeded["inputs"], extents))
     for index, (array, digest) in enumerate(zip(inputs, seeded["sha256"])):
         if timing.sha256(array) != digest:
             raise SeededInputsError(

@@ -12,7 +12,7 @@ import hashlib
 import math
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ COLD_CALLS = 10  # at most this many cold calls averaged into one repeat: each n
 EVICT_FACTOR = 1.5  # a cold call's eviction read covers this many times the last-level cache
 FALLBACK_LLC_BYTES = 32 << 20  # the last-level cache assumed where the machine does not describe its caches
 INTEGER_INPUT_RANGE = 4  # ints drawn from [0, 4]: valid indices of any gathered dimension of 5 or more (an
-# embedding lookup reads out of bounds at a negative one), and no overflow in small sums
+# embedding lookup reads out of bounds at a negative one; a smaller one folds them), and no overflow in small sums
 _ERROR_LINES = 12
 _ERROR_CHARS = 2000
 
@@ -82,10 +82,19 @@ class SampledOutput:
     values: np.ndarray
 
 
-def random_inputs(seed: int, specs: Sequence[tuple[Sequence[int], str]]) -> list[np.ndarray]:
-    """Input arrays of the given shapes and dtypes that depend only on ``seed``: floats ~ U(-1, 1), ints in [0, 4]."""
+def random_inputs(
+    seed: int, specs: Sequence[tuple[Sequence[int], str]], index_extents: Mapping[int, int] | None = None
+) -> list[np.ndarray]:
+    """Input arrays of the given shapes and dtypes that depend only on ``seed``: floats ~ U(-1, 1), ints in [0, 4].
+
+    Input ``i`` of ``index_extents`` indexes a dimension of that extent: its
+    draws are folded below it (modulo), so that it reads inside its buffer.
+    """
     rng = np.random.default_rng(seed)
-    return [_random_array(rng, tuple(shape), dtype) for shape, dtype in specs]
+    arrays = [_random_array(rng, tuple(shape), dtype) for shape, dtype in specs]
+    for position, extent in (index_extents or {}).items():
+        arrays[position] = arrays[position] % extent
+    return arrays
 
 
 def _random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:

@@ -113,10 +113,7 @@ class Workload:
 
     def random_inputs(self, seed: int) -> list[np.ndarray]:
         """Input arrays that depend only on ``seed``: floats ~ U(-1, 1), ints in [0, 4], below the extent they index."""
-        arrays = random_inputs(seed, self.param_specs()[: self.num_inputs])
-        for position, extent in self.index_extents.items():
-            arrays[position] = arrays[position] % extent
-        return arrays
+        return random_inputs(seed, self.param_specs()[: self.num_inputs], self.index_extents)
 
     @functools.cached_property
     def index_extents(self) -> dict[int, int]:
