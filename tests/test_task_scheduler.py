@@ -16,11 +16,13 @@ class FakeTasks:
         self.capacity = capacity or {}
         self.trials = [0] * len(specs)
         self.order: list[int] = []
+        self.sizes: list[int] = []  # each round's size, as asked for
 
     def progress(self) -> list[TaskProgress]:
         return [TaskProgress(f"task{i}", weight) for i, (weight, *_rest) in enumerate(self.specs)]
 
     def run_round(self, index: int, size: int) -> tuple[int, float | None]:
+        self.sizes.append(size)
         left = self.capacity.get(index, 10**9) - self.trials[index]
         measured = max(0, min(size, left))
         self.trials[index] += measured
@@ -65,8 +67,23 @@ def test_all_exhausted_ends_early():
 def test_a_small_budget_is_spread_over_the_tasks_first_rounds():
     fake = FakeTasks([(1, 1.0, 0.5, 4)] * 5)
     tasks = fake.progress()
-    spend(10, tasks, GradientScheduler(), fake.run_round, batch_size=16)
-    assert fake.trials == [2, 2, 2, 2, 2]
+    assert spend(20, tasks, GradientScheduler(), fake.run_round, batch_size=16) == 20
+    assert sorted(fake.order[:5]) == [0, 1, 2, 3, 4] and fake.sizes[:5] == [2] * 5  # half the budget, shared
+
+
+def test_the_first_rounds_of_many_tasks_leave_half_the_budget_to_the_slow_ones():
+    # 40 tasks, one holding most of the time: rounds of 16 each first would take 640 of the 1000 trials.
+    fake = FakeTasks([(50, 5.0, 1.0, 16)] + [(1, 0.1, 0.09, 4)] * 39)
+    tasks = fake.progress()
+    assert spend(1000, tasks, GradientScheduler(), fake.run_round, batch_size=16) == 1000
+    assert fake.sizes[:40] == [12] * 40  # 500 trials over 40 first rounds
+    assert fake.trials[0] > 500
+
+
+def test_a_share_of_one_gives_full_first_rounds():
+    fake = FakeTasks([(1, 1.0, 0.5, 4)] * 5)
+    spend(100, fake.progress(), GradientScheduler(), fake.run_round, batch_size=16, first_rounds_share=1.0)
+    assert fake.sizes[:5] == [16] * 5
 
 
 def test_fewer_trials_than_tasks_reach_the_first_tasks_only():
@@ -130,5 +147,5 @@ def test_a_plugin_s_scheduler_is_made_by_name(monkeypatch):
     monkeypatch.setattr(probtune.plugins, "_registry", load_registry(extra_plugins=[Plugin()]))
     fake = FakeTasks([(1, 1.0, 0.5, 4)] * 3)
     spend(6, fake.progress(), make_scheduler("last-first"), fake.run_round, batch_size=2)
-    assert fake.order == [2, 2, 2]
+    assert fake.trials == [0, 0, 6]
     assert list(load_registry().task_schedulers) == ["gradient", "round-robin"]

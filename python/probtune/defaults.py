@@ -6,8 +6,9 @@ Nothing is imported here, so that the CLI can read them before TVM loads.
 from __future__ import annotations
 
 __all__ = [
-    "BATCH_SIZE", "BUILD_TIMEOUT", "BUNDLE_REFERENCE_MB", "CONFIRM", "CONFIRM_SHARE", "COST_MODEL", "LOCAL", "MODEL_CACHE_FLUSH",
-    "MODEL_ROUND_CANDIDATES", "MODEL_TRIALS", "OPERATOR_TRIALS", "PRECISIONS", "RUN_TIMEOUT", "SCHEDULER",
+    "BATCH_SIZE", "BUILD_TIMEOUT", "BUNDLE_REFERENCE_MB", "CONFIRM", "CONFIRM_SHARE", "COST_MODEL", "FIRST_ROUNDS_SHARE",
+    "LOCAL", "MODEL_CACHE_FLUSH", "MODEL_ROUND_CANDIDATES", "MODEL_TRIALS", "OPERATOR_TRIALS", "PRECISIONS", "RUN_TIMEOUT",
+    "SCHEDULER",
 ]
 
 OPERATOR_TRIALS = 64
@@ -21,6 +22,12 @@ BATCH_SIZE = 16
 
 Rounds of 16 with one generation each cost the search time per trial of
 rounds of 32 with two, and the cost model learns twice as often."""
+
+FIRST_ROUNDS_SHARE = 0.5
+"""At most this part of a model's budget goes to its tasks' first rounds; the task scheduler gives out the rest.
+
+With a round of ``BATCH_SIZE`` for each of many tasks, the first rounds would take nearly all of the budget,
+and the few tasks that hold most of the time would get no more trials than the many that hold little."""
 
 CONFIRM = 4
 """Best records of a task timed again at the end of a run, so that one lucky timing does not decide."""

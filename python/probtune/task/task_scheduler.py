@@ -1,7 +1,9 @@
 """Task schedulers: spend one trial budget over many tasks where it cuts the model's latency most.
 
 A model's latency is the sum over its tasks of weight x best latency. Every
-task first gets one round, so that none is left untuned; then the gradient
+task first gets one round, so that none is left untuned (the first rounds
+take at most a share of the budget, so that the rest goes where their
+measurements say the time is); then the gradient
 scheduler (MetaSchedule's and Ansor's) gives the next round to the task with
 the largest expected gain, weight x (alpha x its recent improvement per trial
 + (1 - alpha) x best latency / trials spent), and round-robin takes turns. A
@@ -14,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from probtune.defaults import FIRST_ROUNDS_SHARE
 
 __all__ = [
     "BUILTIN_SCHEDULERS",
@@ -119,16 +123,24 @@ RoundFn = Callable[[int, int], tuple[int, "float | None"]]
 
 
 def spend(
-    budget: int, tasks: Sequence[TaskProgress], scheduler: TaskScheduler, run_round: RoundFn, batch_size: int
+    budget: int,
+    tasks: Sequence[TaskProgress],
+    scheduler: TaskScheduler,
+    run_round: RoundFn,
+    batch_size: int,
+    first_rounds_share: float = FIRST_ROUNDS_SHARE,
 ) -> int:
     """Give rounds to the tasks the scheduler picks until ``budget`` trials are spent or no task can use more.
 
-    A task's first round is ``budget / len(tasks)`` trials at most, so that
-    every task gets one when the budget allows; a round that measures
-    nothing marks its task done. Returns the trials spent.
+    A task's first round is at most ``batch_size`` trials, and the first
+    rounds together take at most ``first_rounds_share`` of the budget (one
+    trial each at least, as far as the budget goes): a model of many tasks
+    keeps the rest for the tasks its first rounds found slow. A round that
+    measures nothing marks its task done. Returns the trials spent.
     """
     spent = 0
-    first_round = max(1, min(batch_size, budget // max(len(tasks), 1)))
+    unvisited = sum(1 for task in tasks if not task.rounds and not task.done)
+    first_round = max(1, min(batch_size, int(budget * first_rounds_share) // max(unvisited, 1)))
     while spent < budget:
         index = scheduler.next_task(tasks)
         if index is None:
