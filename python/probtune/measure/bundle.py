@@ -149,9 +149,10 @@ def new_folder(output: str | Path, what: str) -> Path:
 
 def drive_bundles(pipeline: BundlePipeline, tasks: Sequence[Task], candidates: int, model: CostModel, seed: int) -> None:
     """One bundle of up to ``candidates`` for each of ``tasks`` in turn: the one tuning loop, rounds written, not timed."""
-    # A round trip to the device costs more than a search round here: the first bundle is filled too.
+    # A round trip to the device costs more than a search round here: the first bundle is filled too, and a
+    # task's one round is its whole bundle (its first round takes all of its share of the budget).
     drive(pipeline, tasks, candidates * len(tasks), RoundRobinScheduler(), strategy=EVOLUTIONARY, cost_model=model,
-          batch_size=candidates, confirm=0, seed=seed, search_options={"untrained_share": 1.0})
+          batch_size=candidates, confirm=0, seed=seed, search_options={"untrained_share": 1.0}, first_rounds_share=1.0)
 
 
 @contextlib.contextmanager

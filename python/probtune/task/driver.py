@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from probtune.defaults import CONFIRM_SHARE
+from probtune.defaults import CONFIRM_SHARE, FIRST_ROUNDS_SHARE
 from probtune.errors import TuningConfigError, warn_caller
 from probtune.interfaces import CostModel, SpaceModule
 from probtune.measure.pipeline import Pipeline
@@ -71,11 +71,13 @@ def drive(
     seed: int = 0,
     modules: Sequence[str | SpaceModule] | None = None,
     search_options: dict[str, Any] | None = None,
+    first_rounds_share: float = FIRST_ROUNDS_SHARE,
 ) -> Driven:
     """Spend ``trials`` new measurements over ``tasks`` as ``scheduler`` picks, then time the best programs again.
 
     Each task's search is ``strategy``'s, guided by ``cost_model`` where the
-    strategy uses one. Each task first gets a round when ``trials`` allows; a task tuned before
+    strategy uses one. Each task first gets a round when ``trials`` allows (the first rounds together
+    ``first_rounds_share`` of them at most, :func:`spend`); a task tuned before
     (in the database, from any run) starts where it was. The best ``confirm``
     records of each task that carries at least ``CONFIRM_SHARE`` of the
     weighted estimate are timed again at the end.
@@ -84,7 +86,7 @@ def drive(
     with contextlib.closing(sessions):
         rows = [sessions.progress(i) for i in range(len(tasks))]
         _warn_unreached(list(tasks), rows, trials)
-        spent = spend(trials, rows, scheduler, sessions.run_round, batch_size)
+        spent = spend(trials, rows, scheduler, sessions.run_round, batch_size, first_rounds_share)
         confirmed = sessions.worth_confirming() if confirm else []
         for index, session in enumerate(confirmed):
             log.info("timing the best %d programs of task %d of %d again: %s", confirm, index + 1,
