@@ -131,6 +131,8 @@ class Workload:
             if np.issubdtype(np.dtype(specs[position][1]), np.integer)
         }
         extents: dict[int, int] = {}
+        if not integers:  # most tasks: nothing to walk for
+            return extents
         for shape, indices in _accesses(func):
             for extent, index in zip(shape, indices):
                 positions = [integers.get(identity(load.source)) for load in iter_loads(index)]
