@@ -203,7 +203,7 @@ def table(results: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--zoo", type=Path, default=ZOO, help="bench/zoo_export.py's folder (its manifest.json)")
-    parser.add_argument("--only", default="", help="comma-separated model names")
+    parser.add_argument("--only", default="", help="comma-separated model names, run in this order")
     parser.add_argument("--family", default="", help="comma-separated families (cnn, segmentation, ...)")
     parser.add_argument("--trials", type=int, default=0, help="per model (0: default programs, compiled and checked)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds one model's process may take")
@@ -223,7 +223,7 @@ def main() -> None:
         return
     names = [n for n in manifest if "error" not in manifest[n]]
     if args.only:
-        names = [n for n in names if n in args.only.split(",")]
+        names = [n for n in args.only.split(",") if n in names]  # in the order asked
     if args.family:
         names = [n for n in names if manifest[n].get("family") in args.family.split(",")]
     results = []
