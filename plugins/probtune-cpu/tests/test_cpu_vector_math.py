@@ -126,3 +126,52 @@ def test_a_function_of_a_rewritten_function_keeps_its_library_call(host):
     script = sch.mod.script()
     assert "T.tanh(" in script and "T.log(" not in script  # the log (its argument a call) became a polynomial
     assert_samples_correct(workload, generate_space(workload, host), host, samples=2)
+
+
+def _power(exponent: float, n: int, inner=lambda v: v, outer=lambda v: v) -> tvm.tirx.PrimFunc:
+    x = te.placeholder((n,), "float32", name="x")
+    y = te.compute((n,), lambda i: outer(tirx.pow(inner(x[i]), tirx.const(exponent, "float32"))), name="y")
+    return te.create_prim_func([x, y])
+
+
+def _rewritten_power(host, func: tvm.tirx.PrimFunc) -> tuple[str, object]:
+    sch = s_tir.Schedule(func)
+    assert RewriteVectorMath().check(sch, context_of(sch, host)) is None
+    _, inner = sch.split(sch.get_loops(sch.get_sblock("y"))[0], [None, 16])
+    sch.vectorize(inner)
+    return sch.mod.script(), tvm.compile(sch.mod, target=tvm.target.Target(host.tvm_target))
+
+
+@pytest.mark.parametrize("exponent", [1, 2, 3, 4])
+def test_a_small_integer_power_is_products_of_its_base(host, exponent):
+    inputs = np.concatenate([np.linspace(-30, 30, 4000), [0.0, -0.0, 1e-20, 1e20, -1e20, np.inf, -np.inf, np.nan]])
+    inputs = np.concatenate([inputs, np.ones(-len(inputs) % 16)]).astype(np.float32)
+    script, lib = _rewritten_power(host, _power(float(exponent), len(inputs)))
+    assert "T.pow(" not in script
+    assert not re.findall(r"call\w*\s+\*?\w*powf", lib.mod.inspect_source("s"))
+    got = run_module(lib, [inputs, np.zeros_like(inputs)])[1]
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = np.float32(1) * inputs
+        for _ in range(exponent - 1):
+            want = want * inputs  # numpy's float32 products, left to right
+    np.testing.assert_array_equal(got, want)  # overflow to inf, signs of zeros and NaN included
+    finite = np.isfinite(want) & (np.abs(want) > 1e-30)
+    np.testing.assert_allclose(got[finite], np.power(inputs[finite].astype(np.float64), exponent), rtol=4e-7)
+
+
+@pytest.mark.parametrize("exponent", [0.5, 2.5, 5.0, -1.0, 0.0])
+def test_other_powers_keep_the_library_call(host, exponent):
+    script, _ = _rewritten_power(host, _power(exponent, 64))
+    assert "T.pow(" in script
+
+
+def test_the_tanh_of_a_cube_rewrites_both(host):
+    """GELU's tanh form, ``tanh(c * (x + 0.044715 * x**3))``: the cube's products leave the tanh's argument free of
+    Let bindings, so the tanh becomes a polynomial too."""
+    n = 4096
+    inputs = np.linspace(-6, 6, n).astype(np.float32)
+    func = _power(3.0, n, outer=lambda cube: te.tanh(0.7978845608 * cube))
+    script, lib = _rewritten_power(host, func)
+    assert "T.pow(" not in script and "T.tanh(" not in script
+    got = run_module(lib, [inputs, np.zeros_like(inputs)])[1]
+    np.testing.assert_allclose(got, np.tanh(0.7978845608 * inputs.astype(np.float64) ** 3), atol=2e-6)

@@ -1,9 +1,11 @@
-"""Compute float32 ``tanh``, ``erf``, ``sigmoid``, ``exp2`` and the logarithms with arithmetic that vectorizes.
+"""Compute float32 ``tanh``, ``erf``, ``sigmoid``, ``exp2``, the logarithms and small integer powers with arithmetic
+that vectorizes.
 
 TVM lowers these to one scalar libm call per element even in a vectorized
 loop (``erff``; ``expf`` inside ``tanh`` and ``sigmoid``; ``exp2f``,
-``logf``): GELU, SiLU and tanh-GELU epilogues and log-softmax then run at
-scalar speed. As vendor libraries
+``logf``; ``powf`` for ``x ** 3``): GELU, SiLU and tanh-GELU epilogues,
+RMS norms' squares and log-softmax then run at scalar speed. A power by a
+constant 1 to 4 becomes products of its base. As vendor libraries
 do, ``tanh`` and ``erf`` become Eigen's rational approximations
 (odd polynomial over even polynomial, on an input clamped where the result
 is +-1 in float32), and ``sigmoid`` and ``exp2`` are written with
@@ -38,6 +40,8 @@ _ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5
 _ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
           -1.42647390514189e-02)
 _LN2 = 0.6931471805599453
+_POW = tvm.ir.Op.get("tirx.pow")
+_MAX_PRODUCT_POWER = 4  # x**n by n - 1 products of x; beyond, the rounding errors add up and powf is kept
 
 
 def _horner(z: tirx.Expr, coefficients: tuple[float, ...], dtype: str) -> tirx.Expr:
@@ -99,6 +103,26 @@ def polynomial_exp2(x: tirx.Expr, scale_with_ldexp: bool = False) -> tirx.Expr:
     return tirx.Let(arg, x, body)
 
 
+def _integer_power(exponent: int) -> CallRewrite:
+    """``x ** exponent`` as a product of ``x`` (left to right, as numpy's float32 ``x * x * x``)."""
+
+    def power(x: tirx.Expr, scale_with_ldexp: bool = False) -> tirx.Expr:
+        product = x
+        for _ in range(exponent - 1):
+            product = product * x
+        return product
+
+    return power
+
+
+def _constant_integer_exponent(expr: tirx.Expr) -> int | None:
+    """The exponent of ``pow(x, c)`` when ``c`` is a float constant equal to an integer from 1 to 4."""
+    exponent = expr.args[1]
+    if not isinstance(exponent, tirx.FloatImm) or not float(exponent.value).is_integer():
+        return None
+    return int(exponent.value) if 1 <= exponent.value <= _MAX_PRODUCT_POWER else None
+
+
 _REWRITES: dict[str, CallRewrite] = {
     "tirx.tanh": polynomial_tanh,
     "tirx.erf": polynomial_erf,
@@ -113,7 +137,8 @@ _OPS = {tvm.ir.Op.get(name): rewrite for name, rewrite in _REWRITES.items()}
 
 @dataclass(frozen=True)
 class RewriteVectorMath:
-    """Replace float32 ``tanh``, ``erf``, ``sigmoid``, ``exp2``, ``log``, ``log2`` and ``log10`` in stored values by arithmetic."""
+    """Replace float32 ``tanh``, ``erf``, ``sigmoid``, ``exp2``, ``log``, ``log2``, ``log10`` and ``pow`` by a
+    constant 1 to 4 in stored values by arithmetic."""
 
     name: str = "rewrite-vector-math"
 
@@ -125,6 +150,9 @@ class RewriteVectorMath:
 def _rewrite_of(expr: tirx.Expr) -> CallRewrite | None:
     if not isinstance(expr, tvm.ir.expr.Call) or str(expr.ty) != "float32":
         return None
+    if expr.op.same_as(_POW):
+        exponent = _constant_integer_exponent(expr)
+        return None if exponent is None else _integer_power(exponent)
     return next((rewrite for op, rewrite in _OPS.items() if expr.op.same_as(op)), None)
 
 
