@@ -3,10 +3,10 @@
     python bench/zoo_summary.py [FILE ...] [--plot bench/results/zoo_summary.png]
 
 Without files, every ``bench/results/zoo_tuned_1000*.json`` in the order git added them (a file git does not
-know comes last, by modification time); a later file's result for a model replaces an earlier one. Each row
-names the file it came from, since files span code versions and machines. The plot shows each model's ratio
-(the median over timing rounds of onnxruntime's time over probtune's in the same round) with the range of the
-rounds' ratios.
+know comes last, by modification time; files added in one commit by name); a later file's correct result for a
+model replaces an earlier one. Each row names the file it came from, since files span code versions and
+machines. The plot shows each model's ratio (the median over timing rounds of onnxruntime's time over probtune's
+in the same round) with the range of the rounds' ratios.
 """
 
 from __future__ import annotations
