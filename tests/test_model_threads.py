@@ -123,7 +123,7 @@ def _timer(figures: dict[int, list[float]], calls: list[int]):
 
 def test_fewer_threads_are_chosen_where_they_are_faster_than_the_margin():
     calls: list[int] = []
-    figures = {1: [1.0, 5.0, 1.0, 1.0, 1.0], 2: [1.2, 1.2, 0.5, 1.2, 1.2]}  # one slow round each: medians decide
+    figures = {1: [1.0, 1.4, 1.0, 1.0, 1.0], 2: [1.2, 1.2, 0.9, 1.2, 1.2]}  # one slow round each: medians decide
     choice = fastest_count(_timer(figures, calls), [1, 2], rounds=5, margin=0.03)
     assert choice.count == 1 and choice.medians == {1: 1.0, 2: 1.2}
     assert calls == [1, 2] * 5  # in turns, not one count after the other
@@ -137,3 +137,18 @@ def test_all_cores_are_kept_unless_fewer_are_clearly_faster():
     assert fastest_count(_timer(figures, []), [1, 2, 4], rounds=3, margin=0.03).count == 4
     figures = {1: [0.9] * 3, 2: [0.8] * 3, 4: [1.0] * 3}
     assert fastest_count(_timer(figures, []), [1, 2, 4], rounds=3, margin=0.03).count == 2
+
+
+def test_a_count_far_slower_than_another_is_timed_no_further():
+    calls: list[int] = []
+    figures = {1: [1.9], 2: [1.0] * 5}
+    choice = fastest_count(_timer(figures, calls), [1, 2], rounds=5, margin=0.03, drop=1.5)
+    assert calls == [1, 2] and choice.count == 2 and choice.rounds == 1  # one count left: the rounds end
+    calls.clear()
+    figures = {1: [1.9, 3.0], 2: [1.0] * 5, 4: [1.1, 1.0, 1.0, 1.0, 1.0]}
+    choice = fastest_count(_timer(figures, calls), [1, 2, 4], rounds=5, margin=0.03, drop=1.5)
+    assert calls == [1, 2, 4] + [2, 4] * 4 and choice.count == 4 and choice.medians[1] == 1.9
+    calls.clear()
+    figures = {1: [0.5] * 5, 2: [1.0]}  # all cores can be left behind too
+    assert fastest_count(_timer(figures, calls), [1, 2], rounds=5, margin=0.03, drop=1.5).count == 1
+    assert calls == [1, 2]

@@ -71,6 +71,10 @@ MODEL_ROUND_CANDIDATES = 16
 THREAD_CHOICE_ROUNDS = 5
 """Rounds in which a compiled model is timed at each thread count it may run on (:mod:`probtune.model.thread_count`)."""
 
+THREAD_CHOICE_DROP = 1.5
+"""A thread count timed this many times slower than the fastest in a round is timed no further
+(:mod:`probtune.model.thread_count`): the noise of a shared machine is a few percent, never this much."""
+
 THREAD_CHOICE_MARGIN = 0.03
 """How much faster (median over the rounds) fewer threads must run a compiled model than the target's cores to be
 chosen: a smaller gain is within the noise of a shared machine, and all cores are what its tasks were tuned on."""

@@ -5,7 +5,9 @@ back. A model of many small calls (a recurrent network stepping through its
 sequence) can lose more at every call to starting and joining the workers of
 its parallel loops than the workers save it, and then runs faster on fewer
 threads; the compiled model is timed at each count in turns and keeps the
-fastest, unless all cores are within :data:`~probtune.defaults.THREAD_CHOICE_MARGIN` of it.
+fastest, unless all cores are within :data:`~probtune.defaults.THREAD_CHOICE_MARGIN` of it. A count
+that runs far slower than another in a round (:data:`~probtune.defaults.THREAD_CHOICE_DROP`) is timed no
+further: a large model's single thread would otherwise take most of the time after tuning.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Protocol
 
 import numpy as np
 
-from probtune.defaults import THREAD_CHOICE_MARGIN, THREAD_CHOICE_ROUNDS
+from probtune.defaults import THREAD_CHOICE_DROP, THREAD_CHOICE_MARGIN, THREAD_CHOICE_ROUNDS
 
 __all__ = ["ThreadChoice", "candidate_counts", "choose_threads", "fastest_count"]
 
@@ -62,20 +64,30 @@ def candidate_counts(cores: int) -> list[int]:
 
 def fastest_count(
     seconds_at: Callable[[int], float], counts: Sequence[int], rounds: int = THREAD_CHOICE_ROUNDS,
-    margin: float = THREAD_CHOICE_MARGIN,
+    margin: float = THREAD_CHOICE_MARGIN, drop: float = THREAD_CHOICE_DROP,
 ) -> ThreadChoice:
     """The count of ``counts`` (the last: all cores) whose median of ``rounds`` timings ``seconds_at(count)``, taken in
-    turns, is lowest; all cores unless that count is more than ``margin`` faster."""
+    turns, is lowest; all cores unless that count is more than ``margin`` faster.
+
+    After each round, a count more than ``drop`` times slower than that round's fastest is timed no more; the rounds
+    end early when one count is left.
+    """
     timings: dict[int, list[float]] = {count: [] for count in counts}
+    timed = list(counts)
     for _ in range(rounds):
-        for count in counts:
-            timings[count].append(seconds_at(count))
+        figures = {count: seconds_at(count) for count in timed}
+        for count, seconds in figures.items():
+            timings[count].append(seconds)
+        fastest = min(figures.values())
+        timed = [count for count in timed if figures[count] <= fastest * drop]
+        if len(timed) == 1:
+            break
     medians = {count: float(np.median(times)) for count, times in timings.items()}
     everything = counts[-1]
-    best = min(counts, key=lambda count: medians[count])
-    if medians[best] > medians[everything] * (1.0 - margin):
+    best = min(timed, key=lambda count: medians[count])
+    if everything in timed and medians[best] > medians[everything] * (1.0 - margin):
         best = everything
-    return ThreadChoice(best, medians, rounds)
+    return ThreadChoice(best, medians, len(timings[best]))
 
 
 def choose_threads(compiled: _Runnable, inputs: Sequence[np.ndarray], cores: int) -> ThreadChoice:
