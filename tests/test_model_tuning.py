@@ -56,6 +56,28 @@ def test_a_cnn_is_tuned_compiled_and_matches_onnxruntime(cnn_result, tmp_path):
     np.testing.assert_array_equal(loaded(*inputs)[0], logits)
 
 
+class _RecordingVM:
+    """A compiled model's VM, with the arguments of its timers kept."""
+
+    def __init__(self, vm) -> None:
+        self.vm = vm
+        self.timers: list[dict] = []
+
+    def time_evaluator(self, *args, **kwargs):
+        self.timers.append(kwargs)
+        return self.vm.time_evaluator(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.vm, name)
+
+
+def test_a_repeat_runs_the_model_once_unless_min_repeat_ms_asks_for_more(cnn_result):
+    compiled = cnn_result.compile(check=False, num_threads=1)
+    compiled._vm = _RecordingVM(compiled._vm)
+    assert len(compiled.time(cnn_result.model.random_inputs(0), repeat=3, min_repeat_ms=0)) == 3
+    assert compiled._vm.timers == [{"number": 1, "repeat": 3, "min_repeat_ms": 0}]  # TVM's own default is 10 calls
+
+
 def test_a_thread_count_asked_for_is_kept_untimed(cnn_result):
     compiled = cnn_result.compile(check=False, num_threads=1)
     assert compiled.num_threads == compiled.threads() == 1 and compiled.thread_choice is None

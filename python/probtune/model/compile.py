@@ -223,9 +223,11 @@ class CompiledModel:
             return outputs_to_numpy(self._pool.run(self._main, *self._staged))
 
     def time(self, inputs: Sequence[np.ndarray], repeat: int = 10, min_repeat_ms: int = 100) -> list[float]:
-        """Seconds per call of the model on ``inputs``, one figure per repeat (TVM's timer)."""
+        """Seconds per call of the model on ``inputs``, one figure per repeat (TVM's timer): a repeat runs the model
+        once, or as many times as last ``min_repeat_ms``."""
         tensors = self._tensors(inputs)
-        timer = self._vm.time_evaluator("invoke_stateful", self._device, repeat=repeat, min_repeat_ms=int(min_repeat_ms))
+        timer = self._vm.time_evaluator("invoke_stateful", self._device, number=1, repeat=repeat,
+                                        min_repeat_ms=int(min_repeat_ms))
         with self._lock:
             self._vm.set_input("main", *tensors)
             return [float(r) for r in self._pool.run(timer, "main").results]

@@ -53,9 +53,11 @@ class RemoteModel:
         return outputs_to_numpy(self._vm["main"](*self._tensors(inputs)))
 
     def time(self, inputs: Sequence[np.ndarray], repeat: int = 10, min_repeat_ms: int = 100) -> list[float]:
-        """Seconds per call of the model on the device, one figure per repeat (TVM's timer, run there)."""
+        """Seconds per call of the model on the device, one figure per repeat (TVM's timer, run there): a repeat runs
+        the model once, or as many times as last ``min_repeat_ms``."""
         self._vm.set_input("main", *self._tensors(inputs))
-        timer = self._vm.time_evaluator("invoke_stateful", self._device, repeat=repeat, min_repeat_ms=int(min_repeat_ms))
+        timer = self._vm.time_evaluator("invoke_stateful", self._device, number=1, repeat=repeat,
+                                        min_repeat_ms=int(min_repeat_ms))
         return [float(r) for r in timer("main").results]
 
     def threads(self) -> int:
