@@ -58,3 +58,27 @@ def test_a_models_bilinear_upsampling_is_lowered_in_two_passes_and_matches_onnxr
     scripts = [task.workload.mod.script() for task in extract_tasks(fused) if "resize" in task.name]
     assert len(scripts) == 1 and ('"resize_width"' in scripts[0]) == two_passes
     check_outputs(model, untuned_runner(fused, host))
+
+
+@pytest.mark.parametrize(("exponent", "products"), [
+    (np.float32(3.0), True), (np.array([2.0], np.float32), True), (np.float32(1.0), True),
+    (np.float32(2.5), False), (np.float32(5.0), False),
+])
+def test_a_power_by_a_small_integer_constant_is_a_product_and_matches_onnxruntime(tmp_path, capfd, exponent, products):
+    """A tanh-GELU's cube: ``x ** 3`` as ``x * x * x``, without TVM's warning about ``pow`` of a negative base at each
+    call site; other exponents keep ``pow``."""
+    nodes = [helper.make_node("Pow", ["x", "c"], ["p"]), helper.make_node("Add", ["p", "x"], ["y"])]
+    graph = helper.make_graph(nodes, "cube", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])],
+                              [numpy_helper.from_array(np.asarray(exponent), "c")])
+    path = tmp_path / "cube.onnx"
+    onnx.save(make_model(graph), path)
+    model = load_model(path)
+    host = resolve_target("host")
+    capfd.readouterr()
+    fused = fuse(model, host)
+    (script,) = [task.workload.mod.script() for task in extract_tasks(fused)]
+    assert ("T.pow" in script) != products
+    if products:
+        assert "Detected pow" not in capfd.readouterr().err
+    check_outputs(model, untuned_runner(fused, host))

@@ -7,11 +7,13 @@ converts to still compiles, without a transpose around the operator. An
 inference batch norm with constant statistics becomes a multiply-add with a
 scale and shift computed once, where TVM's takes a square root and a division
 per element. A bilinear upsampling is computed along the width first, for the
-input's rows only, then along the height (:func:`bilinear_upsampling`).
+input's rows only, then along the height (:func:`bilinear_upsampling`). A power
+by a small integer constant (a tanh-GELU's cube) is a product of its base.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -19,14 +21,19 @@ import tvm
 from tvm import relax, te, tirx, topi
 from tvm.topi.image.resize import get_inx
 
-__all__ = ["LEGALIZATIONS", "SEPARABLE_MODES", "TWO_PASS_LAYOUTS", "bilinear_upsampling", "conv2d_transpose_nhwc",
-           "in_two_passes", "legalize"]
+__all__ = ["LEGALIZATIONS", "MAX_PRODUCT_POWER", "SEPARABLE_MODES", "TWO_PASS_LAYOUTS", "bilinear_upsampling",
+           "conv2d_transpose_nhwc", "in_two_passes", "legalize", "small_integer_exponent"]
 
 SEPARABLE_MODES = ("half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel")
 """Coordinate transformations of a bilinear resize whose source coordinates depend on one output axis each."""
 
 TWO_PASS_LAYOUTS = ("NCHW", "NHWC")
 """The layouts :func:`bilinear_upsampling` resizes in."""
+
+MAX_PRODUCT_POWER = 4
+"""The largest constant exponent computed as products (``x ** 3`` of a tanh-GELU): beyond, the rounding errors add up."""
+
+_TVM_POWER = tvm.ir.Op.get("relax.power").get_attr("FLegalize")
 
 
 def conv2d_transpose_nhwc(
@@ -166,10 +173,39 @@ def _resize2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
                       str(call.attrs.coordinate_transformation_mode), primfunc_name_hint="resize2d")
 
 
+def small_integer_exponent(call: relax.Call) -> int | None:
+    """The exponent of ``power(x, c)`` where ``c`` is a float constant of one element equal to an integer from 1 to
+    :data:`MAX_PRODUCT_POWER`, broadcast over ``x`` of the same dtype; else None."""
+    base, exponent = call.args
+    if not isinstance(exponent, tvm.ir.expr.Constant) or not isinstance(base.ty, relax.TensorType):
+        return None
+    value = exponent.value.numpy()
+    if value.size != 1 or base.ty.ndim < value.ndim or str(base.ty.dtype) != str(value.dtype) or value.dtype.kind != "f":
+        return None
+    number = float(value.reshape(()))
+    return int(number) if number.is_integer() and 1 <= number <= MAX_PRODUCT_POWER else None
+
+
+def _power(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """``x ** c`` for a :func:`small_integer_exponent` as ``c - 1`` products of ``x``, left to right (as numpy's
+    float32 ``x * x * x``); TVM lowers it to ``pow``, a scalar libm call, and warns at each call site. Any other
+    power as TVM lowers it."""
+    exponent = small_integer_exponent(call)
+    if exponent is None:
+        return _TVM_POWER(bb, call)
+
+    def product(x: te.Tensor) -> te.Tensor:
+        return te.compute(x.shape, lambda *i: functools.reduce(lambda p, _: p * x(*i), range(exponent - 1), x(*i)),
+                          name="power")
+
+    return bb.call_te(product, call.args[0], primfunc_name_hint="power")
+
+
 LEGALIZATIONS: dict[str, Callable[[relax.BlockBuilder, relax.Call], relax.Expr]] = {
     "relax.nn.batch_norm": _batch_norm,
     "relax.nn.conv2d_transpose": _conv2d_transpose,
     "relax.image.resize2d": _resize2d,
+    "relax.power": _power,
 }
 """Relax operator -> its lowering, for the forms TVM's legalization leaves unlowered or lowers less well."""
 
