@@ -22,6 +22,7 @@ from probtune_cpu.polynomial_exp import RewriteExpPolynomial
 from probtune_cpu.random_compute_location import RandomComputeLocation
 from probtune_cpu.reciprocal_division import RewriteInvariantDivision
 from probtune_cpu.tensorize import RewriteCPUTensorize
+from probtune_cpu.transpose_tiling import TransposeTiling
 from probtune_cpu.validators import (
     VerifyNoRecompute,
     VerifyParallel,
@@ -48,6 +49,7 @@ __all__ = [
     "RewriteReductionBlock",
     "RewriteSpatialInnermost",
     "RewriteVectorMath",
+    "TransposeTiling",
     "WinogradConv2D",
 ]
 
@@ -55,6 +57,7 @@ __all__ = [
 @hookimpl
 def probtune_register_space_modules(register: Callable[[Any], None]) -> None:
     register(MultiLevelTiling())
+    register(TransposeTiling())
     register(ParallelVectorize())
     register(AutoUnroll())
     register(AutoInline())

@@ -9,11 +9,13 @@ from __future__ import annotations
 __all__ = ["DEFAULT_GRAPH_REWRITES", "DEFAULT_LAYOUTS", "DEFAULT_MODULES", "DEFAULT_MUTATORS", "DEFAULT_VALIDATORS"]
 
 # auto-inline first, so tiling sees single elementwise consumers; add-rfactor before tiling splits the
-# loop nest; random-compute-location last, since its inline decision removes the block
+# loop nest; transpose tiling before parallel-vectorize, which vectorizes its column tile;
+# random-compute-location last, since its inline decision removes the block
 DEFAULT_MODULES = (
     "auto-inline",
     "add-rfactor",
     "multi-level-tiling",
+    "transpose-tiling",
     "parallel-vectorize",
     "auto-unroll",
     "random-compute-location",
