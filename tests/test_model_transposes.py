@@ -155,3 +155,26 @@ def test_a_bilinear_upsampling_at_the_output_is_laid_out_back_before_it(tmp_path
     host = resolve_target("host")
     assert _permutes(convert_layouts(model.mod, host.layouts)) == transposed
     check_outputs(model, untuned_runner(fuse(model, host), host))
+
+
+def test_tokens_laid_out_channels_first_upsampled_and_concatenated_need_no_transpose(tmp_path):
+    """SegFormer's decode head: token maps (N, H x W, C) of two sizes reshaped to (N, H, W, C) and transposed
+    channels first by the model, upsampled to one size, concatenated and fed to a convolution. Carried past the
+    resizes and the concatenation, the model's transposes meet the layout pass's into NHWC and cancel."""
+    rng = np.random.default_rng(0)
+    weights = [_const("w", rng.standard_normal((4, 6, 1, 1)).astype(np.float32)),
+               _const("hw8", np.array([1, 8, 8, 3])), _const("hw4", np.array([1, 4, 4, 3])),
+               _const("sizes", np.array([1, 3, 16, 16]))]
+    nodes = [helper.make_node("Reshape", ["a", "hw8"], ["a4"]), helper.make_node("Reshape", ["b", "hw4"], ["b4"]),
+             helper.make_node("Transpose", ["a4"], ["at"], perm=[0, 3, 1, 2]),
+             helper.make_node("Transpose", ["b4"], ["bt"], perm=[0, 3, 1, 2]),
+             helper.make_node("Resize", ["at", "", "", "sizes"], ["ar"], mode="linear"),
+             helper.make_node("Resize", ["bt", "", "", "sizes"], ["br"], mode="linear"),
+             helper.make_node("Concat", ["ar", "br"], ["cat"], axis=1),
+             helper.make_node("Conv", ["cat", "w"], ["c"]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    model = _model(tmp_path, "decode_head", nodes, weights, [("a", (1, 64, 3)), ("b", (1, 16, 3))],
+                   [("y", (1, 4, 16, 16))])
+    host = resolve_target("host")
+    assert _permutes(convert_layouts(model.mod, host.layouts)) == [[1, 4, 16, 16]]  # the output's, out of NHWC
+    check_outputs(model, untuned_runner(fuse(model, host), host))

@@ -7,6 +7,10 @@ Carried forward past elementwise operators, slices, concatenations and
 reshapes, the layout pass's transpose meets the next one and cancels. A
 transpose after a bilinear upsampling (a segmentation head's last, laid out
 back for the model's output) is done before it instead, on the smaller tensor.
+A model's own transpose into a resize's layout (SegFormer's tokens laid out
+channels first, upsampled and concatenated before a convolution the layout
+pass gives channels last) is carried past the resize, which then runs in the
+transpose's input layout.
 """
 
 from __future__ import annotations
@@ -43,12 +47,12 @@ def fold_transposes(mod: tvm.IRModule) -> tvm.IRModule:
     axes it has reordered (part of it is then done first), pays only where
     it meets another transpose.
     """
-    variants = [mutated(mod, _FoldTransposes(mod, wide, split)) for wide, split in FOLDS]
+    variants = [mutated(mod, _FoldTransposes(mod, wide, split, resized)) for wide, split, resized in FOLDS]
     return min(variants, key=transposed_elements)  # the first of the cheapest: the narrower rewrite on a tie
 
 
-FOLDS = ((False, False), (True, False), (True, True))
-"""The rewrites tried, narrowest first: ``(wide, split)`` of :class:`_FoldTransposes`."""
+FOLDS = ((False, False, False), (True, False, False), (True, True, False), (True, True, True))
+"""The rewrites tried, narrowest first: ``(wide, split, resized)`` of :class:`_FoldTransposes`."""
 
 
 def mutated(mod: tvm.IRModule, mutator: relax.PyExprMutator) -> tvm.IRModule:
@@ -124,9 +128,10 @@ class _FoldTransposes(relax.PyExprMutator):  # type: ignore[misc]
     """Joins ``permute_dims(permute_dims(x, p), q)`` into one (none for the identity), and writes an operator on
     transposed operands as the transpose of the operator on the untransposed ones: binary elementwise operators
     (a constant operand is laid out back), and if ``wide``, unary elementwise ones, slices, concatenations and
-    reshapes: with ``split``, also a reshape that merges axes the transpose has reordered."""
+    reshapes: with ``split``, also a reshape that merges axes the transpose has reordered; with ``resized``, also
+    resizes (carried past an upsampling, a transpose moves more elements, so this pays only where it meets another)."""
 
-    def __init__(self, mod: tvm.IRModule, wide: bool, split: bool) -> None:
+    def __init__(self, mod: tvm.IRModule, wide: bool, split: bool, resized: bool = False) -> None:
         super().__init__(mod)
         self.permute = tvm.ir.Op.get("relax.permute_dims")
         self.split = split
@@ -135,6 +140,8 @@ class _FoldTransposes(relax.PyExprMutator):  # type: ignore[misc]
             self.rules.update({name: self.carry_unary for name in _UNARY})
             self.rules.update({"relax.strided_slice": self.carry_slice, "relax.concat": self.carry_concat,
                                "relax.reshape": self.carry_reshape})
+        if resized:
+            self.rules["relax.image.resize2d"] = self.carry_resize
         self.sunk = _sinkable(mod)
         self.changed = 0
 
@@ -182,11 +189,22 @@ class _FoldTransposes(relax.PyExprMutator):  # type: ignore[misc]
         if not isinstance(source, relax.Var):
             source = self.builder_.emit(source)
         self.changed += 1
-        attrs = resize.attrs
-        return relax.op.image.resize2d(
-            source, resize.args[1], [float(v) for v in attrs.roi], "".join(attrs.layout[a] for a in axes),
-            attrs.method, attrs.coordinate_transformation_mode, attrs.rounding_method, float(attrs.cubic_alpha),
-            int(attrs.cubic_exclude), float(attrs.extrapolation_value), attrs.out_dtype or None)
+        return _resize_in(source, resize, "".join(resize.attrs.layout[a] for a in axes))
+
+    def carry_resize(self, call: relax.Call) -> relax.Expr:
+        """``resize2d(permute_dims(x, p))`` as the resize of ``x`` in its own layout (one a resize is lowered in
+        two passes in), transposed by ``p``."""
+        found = self.transposed(call.args[0])
+        layout = str(call.attrs.layout)
+        if found is None or len(found.ty.shape) != len(layout):
+            return call
+        axes = self.axes(found)
+        own = [""] * len(axes)
+        for position, axis in enumerate(axes):
+            own[axis] = layout[position]
+        if "".join(own) not in TWO_PASS_LAYOUTS:
+            return call
+        return self.moved(_resize_in(found.args[0], call, "".join(own)), axes)
 
     def carry(self, call: relax.Call) -> relax.Expr:
         """``op(a, b)`` with a transposed operand, as the transpose of ``op`` on the untransposed ones; else as it is."""
@@ -262,6 +280,15 @@ class _FoldTransposes(relax.PyExprMutator):  # type: ignore[misc]
             reshaped.extend(shape[k] for k in groups[g][1])
         moved = [start[g] + k for g in range(len(groups)) for k in range(len(groups[g][1]))]
         return self.moved(relax.op.reshape(source, reshaped), moved)
+
+
+def _resize_in(source: relax.Expr, resize: relax.Call, layout: str) -> relax.Call:
+    """``resize`` of ``source``, laid out in ``layout``: the same sizes, method and coordinates."""
+    attrs = resize.attrs
+    return relax.op.image.resize2d(
+        source, resize.args[1], [float(v) for v in attrs.roi], layout, attrs.method,
+        attrs.coordinate_transformation_mode, attrs.rounding_method, float(attrs.cubic_alpha), int(attrs.cubic_exclude),
+        float(attrs.extrapolation_value), attrs.out_dtype or None)
 
 
 def _sinkable(mod: tvm.IRModule) -> dict[relax.Call, relax.Call]:
