@@ -57,14 +57,15 @@ def round_ratios(result: dict) -> list[float]:
 def table(latest: dict[str, dict]) -> str:
     """Markdown: one row per model, slowest ratio first, then the counts and the summary over the models timed."""
     rows = sorted(latest.values(), key=lambda r: r.get("speedup_vs_onnxruntime") or 0.0)
-    lines = ["| model | family | outcome | tasks | x onnxruntime (median) | rounds' range | x faster of its thread counts "
-             "| machine | file |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | family | outcome | tasks | transposes (own layouts) | x onnxruntime (median) | rounds' range "
+             "| x faster of its thread counts | machine | file |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         outcome = "correct" if r["stage"] == "done" else f"{r['stage']}: {r.get('error', {}).get('type', '')}"
         ratios = round_ratios(r)
         spread = f"{min(ratios):.3f}-{max(ratios):.3f}" if ratios else "-"
         speed, fastest = (r.get(key) for key in ("speedup_vs_onnxruntime", "speedup_vs_fastest_onnxruntime"))
-        lines.append(f"| {r['model']} | {r.get('family', '-')} | {outcome} | {r.get('tasks', '-')} | "
+        moved = f"{r['transposes']['calls']} ({r['transposes_own_layouts']['calls']})" if "transposes" in r else "-"
+        lines.append(f"| {r['model']} | {r.get('family', '-')} | {outcome} | {r.get('tasks', '-')} | {moved} | "
                      f"{'-' if speed is None else f'{speed:.3f}'} | {spread} | "
                      f"{'-' if fastest is None else f'{fastest:.3f}'} | {r['machine']} | {r['file']} |")
     correct = sum(r["stage"] == "done" for r in rows)
