@@ -6,12 +6,12 @@ import numpy as np
 import onnx
 import pytest
 import tvm
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
 from probtune.errors import ModelImportError
 from probtune.model import load_model
-from probtune.model.examples import IR_VERSION, OPSET
+from probtune.model.examples import IR_VERSION, OPSET, make_model
 
 
 def _write(tmp_path, nodes, inputs, outputs, name="m.onnx", initializers=()):
@@ -245,3 +245,25 @@ def test_a_batch_first_bidirectional_layer_reads_its_initial_state_as_batch_firs
     compiled = tune_model(path, trials=0, database=tmp_path / "t.db").compile(check=False)
     for got, expected in zip(compiled(x), ReferenceEvaluator(str(path)).run(None, {"x": x}), strict=True):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_token_ids_out_of_their_table_are_refused_by_name_before_the_call(tmp_path):
+    """An embedding lookup (Gather of a 10-row table by an int64 input): the import records the table's rows for
+    that input, random inputs stay inside them, and the compiled model refuses an id outside [-10, 9] with an error
+    naming the input, instead of reading outside the table (onnxruntime refuses it too)."""
+    from probtune.model import tune_model
+
+    table = numpy_helper.from_array(np.arange(40, dtype=np.float32).reshape(10, 4), "table")
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0),
+             helper.make_node("Relu", ["rows"], ["y"])]
+    graph = helper.make_graph(nodes, "embedding", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 4])], [table])
+    path = tmp_path / "embedding.onnx"
+    onnx.save(make_model(graph), path)
+    model = load_model(path)
+    assert [spec.table_rows for spec in model.inputs] == [10]
+    compiled = tune_model(model, "host", trials=0, database=tmp_path / "t.db").compile()
+    (out,) = compiled(np.array([[9, -1, 0]]))
+    np.testing.assert_array_equal(out[0, :2], [[36, 37, 38, 39]] * 2)
+    with pytest.raises(ValueError, match=r"input 'ids' indexes a table of 10 rows: .*\[-10, 9\], got 10 at \(0, 1\)"):
+        compiled(np.array([[0, 10, 1]]))

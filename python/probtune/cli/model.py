@@ -185,7 +185,8 @@ def _check_writable(path: Path) -> None:
 
 
 def _write_inputs(path: Path, model: Any, threads: int) -> None:
-    specs = [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype} for s in model.inputs]
+    specs = [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype}
+             | ({"table_rows": s.table_rows} if s.table_rows is not None else {}) for s in model.inputs]
     Path(f"{path}.json").write_text(json.dumps({"model": model.name, "inputs": specs, "threads": threads}, indent=1))
 
 
@@ -206,7 +207,8 @@ def _read_inputs(path: Path, spec_type: Any) -> tuple[Any, ...]:
         raise ModelImportError(f"{sidecar} is missing: give the model's inputs with --compare-onnx MODEL.onnx")
     try:
         specs = json.loads(sidecar.read_text())["inputs"]
-        return tuple(spec_type(s["name"], tuple(int(d) for d in s["shape"]), str(s["dtype"])) for s in specs)
+        return tuple(spec_type(s["name"], tuple(int(d) for d in s["shape"]), str(s["dtype"]),
+                               int(s["table_rows"]) if s.get("table_rows") is not None else None) for s in specs)
     except (ValueError, KeyError, TypeError) as exc:
         raise ModelImportError(f"{sidecar}: not a probtune inputs file ({exc})") from None
 

@@ -279,7 +279,8 @@ def _numpy_view(tensor: Any) -> np.ndarray | None:
 
 
 def checked_inputs(inputs: Sequence[np.ndarray], specs: Sequence[InputSpec]) -> list[np.ndarray]:
-    """``inputs`` as C-ordered arrays; ValueError naming the input whose count, shape or dtype is not ``specs``'."""
+    """``inputs`` as C-ordered arrays; ValueError naming the input whose count, shape or dtype is not ``specs``', or
+    that indexes a table with a value outside its rows (the compiled gather would read outside the table)."""
     if len(inputs) != len(specs):
         names = [spec.name for spec in specs]
         raise ValueError(f"the model takes {len(specs)} inputs ({names}), got {len(inputs)}")
@@ -290,5 +291,16 @@ def checked_inputs(inputs: Sequence[np.ndarray], specs: Sequence[InputSpec]) -> 
             raise ValueError(
                 f"input {spec.name!r} must be {spec.dtype}{list(spec.shape)}, got {array.dtype}{list(array.shape)}"
             )
+        if spec.table_rows is not None:
+            _check_rows(array, spec.name, spec.table_rows)
         arrays.append(array)
     return arrays
+
+
+def _check_rows(array: np.ndarray, name: str, rows: int) -> None:
+    """ValueError if ``array``, an input that indexes a table of ``rows`` rows, holds an index outside [-rows, rows)."""
+    outside = (array < -rows) | (array >= rows)
+    if outside.any():
+        where = tuple(int(i) for i in np.argwhere(outside)[0])
+        raise ValueError(f"input {name!r} indexes a table of {rows} rows: its values must lie in [{-rows}, {rows - 1}], "
+                         f"got {array[where]} at {where}")

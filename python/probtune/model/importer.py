@@ -21,6 +21,7 @@ import tvm
 from tvm import relax
 
 from probtune.errors import ModelImportError, last_line, warn_caller
+from probtune.model.index_bounds import with_index_bounds
 from probtune.plugins import get_registry
 from probtune.workloads.workload import parse_shape
 
@@ -29,17 +30,18 @@ __all__ = ["InputSpec", "Model", "load_model"]
 
 @dataclass(frozen=True)
 class InputSpec:
-    """One model input: its name, static shape and dtype."""
+    """One model input: its name, static shape and dtype; for integers that index a table (token ids), its rows."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
+    table_rows: int | None = None
 
     def random(self, rng: np.random.Generator) -> np.ndarray:
-        """An input array: floats ~ U(-1, 1), integers in [0, 4] (small indices, valid for most embeddings)."""
+        """An input array: floats ~ U(-1, 1), integers in [0, 4] (small indices, within the table they index)."""
         if np.issubdtype(np.dtype(self.dtype), np.floating):
             return rng.uniform(-1.0, 1.0, size=self.shape).astype(self.dtype)
-        return rng.integers(0, 5, size=self.shape).astype(self.dtype)
+        return rng.integers(0, min(5, self.table_rows or 5), size=self.shape).astype(self.dtype)
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,14 +77,14 @@ def load_model(
     if isinstance(source, tvm.IRModule):
         if input_shapes:
             raise ModelImportError("input_shapes apply to ONNX files; a Relax module's inputs have their own shapes")
-        return Model(name or "relax_module", source, _relax_inputs(source))
+        return Model(name or "relax_module", source, with_index_bounds(source, _relax_inputs(source)))
     path = Path(source)
     if not path.is_file():
         raise ModelImportError(f"{path}: no such file (expected an ONNX model file)")
     onnx_model = _read_onnx(path)
     inputs = _onnx_inputs(onnx_model, path, dict(input_shapes or {}))
     mod = _import_onnx(onnx_model, inputs, path)
-    return Model(name or path.stem, mod, inputs, onnx_model)
+    return Model(name or path.stem, mod, with_index_bounds(mod, inputs), onnx_model)
 
 
 def _read_onnx(path: Path) -> Any:
