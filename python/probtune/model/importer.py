@@ -8,6 +8,7 @@ fixed, onnxslim folds those computations to constants first.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import os
 import re
@@ -21,7 +22,7 @@ import tvm
 from tvm import relax
 
 from probtune.errors import ModelImportError, last_line, warn_caller
-from probtune.model.index_bounds import with_index_bounds
+from probtune.model.index_bounds import index_bounds
 from probtune.plugins import get_registry
 from probtune.workloads.workload import parse_shape
 
@@ -77,14 +78,20 @@ def load_model(
     if isinstance(source, tvm.IRModule):
         if input_shapes:
             raise ModelImportError("input_shapes apply to ONNX files; a Relax module's inputs have their own shapes")
-        return Model(name or "relax_module", source, with_index_bounds(source, _relax_inputs(source)))
+        return Model(name or "relax_module", source, _with_index_bounds(source, _relax_inputs(source)))
     path = Path(source)
     if not path.is_file():
         raise ModelImportError(f"{path}: no such file (expected an ONNX model file)")
     onnx_model = _read_onnx(path)
     inputs = _onnx_inputs(onnx_model, path, dict(input_shapes or {}))
     mod = _import_onnx(onnx_model, inputs, path)
-    return Model(name or path.stem, mod, with_index_bounds(mod, inputs), onnx_model)
+    return Model(name or path.stem, mod, _with_index_bounds(mod, inputs), onnx_model)
+
+
+def _with_index_bounds(mod: tvm.IRModule, inputs: tuple[InputSpec, ...]) -> tuple[InputSpec, ...]:
+    """``inputs`` (``main``'s parameters, in order) with the rows of the table each indexes, where it indexes one."""
+    bounds = index_bounds(mod)
+    return tuple(dataclasses.replace(spec, table_rows=bounds[i]) if i in bounds else spec for i, spec in enumerate(inputs))
 
 
 def _read_onnx(path: Path) -> Any:

@@ -7,16 +7,12 @@ checks these inputs before a call instead (:func:`probtune.model.compile.checked
 
 from __future__ import annotations
 
-import dataclasses
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TypeGuard
 
 import tvm
 from tvm import relax
 
-if TYPE_CHECKING:
-    from probtune.model.importer import InputSpec
-
-__all__ = ["index_bounds", "with_index_bounds"]
+__all__ = ["index_bounds"]
 
 
 def index_bounds(mod: tvm.IRModule) -> dict[int, int]:
@@ -37,12 +33,6 @@ def index_bounds(mod: tvm.IRModule) -> dict[int, int]:
         if position is not None:
             found[position] = min(found.get(position, int(shape[axis])), int(shape[axis]))
     return found
-
-
-def with_index_bounds(mod: tvm.IRModule, inputs: tuple[InputSpec, ...]) -> tuple[InputSpec, ...]:
-    """``inputs`` (``main``'s parameters, in order) with the rows of the table each indexes, where it indexes one."""
-    bounds = index_bounds(mod)
-    return tuple(dataclasses.replace(spec, table_rows=bounds[i]) if i in bounds else spec for i, spec in enumerate(inputs))
 
 
 def _indexing_param(index: relax.Expr, bound: dict, params: list[relax.Var]) -> int | None:
