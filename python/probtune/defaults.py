@@ -7,8 +7,8 @@ from __future__ import annotations
 
 __all__ = [
     "BATCH_SIZE", "BUILD_TIMEOUT", "BUNDLE_REFERENCE_MB", "CONFIRM", "CONFIRM_SHARE", "COST_MODEL", "FIRST_ROUNDS_SHARE",
-    "LOCAL", "MODEL_CACHE_FLUSH", "MODEL_ROUND_CANDIDATES", "MODEL_TRIALS", "OPERATOR_TRIALS", "PRECISIONS", "RUN_TIMEOUT",
-    "SCHEDULER",
+    "LOCAL", "MAX_PRODUCT_POWER", "MODEL_CACHE_FLUSH", "MODEL_ROUND_CANDIDATES", "MODEL_TRIALS", "OPERATOR_TRIALS",
+    "PRECISIONS", "RUN_TIMEOUT", "SCHEDULER",
 ]
 
 OPERATOR_TRIALS = 64
@@ -70,6 +70,10 @@ MODEL_ROUND_CANDIDATES = 16
 
 THREAD_CHOICE_ROUNDS = 5
 """Rounds in which a compiled model is timed at each thread count it may run on (:mod:`probtune.model.thread_count`)."""
+
+MAX_PRODUCT_POWER = 4
+"""The largest constant exponent a power is computed with as products of its base (``x ** 3`` of a tanh-GELU), where
+TVM calls libm's ``pow`` once per element; beyond it, the products' rounding errors add up."""
 
 THREAD_CHOICE_DROP = 1.5
 """A thread count timed this many times slower than the fastest in a round is timed no further

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from probtune._lazy import lazy_attributes
 
 if TYPE_CHECKING:
+    from probtune.defaults import MAX_PRODUCT_POWER
     from probtune.errors import (
         NOT_REPLAYABLE,
         InvalidDecisionError,
@@ -106,6 +107,7 @@ _FROM = {
     "probtune.measure.constant_layouts": ["layout_free_params"],
     "probtune.model.transposes": ["mutated", "static_shape"],
     "probtune.plugins": ["get_registry"],
+    "probtune.defaults": ["MAX_PRODUCT_POWER"],
     "probtune.errors": [
         "NOT_REPLAYABLE", "InvalidDecisionError", "PluginError", "ProbtuneError", "ReplayError", "TraceFormatError",
         "UnsupportedTargetError", "last_line", "warn_caller",
@@ -114,6 +116,7 @@ _FROM = {
 _SOURCE_OF = {name: module for module, names in _FROM.items() for name in names}
 
 __all__ = [
+    "MAX_PRODUCT_POWER",
     "NOT_REPLAYABLE",
     "OTHER",
     "REDUCTION",

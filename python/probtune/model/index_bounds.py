@@ -25,14 +25,22 @@ def index_bounds(mod: tvm.IRModule) -> dict[int, int]:
     for value in bound.values():
         if not _is_call(value, "relax.take") or str(value.attrs.mode) != "fast":
             continue
-        shape, axis = value.args[0].ty.shape, value.attrs.axis
-        axis = 0 if axis is None else int(axis)
-        if shape is None or not isinstance(shape[axis], tvm.tirx.IntImm):
-            continue
+        rows = _rows(value)
         position = _indexing_param(value.args[1], bound, params)
-        if position is not None:
-            found[position] = min(found.get(position, int(shape[axis])), int(shape[axis]))
+        if rows is not None and position is not None:
+            found[position] = min(found.get(position, rows), rows)
     return found
+
+
+def _rows(take: relax.Call) -> int | None:
+    """The length of the axis ``take`` indexes its table along, if the table's shape is known and static there."""
+    table = take.args[0].ty
+    shape = getattr(table, "shape", None)
+    if not isinstance(shape, relax.ShapeExpr) or not shape.values:
+        return None
+    axis = 0 if take.attrs.axis is None else int(take.attrs.axis) % len(shape.values)
+    extent = shape.values[axis]
+    return int(extent) if isinstance(extent, tvm.tirx.IntImm) else None
 
 
 def _indexing_param(index: relax.Expr, bound: dict, params: list[relax.Var]) -> int | None:

@@ -21,17 +21,16 @@ import tvm
 from tvm import relax, te, tirx, topi
 from tvm.topi.image.resize import get_inx
 
-__all__ = ["LEGALIZATIONS", "MAX_PRODUCT_POWER", "SEPARABLE_MODES", "TWO_PASS_LAYOUTS", "bilinear_upsampling",
-           "conv2d_transpose_nhwc", "in_two_passes", "legalize", "small_integer_exponent"]
+from probtune.defaults import MAX_PRODUCT_POWER
+
+__all__ = ["LEGALIZATIONS", "SEPARABLE_MODES", "TWO_PASS_LAYOUTS", "bilinear_upsampling", "conv2d_transpose_nhwc",
+           "in_two_passes", "legalize", "small_integer_exponent"]
 
 SEPARABLE_MODES = ("half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel")
 """Coordinate transformations of a bilinear resize whose source coordinates depend on one output axis each."""
 
 TWO_PASS_LAYOUTS = ("NCHW", "NHWC")
 """The layouts :func:`bilinear_upsampling` resizes in."""
-
-MAX_PRODUCT_POWER = 4
-"""The largest constant exponent computed as products (``x ** 3`` of a tanh-GELU): beyond, the rounding errors add up."""
 
 _TVM_POWER = tvm.ir.Op.get("relax.power").get_attr("FLegalize")
 
@@ -175,7 +174,7 @@ def _resize2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
 
 def small_integer_exponent(call: relax.Call) -> int | None:
     """The exponent of ``power(x, c)`` where ``c`` is a float constant of one element equal to an integer from 1 to
-    :data:`MAX_PRODUCT_POWER`, broadcast over ``x`` of the same dtype; else None."""
+    :data:`~probtune.defaults.MAX_PRODUCT_POWER`, broadcast over ``x`` of the same dtype; else None."""
     base, exponent = call.args
     if not isinstance(exponent, tvm.ir.expr.Constant) or not isinstance(base.ty, relax.TensorType):
         return None

@@ -2,10 +2,10 @@
 
 A transpose read along its output's rows (or written along its input's)
 touches one element of a cache line per step on the strided side; when the
-strided buffer is larger than L1, every line is fetched once per element
-(an attention's key transpose). Tiling the loop
-that is contiguous for the strided buffer with the innermost one keeps the
-lines a tile touches in L1 until all their elements are used. The tile sizes
+strided buffer is larger than L1 (an attention's key transpose), every
+line is fetched once per element. Tiling the loop that is contiguous for
+the strided buffer with the innermost one keeps the lines a tile touches
+in L1 until all their elements are used. The tile sizes
 are sampled; a tile of one row is the untiled order.
 
 An elementwise chain between a transpose and its inverse, once inlined,
@@ -56,15 +56,12 @@ def transposed_loop(sch: Schedule, block: BlockRV) -> tuple[int, bool] | None:
     strided = {access for access, rows in along_rows(sch, block, len(loops) - 1).items() if not rows}
     if not strided:
         return None
-    candidates = [p for p in range(len(loops) - 2, -1, -1) if (sch.loop_extent(loops[p]) or 0) > 1]
-    for position in candidates:
-        rows = along_rows(sch, block, position)
-        if rows and all(rows.values()):
-            return position, True
-    for position in candidates:
-        if any(along_rows(sch, block, position).get(access) for access in strided):
-            return position, False
-    return None
+    rows_at = {p: along_rows(sch, block, p) for p in range(len(loops) - 2, -1, -1) if (sch.loop_extent(loops[p]) or 0) > 1}
+    in_order = [p for p, rows in rows_at.items() if rows and all(rows.values())]
+    if in_order:
+        return in_order[0], True
+    transposing = [p for p, rows in rows_at.items() if any(rows.get(access) for access in strided)]
+    return (transposing[0], False) if transposing else None
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import s_tir, tirx
 
-from probtune.plugin import SpaceContext
+from probtune.plugin import MAX_PRODUCT_POWER, SpaceContext
 from probtune_cpu.polynomial_exp import CallRewrite, polynomial_exp, rewrite_calls
 from probtune_cpu.polynomial_log import polynomial_log, polynomial_log2, polynomial_log10
 
@@ -41,7 +41,6 @@ _ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -
           -1.42647390514189e-02)
 _LN2 = 0.6931471805599453
 _POW = tvm.ir.Op.get("tirx.pow")
-_MAX_PRODUCT_POWER = 4  # x**n by n - 1 products of x; beyond, the rounding errors add up and powf is kept
 
 
 def _horner(z: tirx.Expr, coefficients: tuple[float, ...], dtype: str) -> tirx.Expr:
@@ -116,11 +115,12 @@ def _integer_power(exponent: int) -> CallRewrite:
 
 
 def _constant_integer_exponent(expr: tirx.Expr) -> int | None:
-    """The exponent of ``pow(x, c)`` when ``c`` is a float constant equal to an integer from 1 to 4."""
+    """The exponent of ``pow(x, c)`` when ``c`` is a float constant equal to an integer from 1 to
+    :data:`MAX_PRODUCT_POWER`."""
     exponent = expr.args[1]
     if not isinstance(exponent, tirx.FloatImm) or not float(exponent.value).is_integer():
         return None
-    return int(exponent.value) if 1 <= exponent.value <= _MAX_PRODUCT_POWER else None
+    return int(exponent.value) if 1 <= exponent.value <= MAX_PRODUCT_POWER else None
 
 
 _REWRITES: dict[str, CallRewrite] = {
