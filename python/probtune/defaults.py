@@ -8,7 +8,7 @@ from __future__ import annotations
 __all__ = [
     "BATCH_SIZE", "BUILD_TIMEOUT", "BUNDLE_REFERENCE_MB", "CONFIRM", "CONFIRM_SHARE", "COST_MODEL", "FIRST_ROUNDS_SHARE",
     "LOCAL", "MAX_PRODUCT_POWER", "MODEL_CACHE_FLUSH", "MODEL_ROUND_CANDIDATES", "MODEL_TRIALS", "OPERATOR_TRIALS",
-    "PRECISIONS", "RUN_TIMEOUT", "SCHEDULER",
+    "PRECISIONS", "RUN_TIMEOUT", "SCHEDULER", "TARGET_PRECISIONS",
 ]
 
 OPERATOR_TRIALS = 64
@@ -62,8 +62,13 @@ BUNDLE_REFERENCE_MB = 16.0
 
 A larger one travels as its inputs' seed and its outputs at sampled positions."""
 
-PRECISIONS = ("fp32", "fp16")
-"""What a model can be compiled in (:mod:`probtune.model.precision`): as its file has it, or converted to float16."""
+PRECISIONS = ("fp32", "fp16", "bf16")
+"""What a model can be compiled in (:mod:`probtune.model.precision`): as its file has it, or its products converted
+to float16 or bfloat16."""
+
+TARGET_PRECISIONS = ("fp32", "fp16")
+"""The precisions a target offers unless its plugin says otherwise (``TargetSpec.precisions``): bf16 needs a target
+whose products run in it (a CPU with bf16 dot products)."""
 
 MODEL_ROUND_CANDIDATES = 16
 """New candidates of each task in one round of a model tuned through bundles (:mod:`probtune.model.rounds`)."""

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from probtune.defaults import LOCAL
+from probtune.defaults import LOCAL, TARGET_PRECISIONS
 
 if TYPE_CHECKING:
     import numpy as np
@@ -116,6 +116,9 @@ class TargetSpec:
     graph_rewrites: tuple[str, ...] = ()
     """Registered graph rewrites (:class:`GraphRewrite`) applied in order to a model, in these layouts, before it is
     fused into tasks: another algorithm for some operators (Winograd convolution, say)."""
+    precisions: tuple[str, ...] = TARGET_PRECISIONS
+    """The precisions a model may be compiled in for this target (:mod:`probtune.model.precision`); another is refused
+    before tuning starts."""
     concat_in_place: bool = False
     """Whether a model's concatenations are written by their producers, each into its stretch of the result
     (:mod:`probtune.model.concat_in_place`): the target's code must run a program whose output is a strided view

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from probtune._lazy import lazy_attributes
 
 if TYPE_CHECKING:
-    from probtune.defaults import MAX_PRODUCT_POWER
+    from probtune.defaults import MAX_PRODUCT_POWER, TARGET_PRECISIONS
     from probtune.errors import (
         NOT_REPLAYABLE,
         InvalidDecisionError,
@@ -107,7 +107,7 @@ _FROM = {
     "probtune.measure.constant_layouts": ["layout_free_params"],
     "probtune.model.transposes": ["mutated", "static_shape"],
     "probtune.plugins": ["get_registry"],
-    "probtune.defaults": ["MAX_PRODUCT_POWER"],
+    "probtune.defaults": ["MAX_PRODUCT_POWER", "TARGET_PRECISIONS"],
     "probtune.errors": [
         "NOT_REPLAYABLE", "InvalidDecisionError", "PluginError", "ProbtuneError", "ReplayError", "TraceFormatError",
         "UnsupportedTargetError", "last_line", "warn_caller",
@@ -121,6 +121,7 @@ __all__ = [
     "OTHER",
     "REDUCTION",
     "SPATIAL",
+    "TARGET_PRECISIONS",
     "UNROLL_KEY",
     "AutoUnroll",
     "BlockRV",

@@ -123,4 +123,4 @@ def test_the_cost_model_counts_the_vnni_instructions_a_program_executes():
     plain = RandomSearch(plain_space, Rng(3)).next_batch(1)[0]
     assert x86_features(vnni.mod["main"])[0] == 28 * (64 // 16) * (64 // 4)  # one per 16 lanes x 4 terms
     assert x86_features(plain.mod["main"])[0] == 0
-    assert get_registry().feature_extractors["x86"].columns == ("vnni_calls",)
+    assert get_registry().feature_extractors["x86"].columns == ("vnni_calls", "bf16_calls")

@@ -150,7 +150,8 @@ def _cmd_targets(args: argparse.Namespace) -> int:
     from probtune.plugins import get_registry
 
     for spec in get_registry().targets.values():
-        print(f"{spec.name:<12} {spec.description}\n    modules: {', '.join(spec.modules)}")
+        print(f"{spec.name:<12} {spec.description}\n    modules: {', '.join(spec.modules)}\n"
+              f"    precisions: {', '.join(spec.precisions)}")
     return 0
 
 

@@ -41,7 +41,8 @@ def add_model_commands(sub: Any, positive_int: Any, non_negative_int: Any, defau
                         help="comma-separated graph rewrites to apply instead of the target's ('' for none; "
                              "see 'probtune plugins')")
     tune_p.add_argument("--precision", choices=defaults.PRECISIONS, default="fp32",
-                        help="fp16: convert a float32 model to float16 with float32 sums, checked with float16's tolerance")
+                        help="fp16 / bf16: a float32 model's products in float16 / bfloat16 with float32 sums, checked with "
+                             "that precision's tolerance (bf16 where the target offers it: see 'probtune targets')")
     add_rpc_options(tune_p)
     tune_p.set_defaults(run=_cmd_tune_model)
 
@@ -123,7 +124,7 @@ def _cmd_tune_model(args: argparse.Namespace) -> int:
     print(f"compiled model: {latency * 1e3:.3f} ms per inference on {compiled.num_threads} threads{where}")
     if args.output:
         path = compiled.export_library(args.output)
-        _write_inputs(path, model, compiled.num_threads)
+        _write_inputs(path, model, compiled.num_threads, args.precision)
         print(f"written: {path} (inputs in {path}.json)")
     return 0
 
@@ -152,7 +153,7 @@ def _cmd_run_model(args: argparse.Namespace) -> int:
     latency = float(np.median(compiled.time(arrays, repeat=args.repeat)))
     print(f"{args.compiled}: {latency * 1e3:.3f} ms per inference on {threads} threads")
     if model is not None:
-        print(check_outputs(model, compiled))
+        print(check_outputs(model, compiled, precision=_read_precision(Path(args.compiled))))
         reference_threads = args.threads or os.cpu_count() or 1
         reference = _onnxruntime_seconds(model, arrays, args.repeat, reference_threads)
         print(f"onnxruntime: {reference * 1e3:.3f} ms on {reference_threads} threads "
@@ -184,19 +185,33 @@ def _check_writable(path: Path) -> None:
         raise TuningConfigError(f"--output {path}: cannot write there (no such folder, not writable, or a folder)")
 
 
-def _write_inputs(path: Path, model: Any, threads: int) -> None:
+def _write_inputs(path: Path, model: Any, threads: int, precision: str) -> None:
     specs = [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype}
              | ({"table_rows": s.table_rows} if s.table_rows is not None else {}) for s in model.inputs]
-    Path(f"{path}.json").write_text(json.dumps({"model": model.name, "inputs": specs, "threads": threads}, indent=1))
+    sidecar = {"model": model.name, "inputs": specs, "threads": threads, "precision": precision}
+    Path(f"{path}.json").write_text(json.dumps(sidecar, indent=1))
+
+
+def _read_sidecar(path: Path, key: str) -> Any:
+    """What tune-model wrote under ``key`` beside the compiled model at ``path`` (in PATH.json), or None."""
+    try:
+        return json.loads(Path(f"{path}.json").read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _read_threads(path: Path) -> int | None:
-    """The thread count tune-model chose for the compiled model at ``path`` (in PATH.json), if it wrote one."""
-    try:
-        threads = json.loads(Path(f"{path}.json").read_text()).get("threads")
-    except (OSError, ValueError, AttributeError):
-        return None
+    """The thread count tune-model chose for the compiled model at ``path``, if it wrote one."""
+    threads = _read_sidecar(path, "threads")
     return threads if isinstance(threads, int) and threads > 0 else None
+
+
+def _read_precision(path: Path) -> str:
+    """The precision the compiled model at ``path`` was tuned in (fp32 where its sidecar names none it knows)."""
+    from probtune.defaults import PRECISIONS
+
+    precision = _read_sidecar(path, "precision")
+    return precision if precision in PRECISIONS else "fp32"
 
 
 def _read_inputs(path: Path, spec_type: Any) -> tuple[Any, ...]:

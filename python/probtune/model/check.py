@@ -27,7 +27,7 @@ RTOL, ATOL_SCALE = TOLERANCES["fp32"]
 Tuned kernels reorder floating-point sums, and a model chains many of them
 (onnxslim also folds batch norms into convolutions): errors of 1e-5 relative
 per layer add up over tens of layers. A wrong program is off by far more.
-A model compiled in float16 is checked with that precision's tolerance."""
+A model compiled in float16 or bfloat16 is checked with that precision's tolerance."""
 
 QUANTIZATION_STEPS = 1
 """An output a quantized model dequantizes from 8 bits may differ by this many of its steps (its scale).
@@ -61,12 +61,13 @@ class CheckReport:
     atol_scale: float
     stepped: tuple[int, int] | None = None  # quantized outputs: elements a step apart, of how many
     spread: float | None = None  # a quantizing model's float outputs: onnxruntime's own spread, as a share of RMS
+    precision: str = "fp32"  # what the model was compiled in, whose tolerance applies
 
     def __str__(self) -> str:
         text = (
             f"outputs match {self.reference}: max abs error {self.max_abs_error:.3g}, "
             f"{self.max_rel_error:.3g} of the output's RMS (tolerance rtol {self.rtol:g}, "
-            f"atol {self.atol_scale:g} x RMS)"
+            f"atol {self.atol_scale:g} x RMS{'' if self.precision == 'fp32' else ', for ' + self.precision})"
         )
         if self.stepped is not None:
             text += (
@@ -97,16 +98,17 @@ def reference_outputs(model: Model, inputs: Sequence[np.ndarray]) -> tuple[str, 
 
 
 def check_outputs(
-    model: Model, run: Callable[..., list[np.ndarray]], seed: int = 0, tolerance: tuple[float, float] = (RTOL, ATOL_SCALE)
+    model: Model, run: Callable[..., list[np.ndarray]], seed: int = 0, precision: str = "fp32"
 ) -> CheckReport:
     """Run ``run`` (a compiled model) and the reference on random inputs; raise if any output differs.
 
-    ``tolerance`` is (rtol, atol as a share of the output's RMS): a precision's ``TOLERANCES``.
+    The tolerance is (rtol, atol as a share of the output's RMS) of the precision the model was compiled in
+    (``TOLERANCES``).
     NaNs must come where the reference has them (random inputs may leave a
     function's domain, as a square root's), infinities equal; the rest is
     compared within the tolerance, scaled by the finite outputs' RMS.
     """
-    rtol, atol_scale = tolerance
+    rtol, atol_scale = TOLERANCES[precision]
     inputs = model.random_inputs(seed)
     reference, want = reference_outputs(model, inputs)
     got = run(*inputs)
@@ -136,7 +138,7 @@ def check_outputs(
         worst_abs = max(worst_abs, float(error.max(initial=0.0)))
         worst_rel = max(worst_rel, float(error.max(initial=0.0)) / scale if scale else 0.0)
     stepped = quantized.stepped if quantized.stepped[1] else None
-    return CheckReport(reference, worst_abs, worst_rel, rtol, atol_scale, stepped, quantized.worst_spread)
+    return CheckReport(reference, worst_abs, worst_rel, rtol, atol_scale, stepped, quantized.worst_spread, precision)
 
 
 @dataclass

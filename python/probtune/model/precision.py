@@ -1,10 +1,15 @@
-"""The precision a model is compiled in: as its file has it, or float32 converted to float16 by TVM's mixed-precision pass.
+"""The precision a model is compiled in: as its file has it, or its products in float16 or bfloat16 with float32 sums.
 
 ``fp16`` casts the weights and activations of convolutions and matrix
-products to float16 with float32 sums (``ToMixedPrecision`` with float32
+products to float16 with float32 sums (TVM's ``ToMixedPrecision`` with float32
 accumulation), and leaves in float32 what that pass keeps there (softmax and
-normalization statistics); the model's inputs and outputs keep their types.
-Its outputs are checked with the tolerance of ``TOLERANCES``.
+normalization statistics). ``bf16`` casts only the operands of float32
+convolutions and matrix products to bfloat16, the weights once at compile
+time, and sums them in float32 (as OpenVINO's bf16 inference precision does
+on CPUs with bf16 dot products); every other operator stays float32. The model's
+inputs and outputs keep their types, and its outputs are checked with the
+precision's tolerance (``TOLERANCES``). A target names the precisions it offers
+(``TargetSpec.precisions``); another is refused before tuning starts.
 """
 
 from __future__ import annotations
@@ -14,12 +19,32 @@ from tvm import relax
 
 from probtune.defaults import PRECISIONS
 from probtune.errors import TuningConfigError
+from probtune.interfaces import TargetSpec
+from probtune.plugins import get_registry
 
-__all__ = ["PRECISIONS", "TOLERANCES", "convert_precision"]
+__all__ = ["PRECISIONS", "TOLERANCES", "check_precision", "convert_precision"]
 
-TOLERANCES = {"fp32": (1e-3, 1e-3), "fp16": (1e-2, 1e-2)}
+TOLERANCES = {"fp32": (1e-3, 1e-3), "fp16": (1e-2, 1e-2), "bf16": (5e-2, 5e-1)}
 """(rtol, atol as a share of the output's RMS) per precision: float16 keeps 11 bits, so a product of hundreds of
-terms rounded at each layer drifts by about 1e-3 relative per layer, 1e-2 over a deep model."""
+terms rounded at each layer drifts by about 1e-3 relative per layer, 1e-2 over a deep model. bfloat16 keeps 8 bits:
+OpenVINO's own bf16 outputs of image classifiers on random inputs lie up to a quarter of the RMS from float32's
+(1-3% for transformers), so bf16 allows twice that; a wrong program is off by about the whole RMS."""
+
+_CONVOLUTIONS = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d")
+_PRODUCTS = (*_CONVOLUTIONS, "relax.matmul")
+
+
+def check_precision(precision: str, target: TargetSpec) -> None:
+    """TuningConfigError unless ``precision`` is one of ``PRECISIONS`` that ``target`` offers."""
+    if precision not in PRECISIONS:
+        raise TuningConfigError(f"unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
+    if precision not in target.precisions:
+        offering = sorted(name for name, spec in get_registry().targets.items() if precision in spec.precisions)
+        raise TuningConfigError(
+            f"target {target.name!r} does not offer precision {precision} (its products cannot run in it there): "
+            f"choose one of {', '.join(target.precisions)}, or a target that offers {precision} on this machine "
+            f"({', '.join(offering) or 'none'})"
+        )
 
 
 def convert_precision(mod: tvm.IRModule, precision: str) -> tvm.IRModule:
@@ -28,4 +53,39 @@ def convert_precision(mod: tvm.IRModule, precision: str) -> tvm.IRModule:
         raise TuningConfigError(f"unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
     if precision == "fp32":
         return mod
+    if precision == "bf16":
+        return relax.transform.FoldConstant()(_bf16_products(mod))
     return relax.transform.ToMixedPrecision(out_dtype="float32")(mod)
+
+
+def _float32(expr: relax.Expr) -> bool:
+    return isinstance(expr.ty, relax.TensorType) and str(expr.ty.dtype) == "float32"
+
+
+def _bf16_products(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with its float32 convolutions and matrix products on bfloat16 operands, summed in float32."""
+    mutator = _BF16Products(mod)
+    for gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gvar, mutator.visit_expr(func))
+    return mutator.builder_.get()
+
+
+@relax.expr_functor.mutator
+class _BF16Products(relax.PyExprMutator):  # type: ignore[misc]
+    """Casts the operands of each float32 convolution and matrix product to bfloat16 (see the module docstring)."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        name = str(getattr(call.op, "name", ""))
+        if name not in _PRODUCTS or len(call.args) != 2 or not all(_float32(arg) for arg in call.args):
+            return call
+        x, y = (self.builder_.emit(relax.op.astype(arg, "bfloat16")) for arg in call.args)
+        if name == "relax.matmul":
+            return relax.op.matmul(x, y, out_dtype="float32")
+        attrs = call.attrs
+        convolution = getattr(relax.op.nn, name.removeprefix("relax.nn."))
+        return convolution(
+            x, y, attrs.strides, attrs.padding, attrs.dilation, attrs.groups,
+            attrs.data_layout, attrs.kernel_layout, attrs.out_layout, "float32",
+        )

@@ -32,7 +32,7 @@ from probtune.measure.pipeline import resolve_cost_model
 from probtune.model.bundle import ModelBundleWritten, Tolerance, write_model_bundle
 from probtune.model.compile import default_programs
 from probtune.model.importer import Model, ShapeArg, load_model
-from probtune.model.precision import TOLERANCES, convert_precision
+from probtune.model.precision import TOLERANCES, check_precision, convert_precision
 from probtune.model.tasks import extract_tasks, fuse
 from probtune.space.space_generator import generate_space
 from probtune.targets import resolve_target
@@ -91,6 +91,7 @@ def write_model_round(
     if not isinstance(model, Model):
         model = load_model(model, input_shapes)
     spec = resolve_target(target)
+    check_precision(precision, spec)
     fused = fuse(dataclasses.replace(model, mod=convert_precision(model.mod, precision)), spec)
     tasks = extract_tasks(fused)
     programs, tuned = model_programs(fused, tasks, spec, database, device, seed)

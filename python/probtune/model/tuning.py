@@ -29,7 +29,7 @@ from probtune.model.cache_mode import model_cache_flush
 from probtune.model.check import check_outputs
 from probtune.model.compile import CompiledModel, compile_model, default_programs
 from probtune.model.importer import Model, ShapeArg, load_model
-from probtune.model.precision import TOLERANCES, convert_precision
+from probtune.model.precision import check_precision, convert_precision
 from probtune.model.remote import RemoteModel
 from probtune.model.rewrites import rewrite_counts
 from probtune.model.tasks import extract_tasks, fuse
@@ -135,7 +135,7 @@ class ModelTuneResult:
         if check:
             log.info("checking the compiled model's outputs against %s",
                      "onnxruntime" if self.model.onnx_model is not None else "the untuned build")
-        compiled.check = check_outputs(self.model, compiled, seed=seed, tolerance=TOLERANCES[self.precision]) if check else None
+        compiled.check = check_outputs(self.model, compiled, seed=seed, precision=self.precision) if check else None
         if num_threads is None and isinstance(compiled, CompiledModel) and len(candidate_counts(threads)) > 1:
             log.info("timing the compiled model on %s threads", " and ".join(map(str, candidate_counts(threads))))
             log.info("the compiled model %s", choose_threads(compiled, self.model.random_inputs(seed), threads))
@@ -194,9 +194,10 @@ def tune_model(
     ``builder`` and ``runner`` are as for :func:`probtune.tune`.
     ``graph_rewrites`` names the graph rewrites applied to the model before it
     is fused into tasks (registered names or rewrite objects); None is the
-    target's (``TargetSpec.graph_rewrites``). ``precision`` "fp16" converts a
-    float32 model to float16 with float32 sums (:mod:`probtune.model.precision`);
-    its outputs are then checked with float16's tolerance.
+    target's (``TargetSpec.graph_rewrites``). ``precision`` "fp16" or "bf16"
+    computes a float32 model's products in float16 or bfloat16 with float32 sums
+    (:mod:`probtune.model.precision`; bf16 where the target offers it, ``TargetSpec.precisions``);
+    its outputs are then checked with that precision's tolerance.
 
     Before the first trial the model is compiled once with each task's
     default program, so that a model TVM cannot compile raises
@@ -208,6 +209,7 @@ def tune_model(
     if not isinstance(model, Model):
         model = load_model(model, input_shapes)
     spec = resolve_target(target)
+    check_precision(precision, spec)
     chooser = make_scheduler(scheduler)
     fused = fuse(dataclasses.replace(model, mod=convert_precision(model.mod, precision)), spec, graph_rewrites)
     tasks = extract_tasks(fused)

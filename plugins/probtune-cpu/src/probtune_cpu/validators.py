@@ -186,7 +186,8 @@ def _operations(value: tirx.Expr) -> int:
 
     def count(expr: tirx.Expr) -> tirx.Expr:
         nonlocal nodes
-        nodes += not isinstance(expr, (tirx.Let, TensorLoad)) and expr.ty.dtype.is_float
+        dtype = getattr(expr.ty, "dtype", None)  # None: a pointer (an intrinsic's operand address)
+        nodes += not isinstance(expr, (tirx.Let, TensorLoad)) and dtype is not None and dtype.is_float
         return expr
 
     map_bottom_up(value, count)

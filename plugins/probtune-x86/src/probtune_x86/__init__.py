@@ -1,9 +1,10 @@
 """x86 and generic LLVM targets for probtune.
 
 ``host`` picks the widest vector ISA this CPU supports, so that tuning on any
-x86 machine works out of the box, and on a CPU with AVX-512 VNNI adds its
-8-bit dot products (:mod:`probtune_x86.vnni`); the named ISA targets make a
-tuning record portable to machines of that class.
+x86 machine works out of the box, and on a CPU with AVX-512 VNNI or
+AVX512-BF16 adds their dot products (:mod:`probtune_x86.vnni`,
+:mod:`probtune_x86.bf16`; bf16 also offers the precision ``bf16``); the named
+ISA targets make a tuning record portable to machines of that class.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from probtune.plugin import TargetSpec, hookimpl
+from probtune.plugin import TARGET_PRECISIONS, TargetSpec, hookimpl
 from probtune_cpu.codegen import TVM_STACK_BYTES, LLVMCompiler
 from probtune_cpu.defaults import (
     DEFAULT_GRAPH_REWRITES,
@@ -23,14 +24,18 @@ from probtune_cpu.defaults import (
 )
 from probtune_cpu.host_cpu import CPURequirement, cpu_features, cpu_model
 from probtune_cpu.vector_unit import vector_attrs
+from probtune_x86.bf16 import BF16DotProduct, RewriteBF16Layout
 from probtune_x86.features import X86Features
 from probtune_x86.vnni import RewriteVNNILayout, VNNIDotProduct
 from probtune_x86.vnni_channels import PadVNNIChannels
 
-__all__ = ["VNNI_FEATURE", "make_targets", "vnni_space"]
+__all__ = ["BF16_FEATURE", "VNNI_FEATURE", "dot_product_space", "make_targets"]
 
 VNNI_FEATURE = "avx512_vnni"
 """The CPU flag (``/proc/cpuinfo``) of AVX-512 VNNI, which ``vpdpbusd`` needs."""
+
+BF16_FEATURE = "avx512_bf16"
+"""The CPU flag of AVX512-BF16, which ``vdpbf16ps`` needs."""
 
 
 AVX512_REGISTER_FILE_BYTES = 32 * 64
@@ -40,27 +45,43 @@ AVX512_REGISTER_FILE_BYTES = 32 * 64
 X86_64 = ("x86_64", "AMD64")  # platform.machine() on Linux and Windows
 
 
-def vnni_space() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-    """The CPU modules, validators and graph rewrites with VNNI's: its tiling before multi-level tiling's, its layout
-    and intrinsic after the weights' panels and the reductions' initialisations, its channel padding after the
-    float convolutions'."""
+def dot_product_space(vnni: bool, bf16: bool) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """The CPU modules, validators and graph rewrites with the dot-product instructions': their tilings before
+    multi-level tiling's, their layouts and intrinsics after the weights' panels and the reductions' initialisations,
+    VNNI's channel padding after the float convolutions'."""
+    tilings = [m.name for m, offered in ((VNNIDotProduct, vnni), (BF16DotProduct, bf16)) if offered]
+    layouts = [v.name for v, offered in ((RewriteVNNILayout, vnni), (RewriteBF16Layout, bf16)) if offered]
+    if not tilings:
+        return DEFAULT_MODULES, DEFAULT_VALIDATORS, DEFAULT_GRAPH_REWRITES
     modules = list(DEFAULT_MODULES)
-    modules.insert(modules.index("multi-level-tiling"), VNNIDotProduct.name)
+    at = modules.index("multi-level-tiling")
+    modules[at:at] = tilings
     validators = list(DEFAULT_VALIDATORS)
-    validators.insert(validators.index("rewrite-packed-layout") + 1, RewriteVNNILayout.name)
+    at = validators.index("rewrite-packed-layout") + 1
+    validators[at:at] = layouts
     validators.insert(validators.index("rewrite-reduction-block") + 1, "rewrite-cpu-tensorize")
     rewrites = list(DEFAULT_GRAPH_REWRITES)
-    rewrites.insert(rewrites.index("pad-channels") + 1, PadVNNIChannels.name)
+    if vnni:
+        rewrites.insert(rewrites.index("pad-channels") + 1, PadVNNIChannels.name)
     return tuple(modules), tuple(validators), tuple(rewrites)
 
 
 def _cpu_target(
-    name: str, description: str, tvm_target: dict[str, Any], width: int, vnni: bool = False, **fields: Any
+    name: str,
+    description: str,
+    tvm_target: dict[str, Any],
+    width: int,
+    vnni: bool = False,
+    bf16: bool = False,
+    **fields: Any,
 ) -> TargetSpec:
-    """A target with the CPU space, its vector unit (AVX-512 has 32 vector registers, the others 16), and its compiler."""
+    """A target with the CPU space, its vector unit (AVX-512 has 32 vector registers, the others 16), and its compiler;
+    with ``bf16``, the precision ``bf16`` too."""
     registers = 32 if width == 16 else 16
     stack_bytes = AVX512_REGISTER_FILE_BYTES if width == 16 else TVM_STACK_BYTES
-    modules, validators, rewrites = vnni_space() if vnni else (DEFAULT_MODULES, DEFAULT_VALIDATORS, DEFAULT_GRAPH_REWRITES)
+    modules, validators, rewrites = dot_product_space(vnni, bf16)
+    if bf16:
+        fields["precisions"] = (*TARGET_PRECISIONS, "bf16")
     return TargetSpec(
         name=name,
         description=description,
@@ -84,13 +105,17 @@ def _host_target(cores: int) -> TargetSpec:
     features = cpu_features()
     width = 16 if "avx512f" in features else 8 if "avx2" in features else 4
     vnni = width == 16 and VNNI_FEATURE in features
+    bf16 = width == 16 and BF16_FEATURE in features
     cpu = codegen.llvm_get_system_cpu()
+    extras = [what for what, offered in (("VNNI 8-bit", vnni), ("AVX512-BF16", bf16)) if offered]
     return _cpu_target(
         "host",
-        f"this machine's CPU ({cpu}, {width} fp32 lanes{', VNNI 8-bit dot products' if vnni else ''})",
+        f"this machine's CPU ({cpu}, {width} fp32 lanes{''.join(', ' + e for e in extras)}"
+        f"{' dot products' if extras else ''})",
         {"kind": "llvm", "mcpu": cpu, "num-cores": cores},
         width,
         vnni,
+        bf16,
     )
 
 
@@ -130,11 +155,13 @@ def probtune_register_targets(register: Callable[[Any], None]) -> None:
 @hookimpl
 def probtune_register_space_modules(register: Callable[[Any], None]) -> None:
     register(VNNIDotProduct())
+    register(BF16DotProduct())
 
 
 @hookimpl
 def probtune_register_validators(register: Callable[[Any], None]) -> None:
     register(RewriteVNNILayout())
+    register(RewriteBF16Layout())
 
 
 @hookimpl

@@ -5,10 +5,11 @@ a cost model appends these columns to its own, as ``x86.<column>``. The
 generic features describe a tensorized block by its stores only (one store
 of 16 lanes per instruction), not by the 64 products it computes, so a
 cost model could not tell a VNNI program from a plain integer one; the
-column says:
+columns say:
 
 ``vnni_calls``: the ``vpdpbusd`` instructions the program executes, each
-times the loop iterations around it (zero for a program without one).
+times the loop iterations around it (zero for a program without one);
+``bf16_calls``: the same of ``vdpbf16ps`` (:mod:`probtune_x86.bf16`).
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ import tvm
 from tvm import tirx
 
 from probtune.plugin import child_stmts
+from probtune_x86.bf16 import BF16_CALL
 from probtune_x86.vnni import VNNI_LLVM_NAME
 
 __all__ = ["X86_FEATURE_NAMES", "X86Features", "x86_features"]
 
-X86_FEATURE_NAMES: tuple[str, ...] = ("vnni_calls",)
+X86_FEATURE_NAMES: tuple[str, ...] = ("vnni_calls", "bf16_calls")
 
-_BYTES = ("uint8", "int8")
+_OPERANDS = ("uint8", "int8", "bfloat16")  # the instructions' operand types: a program without one runs neither
 
 
 @functools.cache
@@ -48,20 +50,23 @@ class X86Features:
         return x86_features(func)
 
 
-def _is_vnni(value: tirx.PrimExpr) -> bool:
-    return (
-        isinstance(value, tvm.ir.Call)
-        and str(getattr(value.op, "name", "")) == "tirx.call_llvm_pure_intrin"
-        and isinstance(value.args[0], tirx.IntImm)
-        and int(value.args[0]) == _vnni_id()
-    )
+def _column(value: tirx.PrimExpr) -> int | None:
+    """The column of the instruction ``value`` calls, if it calls one."""
+    if not isinstance(value, tvm.ir.Call):
+        return None
+    op = str(getattr(value.op, "name", ""))
+    if op == "tirx.call_llvm_pure_intrin" and isinstance(value.args[0], tirx.IntImm) and int(value.args[0]) == _vnni_id():
+        return 0
+    if op == "tirx.call_extern" and str(getattr(value.args[0], "value", "")) == BF16_CALL:
+        return 1
+    return None
 
 
 def x86_features(func: tirx.PrimFunc) -> np.ndarray:
     """The raw ``X86_FEATURE_NAMES`` quantities of a scheduled program; zeros, without a walk, for one that takes
-    no 8-bit tensor (every float program the search featurizes)."""
+    no 8-bit or bfloat16 tensor (every float32 program the search featurizes)."""
     raw = np.zeros(len(X86_FEATURE_NAMES), dtype=np.float64)
-    if not any(str(getattr(p.ty, "dtype", "")) in _BYTES for p in func.params):
+    if not any(str(getattr(p.ty, "dtype", "")) in _OPERANDS for p in func.params):
         return raw
     stack: list[tuple[tirx.Stmt, float]] = [(func.body, 1.0)]
     while stack:
@@ -70,7 +75,8 @@ def x86_features(func: tirx.PrimFunc) -> np.ndarray:
             extent = int(node.extent.value) if isinstance(node.extent, tirx.IntImm) else 1
             stack.append((node.body, iterations * extent))
             continue
-        if isinstance(node, tirx.BufferStore) and _is_vnni(node.value):
-            raw[0] += iterations
+        column = _column(node.value) if isinstance(node, tirx.BufferStore) else None
+        if column is not None:
+            raw[column] += iterations
         stack.extend((child, iterations) for child in child_stmts(node))
     return raw

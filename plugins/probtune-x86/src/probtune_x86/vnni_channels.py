@@ -22,7 +22,7 @@ from tvm import relax
 from probtune.plugin import TargetSpec
 from probtune_cpu.llvm_features import llvm_target_has
 from probtune_cpu.pad_channels import ChannelPolicy, PadChannels
-from probtune_x86.vnni import DEPTH, LANES
+from probtune_x86.vnni import VNNI
 
 __all__ = ["MAX_VNNI_EXTRA_WORK", "PadVNNIChannels", "VNNIChannels", "vnni_channels"]
 
@@ -45,10 +45,10 @@ class VNNIChannels(ChannelPolicy):
         return (str(data.ty.dtype), str(weight.ty.dtype), str(conv.ty.dtype)) == ("uint8", "int8", "int32")
 
     def output_channels(self, channels: int) -> int:
-        return vnni_channels(channels, LANES)
+        return vnni_channels(channels, VNNI.lanes)
 
     def input_channels(self, channels: int) -> int:
-        return vnni_channels(channels, DEPTH)
+        return vnni_channels(channels, VNNI.depth)
 
     def carries(self, call: relax.Call) -> bool:
         return True  # an integer tensor is always finite; a float one from padded sums is finite too
