@@ -31,6 +31,7 @@ class Engine:
     shapes: dict[str, tuple[int, ...]]
     threads: int
     library: Path | None = None
+    precision: str = "f32"  # OpenVINO's inference precision hint (f32 or bf16)
 
 
 def load_engine(engine: Engine) -> Callable[..., list[np.ndarray]]:
@@ -46,9 +47,9 @@ def load_engine(engine: Engine) -> Callable[..., list[np.ndarray]]:
 
         core = openvino.Core()
         core.set_property("CPU", {"INFERENCE_NUM_THREADS": engine.threads})
-        # fp32 like the others: on a CPU with bf16 instructions OpenVINO would otherwise compute in bf16
+        # pinned: on a CPU with bf16 instructions OpenVINO would otherwise choose bf16 itself
         compiled = core.compile_model(str(engine.model_path), "CPU",
-                                      {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"})
+                                      {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": engine.precision})
         request = compiled.create_infer_request()
         return lambda *arrays: [np.array(request.infer(list(arrays))[out]) for out in compiled.outputs]
     if engine.kind == "tvm":

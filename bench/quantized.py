@@ -64,14 +64,16 @@ def quantize(name: str, entry: dict, zoo: Path, folder: Path) -> tuple[str, Path
     return "static QDQ (per-channel int8 weights, uint8 activations, random calibration)", target
 
 
-def tune_in_worker(name: str, entry: dict, path: Path, args: argparse.Namespace, scratch: Path) -> dict:
-    """bench/zoo.py's worker on ``path``: tuned, compiled, checked and exported in a fresh process."""
+def tune_in_worker(
+    name: str, entry: dict, path: Path, args: argparse.Namespace, scratch: Path, precision: str = "fp32"
+) -> dict:
+    """bench/zoo.py's worker on ``path``: tuned (in ``precision``), compiled, checked and exported in a fresh process."""
     scratch.mkdir(parents=True, exist_ok=True)
     zoo = scratch / "zoo"
     zoo.mkdir(exist_ok=True)
     (zoo / "manifest.json").write_text(json.dumps({"models": {name: {**entry, "file": str(path.resolve())}}}))
     command = [sys.executable, str(HERE / "zoo.py"), "--worker", name, "--trials", str(args.trials), "--zoo", str(zoo),
-               "--scratch", str(scratch)]
+               "--scratch", str(scratch), f"--precision={precision}"]
     try:
         done = subprocess.run(command, timeout=args.timeout, capture_output=True, text=True)
     except subprocess.TimeoutExpired:

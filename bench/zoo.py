@@ -77,7 +77,7 @@ def run_one(name: str, entry: dict, args: argparse.Namespace, scratch: Path) -> 
         result["stage"] = "tune"
         rewrites = None if args.graph_rewrites is None else [n for n in args.graph_rewrites.split(",") if n]
         tuned = probtune.tune_model(model, host_target(args), args.trials, database=scratch / "tuning.db", seed=0,
-                                    graph_rewrites=rewrites)
+                                    graph_rewrites=rewrites, precision=args.precision)
         result["seconds"]["tune"] = round(tuned.seconds, 1)
         result["tasks"] = len(tuned.tasks)
         result["default_programs"] = sum(row.program == "default" for row in tuned.tasks)
@@ -86,6 +86,8 @@ def run_one(name: str, entry: dict, args: argparse.Namespace, scratch: Path) -> 
         share = [row.share for row in tuned.tasks if TRANSPOSE.search(row.name) and row.share is not None]
         result["transpose_task_share"] = round(sum(share), 4) if share else None
         result["table"] = tuned.table()
+        result["task_rows"] = [{"name": r.name, "weight": r.weight, "flops": r.flops, "best_latency": r.best_latency}
+                               for r in tuned.tasks]
         result["stage"] = "compile"
         mark = time.perf_counter()
         compiled = tuned.compile()
@@ -114,6 +116,7 @@ def bench_model(name: str, entry: dict, args: argparse.Namespace) -> dict:
             command.append(f"--graph-rewrites={args.graph_rewrites}")
         if args.no_concat_in_place:
             command.append("--no-concat-in-place")
+        command.append(f"--precision={args.precision}")
         say(f"[{name}] {args.trials} trials in a fresh process")
         try:
             done = subprocess.run(command, timeout=args.timeout, capture_output=True, text=True)
@@ -210,6 +213,7 @@ def main() -> None:
     parser.add_argument("--graph-rewrites", help="comma-separated graph rewrites instead of the target's ('' for none)")
     parser.add_argument("--no-concat-in-place", action="store_true",
                         help="copy concatenations in a task of their own (to compare with their producers writing them)")
+    parser.add_argument("--precision", default="fp32", help="what tune-model computes the products in (fp32, bf16...)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--round-seconds", type=float, default=1.0)
     parser.add_argument("--out", type=Path, default=RESULTS / "zoo.json")

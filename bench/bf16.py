@@ -1,0 +1,149 @@
+"""bf16 on the CPU: probtune's bf16 of a float32 zoo model against its own fp32 and against OpenVINO's bf16 and f32
+inference precision hints, all timed in one run.
+
+Each model is tuned twice with the same trials (``precision`` fp32 and bf16,
+each in a fresh process by bench/zoo.py's worker, compiled and checked against
+onnxruntime's float32 with the precision's tolerance); then the engines are
+timed alone in turns (bench/isolated.py). Besides the models' latencies, the
+tuned tasks are compared: the estimated time of the convolution and matrix
+product tasks (weight x best latency) in fp32 against bf16, and what the bf16
+model spends on casting activations to bf16. Needs a CPU with AVX512-BF16.
+
+    .venv/bin/python bench/bf16.py --only mobilenet_v2,resnet50,bert_base --trials 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from common import cpu_model, geomean, say
+from isolated import Engine, Worker, median_ratio, time_in_turn
+from quantized import tune_in_worker
+
+HERE = Path(__file__).resolve().parent
+ZOO = HERE / "zoo"
+RESULTS = HERE / "results"
+THREADS = 2
+PRODUCT = re.compile(r"conv|matmul|dense")
+"""Task names of convolutions and matrix products (the operator a fused task is named after comes first)."""
+CAST = re.compile(r"^(fused_)?cast\d*(_|$)")
+"""Task names of a standalone cast (bf16's casts of activations that no producer could take as its epilogue)."""
+
+
+def task_times(result: dict) -> dict[str, float | None]:
+    """Estimated seconds of the product tasks, the standalone casts and all tasks (weight x best latency)."""
+    rows = result.get("task_rows", [])
+    if any(row["best_latency"] is None for row in rows):
+        return {"products": None, "casts": None, "all": None}
+
+    def total(keep: Any) -> float:
+        return sum(row["weight"] * row["best_latency"] for row in rows if keep(row["name"]))
+
+    return {"products": total(PRODUCT.search), "casts": total(CAST.search), "all": total(lambda _: True)}
+
+
+def bench_model(name: str, entry: dict, args: argparse.Namespace) -> dict:
+    """One model: both precisions tuned, then the engines timed in turns."""
+    result: dict[str, Any] = {"model": name, "family": entry.get("family")}
+    path = args.zoo / entry["file"]
+    with tempfile.TemporaryDirectory(prefix=f"bf16-{name}-") as folder:
+        scratch = Path(folder)
+        for precision in ("bf16", "fp32"):
+            say(f"[{name}] {precision}: {args.trials} trials in a fresh process")
+            result[precision] = tune_in_worker(name, entry, path, args, scratch / precision, precision)
+            say(f"[{name}] {precision}: {result[precision].get('check') or result[precision].get('error')}")
+        if all(result[p].get("stage") == "done" for p in ("bf16", "fp32")):
+            times = {p: task_times(result[p]) for p in ("bf16", "fp32")}
+            result["task_seconds"] = times
+            if times["bf16"]["products"] and times["fp32"]["products"]:
+                result["product_tasks_speedup"] = round(times["fp32"]["products"] / times["bf16"]["products"], 3)
+            result.update(time_engines(entry, path, scratch, args))
+    return result
+
+
+def time_engines(entry: dict, path: Path, scratch: Path, args: argparse.Namespace) -> dict:
+    """Each engine alone in its own process, timed in turns; medians and same-round ratios."""
+    from probtune.model import load_model
+
+    shapes = {spec["name"]: tuple(spec["shape"]) for spec in entry["inputs"]}
+    engines = {
+        "probtune_bf16": Engine("tvm", path, shapes, THREADS, scratch / "bf16" / "compiled.so"),
+        "probtune_fp32": Engine("tvm", path, shapes, THREADS, scratch / "fp32" / "compiled.so"),
+        "openvino_bf16": Engine("openvino", path, shapes, THREADS, precision="bf16"),
+        "openvino_f32": Engine("openvino", path, shapes, THREADS),
+        "onnxruntime_fp32": Engine("onnxruntime", path, shapes, THREADS),
+    }
+    workers = {}
+    try:
+        for key, engine in engines.items():
+            workers[key] = Worker(engine)
+        rounds = time_in_turn(workers, load_model(path, shapes).random_inputs(0), args.rounds, args.round_seconds)
+    except Exception as exc:  # noqa: BLE001 - the model's row says why it has no timing
+        return {"timing_error": f"{type(exc).__name__}: {exc}"[:500]}
+    finally:
+        for worker in workers.values():
+            worker.close()
+    mine = rounds["probtune_bf16"]
+    return {
+        "latency_ms": {k: round(float(np.median(v)) * 1e3, 3) for k, v in rounds.items()},
+        "latency_ms_per_round": {k: [round(t * 1e3, 3) for t in v] for k, v in rounds.items()},
+        "bf16_speedup": {
+            "vs_probtune_fp32": round(median_ratio(rounds["probtune_fp32"], mine), 3),
+            "vs_openvino_bf16": round(median_ratio(rounds["openvino_bf16"], mine), 3),
+            "vs_onnxruntime_fp32": round(median_ratio(rounds["onnxruntime_fp32"], mine), 3),
+        },
+        "openvino_bf16_vs_f32": round(median_ratio(rounds["openvino_f32"], rounds["openvino_bf16"]), 3),
+    }
+
+
+def table(results: list[dict]) -> str:
+    keys = ("probtune_bf16", "probtune_fp32", "openvino_bf16", "openvino_f32", "onnxruntime_fp32")
+    ratios = ("vs_probtune_fp32", "vs_openvino_bf16", "vs_onnxruntime_fp32")
+    lines = [f"{'model':16} {'pt bf16':>8} {'pt fp32':>8} {'ov bf16':>8} {'ov f32':>8} {'ort f32':>8}  x fp32  x ov  x ort"
+             "  tasks x  check"]
+    for r in results:
+        ms, speed = r.get("latency_ms", {}), r.get("bf16_speedup", {})
+        check = r.get("bf16", {}).get("check") or str(r.get("bf16", {}).get("error") or r.get("timing_error"))
+        tasks = r.get("product_tasks_speedup")
+        lines.append(f"{r['model']:16} " + " ".join(f"{ms[k]:>8}" if k in ms else f"{'-':>8}" for k in keys) + "  "
+                     + " ".join(f"{speed[k]:5.2f}" if k in speed else "    -" for k in ratios)
+                     + (f"  {tasks:6.2f}" if tasks else "       -") + f"  {check[-110:]}")
+    for key in ratios:
+        lines.append(f"geomean bf16 speedup {key}: {geomean([r['bf16_speedup'][key] for r in results if 'bf16_speedup' in r])}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--zoo", type=Path, default=ZOO, help="bench/zoo_export.py's folder (its manifest.json)")
+    parser.add_argument("--only", default="mobilenet_v2,resnet50,bert_base", help="comma-separated model names")
+    parser.add_argument("--trials", type=int, default=0, help="per model and precision (0: default programs)")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds one tuning process may take")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--round-seconds", type=float, default=1.0)
+    parser.add_argument("--out", type=Path, default=RESULTS / "bf16.json")
+    args = parser.parse_args()
+    manifest = json.loads((args.zoo / "manifest.json").read_text())["models"]
+    names = [n for n in args.only.split(",") if n]
+    missing = [n for n in names if n not in manifest or "error" in manifest[n]]
+    if missing:
+        sys.exit(f"not in {args.zoo}/manifest.json: {', '.join(missing)}; export them first "
+                 f"(make bench-zoo-export ZOO_ARGS=\"--only {' '.join(missing)}\")")
+    results = []
+    for name in names:
+        results.append(bench_model(name, manifest[name], args))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"machine": cpu_model(), "trials": args.trials, "models": results}, indent=1))
+    print(table(results))
+
+
+
+if __name__ == "__main__":
+    main()
