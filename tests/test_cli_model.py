@@ -8,6 +8,7 @@ import onnx
 import pytest
 
 from probtune.cli import main
+from probtune.targets import resolve_target
 
 
 def test_example_models_are_written(tmp_path, capsys):
@@ -49,8 +50,9 @@ def test_tune_model_exports_and_run_model_compares(small_cnn_onnx, tmp_path, cap
         (["--input-shape", "1,3,16,16"], "expected NAME=DIMS"),
         (["--input-shape", "x=1,3,16"], "has rank 4 in the model"),
         (["--graph-rewrites", "winograd-conv2d,no-such-rewrite"], "unknown graph rewrite 'no-such-rewrite'"),
+        (["--target", "x86-avx2", "--precision", "bf16"], "target 'x86-avx2' does not offer precision bf16"),
     ],
-    ids=["unwritable-output", "shape-without-name", "wrong-rank", "unknown-graph-rewrite"],
+    ids=["unwritable-output", "shape-without-name", "wrong-rank", "unknown-graph-rewrite", "unoffered-precision"],
 )
 def test_bad_input_is_refused_before_any_trial(small_cnn_onnx, tmp_path, capsys, extra, message):
     database = tmp_path / "t.db"
@@ -60,6 +62,17 @@ def test_bad_input_is_refused_before_any_trial(small_cnn_onnx, tmp_path, capsys,
     assert main(args + extra) == 2
     assert message in capsys.readouterr().err
     assert not database.exists()
+
+
+@pytest.mark.skipif("bf16" not in resolve_target("host").precisions, reason="this machine's target offers no bf16")
+def test_a_bf16_model_is_compared_with_bf16s_tolerance_after_export(small_cnn_onnx, tmp_path, capsys):
+    output = tmp_path / "cnn.so"
+    assert main(["tune-model", str(small_cnn_onnx), "--input-shape", "x=1,3,16,16", "--trials", "0", "--precision",
+                 "bf16", "--database", str(tmp_path / "t.db"), "--output", str(output)]) == 0
+    assert "for bf16)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "cnn.so.json").read_text())["precision"] == "bf16"
+    assert main(["run-model", str(output), "--compare-onnx", str(small_cnn_onnx), "--repeat", "2"]) == 0
+    assert "for bf16)" in capsys.readouterr().out  # read from cnn.so.json: float32's tolerance would refuse it
 
 
 def test_run_model_without_inputs_file_says_what_to_give(tmp_path, capsys):

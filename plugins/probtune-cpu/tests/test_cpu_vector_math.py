@@ -113,6 +113,22 @@ def test_a_dense_gelu_is_tuned_with_it_and_stays_correct(host):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_a_gelu_rounded_to_bfloat16_is_rewritten_and_vectorized(host):
+    """A bf16 model's GELU stores its result rounded to bfloat16, which TVM's legalization reads twice: the
+    rewritten float is bound to a variable first, so that the copy vectorizes."""
+    x = te.placeholder((16, 64), "float32", name="x")
+    gelu = te.compute((16, 64), lambda i, j: (0.5 * x[i, j] * (1.0 + te.erf(x[i, j] * 0.7071067811865476))).astype(
+        "bfloat16"), name="gelu")
+    workload = Workload.from_module(te.create_prim_func([x, gelu]), name="gelu_bf16")
+    inputs = workload.random_inputs(0)
+    want = workload.reference_outputs(inputs)[0].astype(np.float32)
+    for candidate in RandomSearch(generate_space(workload, host), Rng(3)).next_batch(3):
+        assert "T.erf(" not in candidate.mod.script()
+        lib = compile_for(candidate.mod, host)
+        got = run_module(lib, [*inputs, np.zeros((16, 64), want.dtype).astype(workload.param_specs()[1][1])])[1]
+        np.testing.assert_allclose(got.astype(np.float32), want, rtol=2**-8, atol=1e-6)  # a bfloat16 step
+
+
 def test_a_function_of_a_rewritten_function_keeps_its_library_call(host):
     """Mish, ``x * tanh(log(1 + exp(x)))``: TVM's lowering substitutes nested Let bindings into their uses, and three
     nested polynomials made LLVM's build far too slow; the outermost keeps its call, and the program stays correct."""

@@ -365,7 +365,7 @@ def write_reference(
     for index, array in enumerate(outputs):
         positions = np.sort(rng.choice(array.size, min(array.size, SAMPLED_POSITIONS), replace=False))
         arrays[f"positions_{index}"], arrays[f"output_{index}"] = positions, array.reshape(-1)[positions]
-    np.savez(path, **arrays)
+    timing.save_arrays(path, arrays)
     entry["seeded"] = {"seed": seed, "inputs": specs, "sha256": digests, "index_extents": sorted(extents.items()),
                        "outputs": [(list(array.shape), array.dtype.name) for array in outputs]}
     return entry

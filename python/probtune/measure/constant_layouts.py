@@ -17,13 +17,13 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
 
 from probtune.measure import MeasureReference, save_reference
+from probtune.measure.timing import load_arrays
 from probtune.schedule.analysis import is_spatial
 
 __all__ = ["LAYOUT_FREE_ATTR", "LayoutCopy", "MeasuredForm", "layout_copies", "layout_free_params", "read_constants_packed"]
@@ -163,8 +163,7 @@ class MeasuredForm:
 
     def _packed_reference(self, layouts: dict[int, tirx.IndexMap]) -> MeasureReference:
         """The reference with its inputs at ``layouts``' positions in those layouts."""
-        with np.load(self.reference.path) as saved:
-            arrays = {name: saved[name] for name in saved.files}
+        arrays = load_arrays(self.reference.path)
         for position, layout in layouts.items():
             name = f"input_{position}"
             arrays[name] = layout.map_tensor(tvm.runtime.tensor(arrays[name])).numpy()

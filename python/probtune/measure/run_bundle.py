@@ -152,11 +152,11 @@ def read_reference_of(bundle: Path, reference: dict[str, Any]) -> tuple[tuple[An
                 f"(this machine's numpy {np.__version__} draws other numbers); write the bundle with a larger "
                 "reference limit to carry the inputs"
             )
-    with np.load(path) as arrays:
-        outputs = tuple(
-            timing.SampledOutput(tuple(shape), np.dtype(dtype), arrays[f"positions_{i}"], arrays[f"output_{i}"])
-            for i, (shape, dtype) in enumerate(seeded["outputs"])
-        )
+    arrays = timing.load_arrays(path)
+    outputs = tuple(
+        timing.SampledOutput(tuple(shape), arrays[f"output_{i}"].dtype, arrays[f"positions_{i}"], arrays[f"output_{i}"])
+        for i, (shape, _) in enumerate(seeded["outputs"])
+    )
     return inputs, outputs
 
 

@@ -16,7 +16,7 @@ import time
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tvm
@@ -27,7 +27,7 @@ from probtune.measure._process import WorkerProcess
 from probtune.measure._worker import run_worker_main
 from probtune.measure.codegen import device_type
 from probtune.measure.results import BuildResult, MeasureReference, MeasureStatus, RunResult, not_built
-from probtune.measure.timing import RunTask, sha256
+from probtune.measure.timing import RunTask, save_arrays, sha256
 
 if TYPE_CHECKING:
     from probtune.workloads.workload import Workload
@@ -81,8 +81,7 @@ def save_reference(
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.npz")
-        payload: dict[str, Any] = dict(arrays)  # numpy's stub reads a key as its allow_pickle flag
-        np.savez(partial, **payload)
+        save_arrays(partial, arrays)
         os.replace(partial, path)  # readers never see half a file
     return MeasureReference(str(path), num_inputs, rtol, atol)
 

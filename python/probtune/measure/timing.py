@@ -99,7 +99,7 @@ def random_inputs(
 
 def _random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
     np_dtype = np.dtype(dtype)
-    if np.issubdtype(np_dtype, np.floating):
+    if np.issubdtype(np_dtype, np.floating) or np_dtype.name in STORED_AS_BITS:  # ml_dtypes' floats are no np.floating
         return rng.uniform(-1.0, 1.0, size=shape).astype(np_dtype)
     if np_dtype == np.bool_:
         return rng.integers(0, 2, size=shape).astype(np_dtype)
@@ -113,12 +113,42 @@ def sha256(array: np.ndarray) -> str:
     return digest.hexdigest()
 
 
+STORED_AS_BITS = {"bfloat16": "uint16"}
+"""Array types (ml_dtypes') that an .npz file cannot hold: :func:`save_arrays` stores their bits, and names the type
+in a key of its own for :func:`load_arrays`."""
+
+_TYPE_KEY = "__dtype__"
+
+
+def save_arrays(path: str | Path, arrays: Mapping[str, np.ndarray]) -> None:
+    """``arrays`` in an .npz file at ``path``, with the types numpy's format lacks kept (:data:`STORED_AS_BITS`)."""
+    payload: dict[str, Any] = {}  # numpy's stub reads a key as its allow_pickle flag
+    for key, array in arrays.items():
+        bits = STORED_AS_BITS.get(array.dtype.name)
+        payload[key] = array if bits is None else array.view(bits)
+        if bits is not None:
+            payload[_TYPE_KEY + key] = np.array(array.dtype.name)
+    np.savez(path, **payload)
+
+
+def load_arrays(path: str | Path) -> dict[str, np.ndarray]:
+    """The arrays :func:`save_arrays` wrote at ``path``, in their own types."""
+    with np.load(path) as saved:
+        arrays = {key: saved[key] for key in saved.files if not key.startswith(_TYPE_KEY)}
+        typed = {key.removeprefix(_TYPE_KEY): str(saved[key]) for key in saved.files if key.startswith(_TYPE_KEY)}
+    if typed:
+        import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy
+
+        arrays.update({key: arrays[key].view(np.dtype(name)) for key, name in typed.items()})
+    return arrays
+
+
 @functools.lru_cache(maxsize=1)
 def read_reference(path: str, num_inputs: int) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
     """The inputs and expected outputs saved at ``path``; the last read is kept (a reference's name carries its digest)."""
-    with np.load(path) as arrays:
-        inputs = tuple(arrays[f"input_{i}"] for i in range(num_inputs))
-        outputs = tuple(arrays[f"output_{i}"] for i in range(len(arrays.files) - num_inputs))
+    arrays = load_arrays(path)
+    inputs = tuple(arrays[f"input_{i}"] for i in range(num_inputs))
+    outputs = tuple(arrays[f"output_{i}"] for i in range(len(arrays) - num_inputs))
     return inputs, outputs
 
 

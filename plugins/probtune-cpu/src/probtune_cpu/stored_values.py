@@ -55,14 +55,39 @@ def rewrite_stored_values(sch: s_tir.Schedule, rewrite: Callable[[tirx.BufferSto
     """Replace the stored value of every block whose body is one store by ``rewrite(store)``."""
     for name in sblock_names(sch):
         block_rv = sch.get_sblock(name)
-        block = sch.get(block_rv)
-        store = block.body
-        if not isinstance(store, tirx.BufferStore):
+        store = _one_store(sch.get(block_rv).body)
+        if store is None:
             continue
         value = rewrite(store)
         if value.same_as(store.value):
             continue
-        replace_block(sch, block_rv, body=tirx.BufferStore(store.buffer, value, store.indices))
+        replace_block(sch, block_rv, body=_stored(store, value))
+
+
+def _one_store(body: tirx.Stmt) -> tirx.BufferStore | None:
+    """The block's one store, as it was before :func:`_stored` bound a bfloat16 store's float to a variable."""
+    if isinstance(body, tirx.BufferStore):
+        return body
+    if isinstance(body, tirx.SeqStmt) and len(body.seq) == 2:
+        bind, store = body.seq
+        if isinstance(bind, tirx.Bind) and isinstance(store, tirx.BufferStore) and isinstance(store.value, tirx.Cast):
+            if store.value.value.same_as(bind.var):
+                return tirx.BufferStore(store.buffer, tirx.Cast(str(store.value.ty), bind.value), store.indices)
+    return None
+
+
+def _stored(store: tirx.BufferStore, value: tirx.Expr) -> tirx.Stmt:
+    """``store`` of ``value``; a value rounded to bfloat16 has its float bound to a variable first.
+
+    TVM's bfloat16 legalization reads the float it rounds twice, so it would
+    copy a rewritten value's let-bindings into one expression, which
+    vectorization refuses; bound in a statement of its own, the float is read as a variable.
+    """
+    if isinstance(value, tirx.Cast) and str(value.ty) == "bfloat16" and not isinstance(value.value, tirx.Var):
+        unrounded = tirx.Var("unrounded", value.value.ty)
+        rounded = tirx.BufferStore(store.buffer, tirx.Cast("bfloat16", unrounded), store.indices)
+        return tirx.SeqStmt([tirx.Bind(unrounded, value.value), rounded])
+    return tirx.BufferStore(store.buffer, value, store.indices)
 
 
 @functools.lru_cache(maxsize=32)

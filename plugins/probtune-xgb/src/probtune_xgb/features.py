@@ -224,8 +224,9 @@ def _scan_value(value: tvm.ir.expr.Expr) -> tuple[list[float], list[ir_expr.Tens
         elif kind is ir_expr.Call:
             if getattr(expr.op, "name", None) == _IF_THEN_ELSE:
                 counts[_SELECT_KIND] += 1
-            else:
-                counts[4 if expr.ty.dtype.is_float else _INT_KIND] += 1
+            else:  # a call's type has no dtype where it returns a pointer (an intrinsic's operand address)
+                dtype = getattr(expr.ty, "dtype", None)
+                counts[4 if dtype is not None and dtype.is_float else _INT_KIND] += 1
             stack.extend(reversed(as_list(expr.args)))
         elif kind is tirx.Select:
             counts[_SELECT_KIND] += 1

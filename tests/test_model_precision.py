@@ -1,0 +1,73 @@
+"""Precisions: bf16's conversion of a float32 model, its refusal where a target does not offer it, and a bf16 model
+checked against onnxruntime's float32 with bf16's tolerance."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tvm import relax
+from tvm.ir.expr import Constant
+
+from probtune.errors import TuningConfigError
+from probtune.model import load_model, tune_model
+from probtune.model.precision import TOLERANCES, check_precision, convert_precision
+from probtune.targets import resolve_target
+
+SHAPES = {"x": (1, 3, 16, 16)}
+FAST = dict(batch_size=4, confirm=0)
+HOST_BF16 = "bf16" in resolve_target("host").precisions
+
+
+def _calls(mod) -> list[relax.Call]:
+    calls: list[relax.Call] = []
+    relax.analysis.post_order_visit(
+        mod["main"].body, lambda e: calls.append(e) if isinstance(e, relax.Call) and hasattr(e.op, "name") else None
+    )
+    return calls
+
+
+def _dtype(expr) -> str:
+    return str(expr.ty.dtype)
+
+
+@pytest.mark.parametrize("fixture, products", [("small_cnn_onnx", 4), ("encoder_onnx", 8)])
+def test_bf16_multiplies_bfloat16_operands_into_float32_sums(fixture, products, request):
+    model = load_model(request.getfixturevalue(fixture), SHAPES if fixture == "small_cnn_onnx" else None)
+    calls = _calls(convert_precision(model.mod, "bf16"))
+    converted = [c for c in calls if str(c.op.name) in ("relax.nn.conv2d", "relax.matmul")]
+    assert len(converted) >= products
+    for call in converted:
+        assert [_dtype(arg) for arg in call.args] == ["bfloat16", "bfloat16"] and _dtype(call) == "float32"
+    weights = [c.args[1] for c in converted if isinstance(c.args[1], Constant)]
+    assert weights and all(_dtype(w) == "bfloat16" for w in weights)  # cast once, at compile time
+    others = [c for c in calls if c not in converted and str(c.op.name) != "relax.astype"]
+    assert all(_dtype(c) == "float32" for c in others if isinstance(c.ty, relax.TensorType))
+
+
+def test_an_unknown_or_unoffered_precision_is_refused_by_name():
+    with pytest.raises(TuningConfigError, match="unknown precision 'int4': choose one of fp32, fp16, bf16"):
+        check_precision("int4", resolve_target("host"))
+    with pytest.raises(TuningConfigError, match="target 'x86-avx2' does not offer precision bf16"):
+        check_precision("bf16", resolve_target("x86-avx2"))
+
+
+def test_bf16_on_a_target_without_it_is_refused_before_the_first_trial(small_cnn_onnx, tmp_path):
+    database = tmp_path / "t.db"
+    with pytest.raises(TuningConfigError, match="choose one of fp32, fp16"):
+        tune_model(load_model(small_cnn_onnx, SHAPES), "x86-avx2", trials=4, database=database, precision="bf16")
+    assert not database.exists()
+
+
+@pytest.mark.skipif(not HOST_BF16, reason="this machine's target offers no bf16")
+@pytest.mark.parametrize("fixture", ["small_cnn_onnx", "encoder_onnx"])
+def test_a_bf16_model_matches_onnxruntime_within_bf16s_tolerance(fixture, request, tmp_path):
+    model = load_model(request.getfixturevalue(fixture), SHAPES if fixture == "small_cnn_onnx" else None)
+    compiled = tune_model(model, "host", trials=8, database=tmp_path / "t.db", precision="bf16", **FAST).compile()
+    check = compiled.check
+    assert check.precision == "bf16" and (check.rtol, check.atol_scale) == TOLERANCES["bf16"]
+    assert "for bf16" in str(check)
+    assert check.max_rel_error > 1e-4  # bf16's rounding shows: the products did not run in float32
+    fp32 = tune_model(model, "host", trials=0, database=tmp_path / "f.db", **FAST).compile()
+    assert fp32.check.max_rel_error < check.max_rel_error and "for " not in str(fp32.check)
+    inputs = model.random_inputs(1)
+    assert np.allclose(compiled(*inputs)[0], fp32(*inputs)[0], rtol=0.05, atol=0.5 * np.std(fp32(*inputs)[0]))
