@@ -8,6 +8,7 @@ import pytest
 import tvm
 from tvm import te, topi
 
+import probtune
 from conftest import run_module
 from probtune import Rng, generate_space
 from probtune.measure.codegen import compile_for
@@ -134,3 +135,11 @@ def test_the_cost_model_counts_the_bf16_instructions_a_program_executes():
     plain = RandomSearch(plain_space, Rng(3)).next_batch(1)[0]
     assert list(x86_features(tiled.mod["main"])) == [0, 28 * (64 // 16) * (64 // 2)]  # one per 16 lanes x 2 terms
     assert list(x86_features(plain.mod["main"])) == [0, 0]
+
+
+@pytest.mark.skipif(not HAS_BF16, reason="this CPU has no AVX512-BF16")
+def test_programs_realized_in_helper_processes_are_tensorized_there(tmp_path):
+    """The search's helpers replay traces without the tiling that registered the intrinsic: the layout rewrite
+    registers it there, so no candidate is dropped for an intrinsic the process does not know."""
+    result = probtune.tune(_matmul(64, 64, 64), "host", 16, database=tmp_path / "t.db", batch_size=8)
+    assert result.best is not None and "rewrite-cpu-tensorize" not in result.rejections

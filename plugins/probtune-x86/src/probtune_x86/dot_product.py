@@ -195,14 +195,21 @@ class DotProductTiling:
 @dataclass(frozen=True)
 class RewriteDotLayout:
     """Lay each copy of ``B`` annotated for ``instruction`` out in the blocks it reads:
-    ``[..., j // lanes, k // depth, j % lanes, k % depth]``."""
+    ``[..., j // lanes, k // depth, j % lanes, k % depth]``.
+
+    It also registers the instruction's tensor intrinsic, which ``rewrite-cpu-tensorize`` looks up next: a program
+    is finished in whichever process realizes it (a helper replays the trace without the tiling that registered it).
+    """
 
     name: str
     instruction: DotInstruction
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
         key, lanes, depth = self.instruction.layout_key, self.instruction.lanes, self.instruction.depth
-        for name in [n for n in sblock_names(sch) if key in sch.get(sch.get_sblock(n)).annotations]:
+        annotated = [n for n in sblock_names(sch) if key in sch.get(sch.get_sblock(n)).annotations]
+        if annotated:
+            self.instruction.register()
+        for name in annotated:
             block = sch.get_sblock(name)
             k_dim, j_dim = divmod(int(sch.get(block).annotations[key]), lanes)
             sch.unannotate(block, key)
