@@ -37,16 +37,17 @@ CAST = re.compile(r"^(fused_)?cast\d*(_|$)")
 """Task names of a standalone cast (bf16's casts of activations that no producer could take as its epilogue)."""
 
 
-def task_times(result: dict) -> dict[str, float | None]:
-    """Estimated seconds of the product tasks, the standalone casts and all tasks (weight x best latency)."""
-    rows = result.get("task_rows", [])
-    if any(row["best_latency"] is None for row in rows):
-        return {"products": None, "casts": None, "all": None}
+def task_times(result: dict) -> dict[str, float]:
+    """Estimated seconds of the product tasks, the standalone casts and all tasks (weight x best latency), of the
+    tasks tuned (``untuned``: how many got no trial and run a default program, left out of the sums)."""
+    rows = [row for row in result.get("task_rows", []) if row["best_latency"] is not None]
 
     def total(keep: Any) -> float:
         return sum(row["weight"] * row["best_latency"] for row in rows if keep(row["name"]))
 
-    return {"products": total(PRODUCT.search), "casts": total(CAST.search), "all": total(lambda _: True)}
+    untuned = len(result.get("task_rows", [])) - len(rows)
+    return {"products": total(PRODUCT.search), "casts": total(CAST.search), "all": total(lambda _: True),
+            "untuned": untuned}
 
 
 def bench_model(name: str, entry: dict, args: argparse.Namespace) -> dict:

@@ -205,6 +205,23 @@ def test_prepare_reference_saves_inputs_and_expected_outputs(
     assert (reference.rtol, reference.atol) == workload.tolerance([c])
 
 
+def test_a_bfloat16_reference_is_read_back_in_bfloat16(tmp_path: Path) -> None:
+    """An .npz file holds no ml_dtypes type: a bf16 task's inputs are saved as their bits and read back typed."""
+    import ml_dtypes
+
+    from probtune.measure.timing import random_inputs, read_reference
+
+    a = te.placeholder((8, 16), "bfloat16", name="a")
+    b = te.compute((8, 16), lambda i, j: a[i, j].astype("float32") * 2.0, name="b")
+    workload = Workload.from_module(te.create_prim_func([a, b]), name="widen")
+    saved = prepare_reference(workload, tmp_path, seed=0)
+    (x,), (y,) = read_reference(saved.path, 1)
+    assert x.dtype == ml_dtypes.bfloat16 and y.dtype == np.float32
+    np.testing.assert_array_equal(y, x.astype(np.float32) * 2)
+    assert len(np.unique(x)) > 5  # drawn as floats in (-1, 1), not as the small integers of an integer input
+    assert random_inputs(0, [((8, 16), "bfloat16")])[0].dtype == ml_dtypes.bfloat16
+
+
 def test_a_reference_s_tolerance_is_scaled_by_its_own_outputs(workdir: Path) -> None:
     """A clamp whose bounds are inputs: seed 4 clamps every output to one value near zero, seed 1 lets them through.
 

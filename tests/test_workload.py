@@ -417,3 +417,17 @@ def test_a_task_that_takes_a_variance_is_tuned_not_refused(tmp_path) -> None:
     result = probtune.tune(_normalize_by_a_given_variance(), trials=4, database=tmp_path / "t.db", batch_size=4,
                            confirm=0)
     assert result.statuses["ok"] == result.measured > 0
+
+
+def test_an_output_rounded_to_bfloat16_is_compared_within_its_rounding() -> None:
+    """A bf16 model's layer hands on its output in bfloat16: summed in another order, an element may round to the
+    neighbouring bfloat16 value (2**-8 relative apart), which a tuned program's check must allow."""
+    from tvm import te
+
+    a = te.placeholder((16, 512), "bfloat16", name="a")
+    b = te.placeholder((512, 16), "bfloat16", name="b")
+    r = te.reduce_axis((0, 512), "r")
+    c = te.compute((16, 16), lambda i, j: te.sum(a[i, r].astype("float32") * b[r, j].astype("float32"), axis=r))
+    d = te.compute((16, 16), lambda i, j: c[i, j].astype("bfloat16"), name="d")
+    rtol, atol = Workload.from_module(te.create_prim_func([a, b, d]), name="rounded").tolerance()
+    assert 2**-8 < rtol < 0.1 and atol > 0

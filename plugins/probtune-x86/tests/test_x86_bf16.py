@@ -143,3 +143,4 @@ def test_programs_realized_in_helper_processes_are_tensorized_there(tmp_path):
     registers it there, so no candidate is dropped for an intrinsic the process does not know."""
     result = probtune.tune(_matmul(64, 64, 64), "host", 16, database=tmp_path / "t.db", batch_size=8)
     assert result.best is not None and "rewrite-cpu-tensorize" not in result.rejections
+

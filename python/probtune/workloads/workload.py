@@ -23,7 +23,7 @@ import tvm_ffi
 from tvm.s_tir.analysis import estimate_tir_flops
 
 from probtune.errors import WorkloadShapeError
-from probtune.measure.timing import random_inputs
+from probtune.measure.timing import float_eps, is_float, random_inputs
 from probtune.schedule.analysis import identity, iter_loads, iter_stmts
 
 __all__ = [
@@ -151,7 +151,7 @@ class Workload:
         for low, high in INPUT_RANGES:
             inputs = [_moved(array, low, high) for array in drawn]
             outputs = self.reference_outputs(inputs)
-            bad = sum(int(np.size(a) - np.isfinite(a).sum()) for a in outputs if np.issubdtype(a.dtype, np.floating))
+            bad = sum(int(np.size(a) - np.isfinite(a.astype(np.float64)).sum()) for a in outputs if is_float(a.dtype))
             if bad == 0:
                 return inputs, outputs
             if fewest is None or bad < fewest[0]:
@@ -163,13 +163,13 @@ class Workload:
         """The largest change of a finite output when every float input moves by one rounding (a relative ``eps``)."""
         rng = np.random.default_rng(seed)
         moved = [
-            (a * (1 + np.finfo(a.dtype).eps * rng.uniform(-1.0, 1.0, a.shape))).astype(a.dtype)
-            if np.issubdtype(a.dtype, np.floating) else a
+            (a.astype(np.float64) * (1 + float_eps(a.dtype) * rng.uniform(-1.0, 1.0, a.shape))).astype(a.dtype)
+            if is_float(a.dtype) else a
             for a in inputs
         ]
         largest = 0.0
         for before, after in zip(outputs, self.reference_outputs(moved)):
-            if np.issubdtype(np.asarray(before).dtype, np.floating):
+            if is_float(np.asarray(before).dtype):
                 with np.errstate(invalid="ignore"):
                     change = np.abs(np.asarray(after, np.float64) - np.asarray(before, np.float64))
                 finite = change[np.isfinite(change)]
@@ -202,10 +202,10 @@ class Workload:
         at least :data:`REORDERING` ``* sqrt(K)`` times it.
         """
         dtypes = {np.dtype(dtype) for _, dtype in self.param_specs()[self.num_inputs :]}
-        float_dtypes = [dtype for dtype in dtypes if np.issubdtype(dtype, np.floating)]
+        float_dtypes = [dtype for dtype in dtypes if is_float(dtype)]
         if not float_dtypes:
             return 0.0, 0.0
-        eps = max(float(np.finfo(dtype).eps) for dtype in float_dtypes)
+        eps = max(float_eps(dtype) for dtype in float_dtypes)
         longest, accumulator_eps = self._reductions
         summed = eps if accumulator_eps is None else accumulator_eps
         rounding = 4 * eps if eps > summed else 0.0
@@ -422,7 +422,7 @@ def _accesses(func: tvm.tirx.PrimFunc) -> Iterator[tuple[Any, Any]]:
 
 def _moved(array: np.ndarray, low: float, high: float) -> np.ndarray:
     """A float ``array`` drawn from U(-1, 1) moved linearly into U(low, high); other arrays as they are."""
-    if not np.issubdtype(array.dtype, np.floating) or (low, high) == (-1.0, 1.0):
+    if not is_float(array.dtype) or (low, high) == (-1.0, 1.0):
         return array
     return (low + (array.astype(np.float64) + 1.0) * (high - low) / 2.0).astype(array.dtype)
 
