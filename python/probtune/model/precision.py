@@ -41,9 +41,8 @@ def check_precision(precision: str, target: TargetSpec) -> None:
     if precision not in target.precisions:
         offering = sorted(name for name, spec in get_registry().targets.items() if precision in spec.precisions)
         raise TuningConfigError(
-            f"target {target.name!r} does not offer precision {precision} (its products cannot run in it there): "
-            f"choose one of {', '.join(target.precisions)}, or a target that offers {precision} on this machine "
-            f"({', '.join(offering) or 'none'})"
+            f"target {target.name!r} does not offer precision {precision}: choose one of "
+            f"{', '.join(target.precisions)}, or a target that offers {precision} here ({', '.join(offering) or 'none'})"
         )
 
 
