@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 from common import cpu_model, geomean, say
-from isolated import Engine, Worker, median_ratio, time_in_turn
+from isolated import Engine, median_ratio, time_engines_in_turn
 from quantized import tune_in_worker
 
 HERE = Path(__file__).resolve().parent
@@ -81,16 +81,10 @@ def time_engines(entry: dict, path: Path, scratch: Path, args: argparse.Namespac
         "openvino_f32": Engine("openvino", path, shapes, THREADS),
         "onnxruntime_fp32": Engine("onnxruntime", path, shapes, THREADS),
     }
-    workers = {}
     try:
-        for key, engine in engines.items():
-            workers[key] = Worker(engine)
-        rounds = time_in_turn(workers, load_model(path, shapes).random_inputs(0), args.rounds, args.round_seconds)
+        rounds = time_engines_in_turn(engines, load_model(path, shapes).random_inputs(0), args.rounds, args.round_seconds)
     except Exception as exc:  # noqa: BLE001 - the model's row says why it has no timing
         return {"timing_error": f"{type(exc).__name__}: {exc}"[:500]}
-    finally:
-        for worker in workers.values():
-            worker.close()
     mine = rounds["probtune_bf16"]
     return {
         "latency_ms": {k: round(float(np.median(v)) * 1e3, 3) for k, v in rounds.items()},

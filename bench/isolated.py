@@ -137,6 +137,20 @@ def time_in_turn(workers: dict[str, Worker], inputs: list[np.ndarray], rounds: i
     return samples
 
 
+def time_engines_in_turn(
+    engines: dict[str, Engine], inputs: list[np.ndarray], rounds: int, budget_s: float
+) -> dict[str, list[float]]:
+    """:func:`time_in_turn` of ``engines``, each loaded in a worker process of its own, closed afterwards."""
+    workers: dict[str, Worker] = {}
+    try:
+        for key, engine in engines.items():
+            workers[key] = Worker(engine)
+        return time_in_turn(workers, inputs, rounds, budget_s)
+    finally:
+        for worker in workers.values():
+            worker.close()
+
+
 def median_ratio(numerator: list[float], denominator: list[float]) -> float:
     """The median over rounds of one engine's time over another's, both taken in the same round.
 
