@@ -3,6 +3,9 @@ checked against onnxruntime's float32 with bf16's tolerance."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import numpy as np
 import pytest
 from tvm import relax
@@ -11,6 +14,7 @@ from tvm.ir.expr import Constant
 from probtune.errors import TuningConfigError
 from probtune.model import load_model, tune_model
 from probtune.model.precision import TOLERANCES, check_precision, convert_precision
+from probtune.model.tasks import extract_tasks, fuse
 from probtune.targets import resolve_target
 
 SHAPES = {"x": (1, 3, 16, 16)}
@@ -42,6 +46,20 @@ def test_bf16_multiplies_bfloat16_operands_into_float32_sums(fixture, products, 
     assert weights and all(_dtype(w) == "bfloat16" for w in weights)  # cast once, at compile time
     others = [c for c in calls if c not in converted and str(c.op.name) != "relax.astype"]
     assert all(_dtype(c) == "float32" for c in others if isinstance(c.ty, relax.TensorType))
+
+
+@pytest.mark.parametrize("fixture", ["small_cnn_onnx", "encoder_onnx"])
+def test_bf16_stores_a_products_operand_once_and_casts_it_in_its_producers_task(fixture, request):
+    """A tensor read by a product and by another operator (the residual connection) is cast once, in bfloat16, and
+    the other reader widens that copy: no task casts alone, and no producer writes the tensor twice."""
+    model = load_model(request.getfixturevalue(fixture), SHAPES if fixture == "small_cnn_onnx" else None)
+    mod = convert_precision(model.mod, "bf16")
+    casts = [c for c in _calls(mod) if str(c.op.name) == "relax.astype" and str(c.attrs.dtype) == "bfloat16"]
+    assert len({c.args[0] for c in casts}) == len(casts)  # one copy of each
+    widened = [c for c in _calls(mod) if str(c.op.name) == "relax.astype" and _dtype(c.args[0]) == "bfloat16"]
+    assert widened or fixture == "encoder_onnx"  # small_cnn's residual add reads its operand's copy
+    names = [task.name for task in extract_tasks(fuse(dataclasses.replace(model, mod=mod), resolve_target("host")))]
+    assert not [name for name in names if re.fullmatch(r"(fused_)?cast\d*", name)]
 
 
 def test_an_unknown_or_unoffered_precision_is_refused_by_name():

@@ -6,7 +6,10 @@ accumulation), and leaves in float32 what that pass keeps there (softmax and
 normalization statistics). ``bf16`` casts only the operands of float32
 convolutions and matrix products to bfloat16, the weights once at compile
 time, and sums them in float32 (as OpenVINO's bf16 inference precision does
-on CPUs with bf16 dot products); every other operator stays float32. The model's
+on CPUs with bf16 dot products); every other operator computes in float32. A
+tensor that a product reads is stored once, in bfloat16, and its other readers
+(a residual connection) read that and widen it, so that its producer's task
+writes one output and no task of its own casts it. The model's
 inputs and outputs keep their types, and its outputs are checked with the
 precision's tolerance (``TOLERANCES``). A target names the precisions it offers
 (``TargetSpec.precisions``); another is refused before tuning starts.
@@ -61,30 +64,74 @@ def _float32(expr: relax.Expr) -> bool:
     return isinstance(expr.ty, relax.TensorType) and str(expr.ty.dtype) == "float32"
 
 
+def _product(call: relax.Call) -> bool:
+    """Whether ``call`` is a convolution or matrix product of two float32 tensors."""
+    name = str(getattr(call.op, "name", ""))
+    return name in _PRODUCTS and len(call.args) == 2 and all(_float32(arg) for arg in call.args)
+
+
+def _product_operands(func: relax.Function) -> set[relax.Expr]:
+    """The variables that a float32 product in ``func`` reads."""
+    operands: set[relax.Expr] = set()
+
+    def visit(expr: relax.Expr) -> None:
+        if isinstance(expr, relax.Call) and _product(expr):
+            operands.update(arg for arg in expr.args if isinstance(arg, relax.Var))
+
+    relax.analysis.post_order_visit(func, visit)
+    return operands
+
+
 def _bf16_products(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with its float32 convolutions and matrix products on bfloat16 operands, summed in float32."""
     mutator = _BF16Products(mod)
     for gvar, func in mod.functions_items():
         if isinstance(func, relax.Function):
+            mutator.operands = _product_operands(func)
             mutator.builder_.update_func(gvar, mutator.visit_expr(func))
     return mutator.builder_.get()
 
 
 @relax.expr_functor.mutator
 class _BF16Products(relax.PyExprMutator):  # type: ignore[misc]
-    """Casts the operands of each float32 convolution and matrix product to bfloat16 (see the module docstring)."""
+    """Casts the operands of each float32 convolution and matrix product to bfloat16, and has every other reader of an
+    operand variable read its bfloat16 copy widened (see the module docstring)."""
+
+    def __init__(self, mod: tvm.IRModule) -> None:
+        super().__init__(mod)
+        self.operands: set[relax.Expr] = set()  # the function's variables that a product reads
+        self.copies: dict[relax.Expr, relax.Expr] = {}  # operand variable -> its one bfloat16 copy
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
-        call = super().visit_call_(call)
-        name = str(getattr(call.op, "name", ""))
-        if name not in _PRODUCTS or len(call.args) != 2 or not all(_float32(arg) for arg in call.args):
-            return call
-        x, y = (self.builder_.emit(relax.op.astype(arg, "bfloat16")) for arg in call.args)
+        new = super().visit_call_(call)
+        if not _product(new):
+            args = [self.widened(old, arg) for old, arg in zip(call.args, new.args)]
+            changed = any(not a.same_as(b) for a, b in zip(args, new.args))
+            return relax.Call(new.op, args, new.attrs, new.ty_args) if changed else new
+        x, y = (self.bfloat16(old, arg) for old, arg in zip(call.args, new.args))
+        name = str(new.op.name)
         if name == "relax.matmul":
             return relax.op.matmul(x, y, out_dtype="float32")
-        attrs = call.attrs
+        attrs = new.attrs
         convolution = getattr(relax.op.nn, name.removeprefix("relax.nn."))
         return convolution(
             x, y, attrs.strides, attrs.padding, attrs.dilation, attrs.groups,
             attrs.data_layout, attrs.kernel_layout, attrs.out_layout, "float32",
         )
+
+    def bfloat16(self, old: relax.Expr, arg: relax.Expr) -> relax.Expr:
+        """``arg`` (``old`` before this pass) cast to bfloat16: for an operand variable, its one copy."""
+        if old not in self.operands:
+            return self.builder_.emit(relax.op.astype(arg, "bfloat16"))
+        if old not in self.copies:
+            self.copies[old] = self.builder_.emit(relax.op.astype(arg, "bfloat16"))
+        return self.copies[old]
+
+    def widened(self, old: relax.Expr, arg: relax.Expr) -> relax.Expr:
+        """``arg`` as a reader other than a product reads it: an operand variable's bfloat16 copy, widened."""
+        if isinstance(old, relax.Tuple) and isinstance(arg, relax.Tuple):
+            fields = [self.widened(o, a) for o, a in zip(old.fields, arg.fields)]
+            return arg if all(f.same_as(a) for f, a in zip(fields, arg.fields)) else relax.Tuple(fields)
+        if old not in self.operands:
+            return arg
+        return self.builder_.emit(relax.op.astype(self.bfloat16(old, arg), "float32"))

@@ -24,10 +24,9 @@ from probtune_cpu.defaults import (
 )
 from probtune_cpu.host_cpu import CPURequirement, cpu_features, cpu_model
 from probtune_cpu.vector_unit import vector_attrs
-from probtune_x86.bf16 import BF16DotProduct, RewriteBF16Layout
+from probtune_x86.bf16 import BF16DotProduct, PadBF16Channels, RewriteBF16Layout
 from probtune_x86.features import X86Features
-from probtune_x86.vnni import RewriteVNNILayout, VNNIDotProduct
-from probtune_x86.vnni_channels import PadVNNIChannels
+from probtune_x86.vnni import PadVNNIChannels, RewriteVNNILayout, VNNIDotProduct
 
 __all__ = ["BF16_FEATURE", "VNNI_FEATURE", "dot_product_space", "make_targets"]
 
@@ -48,7 +47,7 @@ X86_64 = ("x86_64", "AMD64")  # platform.machine() on Linux and Windows
 def dot_product_space(vnni: bool, bf16: bool) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """The CPU modules, validators and graph rewrites with the dot-product instructions': their tilings before
     multi-level tiling's, their layouts and intrinsics after the weights' panels and the reductions' initialisations,
-    VNNI's channel padding after the float convolutions'."""
+    their channel padding after the float convolutions'."""
     tilings = [m.name for m, offered in ((VNNIDotProduct, vnni), (BF16DotProduct, bf16)) if offered]
     layouts = [v.name for v, offered in ((RewriteVNNILayout, vnni), (RewriteBF16Layout, bf16)) if offered]
     if not tilings:
@@ -61,8 +60,8 @@ def dot_product_space(vnni: bool, bf16: bool) -> tuple[tuple[str, ...], tuple[st
     validators[at:at] = layouts
     validators.insert(validators.index("rewrite-reduction-block") + 1, "rewrite-cpu-tensorize")
     rewrites = list(DEFAULT_GRAPH_REWRITES)
-    if vnni:
-        rewrites.insert(rewrites.index("pad-channels") + 1, PadVNNIChannels.name)
+    at = rewrites.index("pad-channels") + 1
+    rewrites[at:at] = [r.name for r, offered in ((PadVNNIChannels, vnni), (PadBF16Channels, bf16)) if offered]
     return tuple(modules), tuple(validators), tuple(rewrites)
 
 
@@ -167,6 +166,7 @@ def probtune_register_validators(register: Callable[[Any], None]) -> None:
 @hookimpl
 def probtune_register_graph_rewrites(register: Callable[[Any], None]) -> None:
     register(PadVNNIChannels())
+    register(PadBF16Channels())
 
 
 @hookimpl

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from probtune_x86.dot_channels import PadDotChannels
 from probtune_x86.dot_product import DotInstruction, DotProductTiling, RewriteDotLayout
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "BF16_CALL",
     "BF16_INTRINSIC",
     "BF16DotProduct",
+    "PadBF16Channels",
     "RewriteBF16Layout",
     "register_bf16_intrinsic",
 ]
@@ -126,3 +128,14 @@ class RewriteBF16Layout(RewriteDotLayout):
 
     name: str = "rewrite-bf16-layout"
     instruction: DotInstruction = BF16
+
+
+@dataclass(frozen=True)
+class PadBF16Channels(PadDotChannels):
+    """Graph rewrite ``pad-bf16-channels``: bf16 convolutions' channels padded to ``vdpbf16ps``'s 16 x 2 blocks where
+    that adds at most half their work (the instruction does twice the products of a 16-lane float32 fused
+    multiply-add): 24 output channels to 32 and 3 input ones to 4, but 8 not to 16."""
+
+    name: str = "pad-bf16-channels"
+    instruction: DotInstruction = BF16
+    max_extra_work: float = 0.5

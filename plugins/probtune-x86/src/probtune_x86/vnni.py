@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from tvm import s_tir
 
+from probtune_x86.dot_channels import PadDotChannels
 from probtune_x86.dot_product import DotInstruction, DotPlan, DotProductTiling, RewriteDotLayout, dot_plan
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "VNNI_INTRINSIC",
     "VNNI_LAYOUT_KEY",
     "VNNI_LLVM_NAME",
+    "PadVNNIChannels",
     "RewriteVNNILayout",
     "VNNIDotProduct",
     "register_vnni_intrinsic",
@@ -101,3 +103,14 @@ class RewriteVNNILayout(RewriteDotLayout):
 
     name: str = "rewrite-vnni-layout"
     instruction: DotInstruction = VNNI
+
+
+@dataclass(frozen=True)
+class PadVNNIChannels(PadDotChannels):
+    """Graph rewrite ``pad-vnni-channels``: integer convolutions' channels padded to ``vpdpbusd``'s 16 x 4 blocks
+    where that at most doubles their work (the instruction does 4 times the products of a 16-lane int32
+    multiply-add): 24 output channels to 32 and 3 input ones to 4, but 1 not to 4."""
+
+    name: str = "pad-vnni-channels"
+    instruction: DotInstruction = VNNI
+    max_extra_work: float = 1.0
