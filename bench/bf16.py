@@ -15,21 +15,15 @@ model spends on casting activations to bf16. Needs a CPU with AVX512-BF16.
 from __future__ import annotations
 
 import argparse
-import json
 import re
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from common import cpu_model, geomean, say
+from common import geomean, say
 from isolated import Engine, median_ratio, time_engines_in_turn
-from quantized import tune_in_worker
+from model_runs import parser, run_models, timings, tune_in_worker
 
-HERE = Path(__file__).resolve().parent
-ZOO = HERE / "zoo"
-RESULTS = HERE / "results"
 THREADS = 2
 PRODUCT = re.compile(r"conv|matmul|dense")
 """Task names of convolutions and matrix products (the operator a fused task is named after comes first)."""
@@ -85,17 +79,8 @@ def time_engines(entry: dict, path: Path, scratch: Path, args: argparse.Namespac
         rounds = time_engines_in_turn(engines, load_model(path, shapes).random_inputs(0), args.rounds, args.round_seconds)
     except Exception as exc:  # noqa: BLE001 - the model's row says why it has no timing
         return {"timing_error": f"{type(exc).__name__}: {exc}"[:500]}
-    mine = rounds["probtune_bf16"]
-    return {
-        "latency_ms": {k: round(float(np.median(v)) * 1e3, 3) for k, v in rounds.items()},
-        "latency_ms_per_round": {k: [round(t * 1e3, 3) for t in v] for k, v in rounds.items()},
-        "bf16_speedup": {
-            "vs_probtune_fp32": round(median_ratio(rounds["probtune_fp32"], mine), 3),
-            "vs_openvino_bf16": round(median_ratio(rounds["openvino_bf16"], mine), 3),
-            "vs_onnxruntime_fp32": round(median_ratio(rounds["onnxruntime_fp32"], mine), 3),
-        },
-        "openvino_bf16_vs_f32": round(median_ratio(rounds["openvino_f32"], rounds["openvino_bf16"]), 3),
-    }
+    return {**timings(rounds, "probtune_bf16", "bf16_speedup"),
+            "openvino_bf16_vs_f32": round(median_ratio(rounds["openvino_f32"], rounds["openvino_bf16"]), 3)}
 
 
 def table(results: list[dict]) -> str:
@@ -116,28 +101,7 @@ def table(results: list[dict]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--zoo", type=Path, default=ZOO, help="bench/zoo_export.py's folder (its manifest.json)")
-    parser.add_argument("--only", default="mobilenet_v2,resnet50,bert_base", help="comma-separated model names")
-    parser.add_argument("--trials", type=int, default=0, help="per model and precision (0: default programs)")
-    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds one tuning process may take")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--round-seconds", type=float, default=1.0)
-    parser.add_argument("--out", type=Path, default=RESULTS / "bf16.json")
-    args = parser.parse_args()
-    manifest = json.loads((args.zoo / "manifest.json").read_text())["models"]
-    names = [n for n in args.only.split(",") if n]
-    missing = [n for n in names if n not in manifest or "error" in manifest[n]]
-    if missing:
-        sys.exit(f"not in {args.zoo}/manifest.json: {', '.join(missing)}; export them first "
-                 f"(make bench-zoo-export ZOO_ARGS=\"--only {' '.join(missing)}\")")
-    results = []
-    for name in names:
-        results.append(bench_model(name, manifest[name], args))
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"machine": cpu_model(), "trials": args.trials, "models": results}, indent=1))
-    print(table(results))
-
+    print(table(run_models(parser(__doc__, "bf16.json").parse_args(), bench_model)))
 
 
 if __name__ == "__main__":

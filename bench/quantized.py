@@ -15,19 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import cpu_model, geomean, say
-from isolated import Engine, median_ratio, time_engines_in_turn
+from common import geomean, say
+from isolated import Engine, time_engines_in_turn
+from model_runs import parser, run_models, timings, tune_in_worker
 
-HERE = Path(__file__).resolve().parent
-ZOO = HERE / "zoo"
-RESULTS = HERE / "results"
 THREADS = 2
 CALIBRATION_SAMPLES = 8
 STATIC_FAMILIES = ("cnn", "segmentation", "detection-backbone")
@@ -64,26 +60,6 @@ def quantize(name: str, entry: dict, zoo: Path, folder: Path) -> tuple[str, Path
     return "static QDQ (per-channel int8 weights, uint8 activations, random calibration)", target
 
 
-def tune_in_worker(
-    name: str, entry: dict, path: Path, args: argparse.Namespace, scratch: Path, precision: str = "fp32"
-) -> dict:
-    """bench/zoo.py's worker on ``path``: tuned (in ``precision``), compiled, checked and exported in a fresh process."""
-    scratch.mkdir(parents=True, exist_ok=True)
-    zoo = scratch / "zoo"
-    zoo.mkdir(exist_ok=True)
-    (zoo / "manifest.json").write_text(json.dumps({"models": {name: {**entry, "file": str(path.resolve())}}}))
-    command = [sys.executable, str(HERE / "zoo.py"), "--worker", name, "--trials", str(args.trials), "--zoo", str(zoo),
-               "--scratch", str(scratch), f"--precision={precision}"]
-    try:
-        done = subprocess.run(command, timeout=args.timeout, capture_output=True, text=True)
-    except subprocess.TimeoutExpired:
-        return {"stage": "timeout", "error": {"type": "timeout", "message": f"over {args.timeout} s"}}
-    result_file = scratch / "result.json"
-    if not result_file.is_file():
-        return {"stage": "crash", "error": {"type": "crash", "message": f"exit {done.returncode}: {done.stderr[-1500:]}"}}
-    return json.loads(result_file.read_text())
-
-
 def bench_model(name: str, entry: dict, args: argparse.Namespace) -> dict:
     """One model: quantized, both forms tuned, then the five engines timed in turns."""
     result: dict[str, Any] = {"model": name, "family": entry.get("family")}
@@ -116,16 +92,7 @@ def time_engines(entry: dict, int8_path: Path, fp32_path: Path, scratch: Path, a
         rounds = time_engines_in_turn(engines, load_model(fp32_path, shapes).random_inputs(0), args.rounds, args.round_seconds)
     except Exception as exc:  # noqa: BLE001 - the model's row says why it has no timing
         return {"timing_error": f"{type(exc).__name__}: {exc}"[:500]}
-    mine = rounds["probtune_int8"]
-    return {
-        "latency_ms": {k: round(float(np.median(v)) * 1e3, 3) for k, v in rounds.items()},
-        "latency_ms_per_round": {k: [round(t * 1e3, 3) for t in v] for k, v in rounds.items()},
-        "int8_speedup": {
-            "vs_onnxruntime_int8": round(median_ratio(rounds["onnxruntime_int8"], mine), 3),
-            "vs_openvino_int8": round(median_ratio(rounds["openvino_int8"], mine), 3),
-            "vs_probtune_fp32": round(median_ratio(rounds["probtune_fp32"], mine), 3),
-        },
-    }
+    return timings(rounds, "probtune_int8", "int8_speedup")
 
 
 def table(results: list[dict]) -> str:
@@ -166,30 +133,13 @@ def plot(results: list[dict], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--zoo", type=Path, default=ZOO, help="bench/zoo_export.py's folder (its manifest.json)")
-    parser.add_argument("--only", default="mobilenet_v2,resnet50,bert_base", help="comma-separated model names")
-    parser.add_argument("--trials", type=int, default=0, help="per model and form (0: default programs)")
-    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds one tuning process may take")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--round-seconds", type=float, default=1.0)
-    parser.add_argument("--out", type=Path, default=RESULTS / "quantized.json")
-    parser.add_argument("--plot-only", action="store_true", help="redraw the plot of --out's results, tuning nothing")
-    args = parser.parse_args()
+    command = parser(__doc__, "quantized.json")
+    command.add_argument("--plot-only", action="store_true", help="redraw the plot of --out's results, tuning nothing")
+    args = command.parse_args()
     if args.plot_only:
         plot(json.loads(args.out.read_text())["models"], args.out.with_suffix(".png"))
         return
-    manifest = json.loads((args.zoo / "manifest.json").read_text())["models"]
-    names = [n for n in args.only.split(",") if n]
-    missing = [n for n in names if n not in manifest or "error" in manifest[n]]
-    if missing:
-        sys.exit(f"not in {args.zoo}/manifest.json: {', '.join(missing)}; export them first "
-                 f"(make bench-zoo-export ZOO_ARGS=\"--only {' '.join(missing)}\")")
-    results = []
-    for name in names:
-        results.append(bench_model(name, manifest[name], args))
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"machine": cpu_model(), "trials": args.trials, "models": results}, indent=1))
+    results = run_models(args, bench_model)
     plot(results, args.out.with_suffix(".png"))
     print(table(results))
 

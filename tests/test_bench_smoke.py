@@ -89,3 +89,38 @@ def test_the_gpu_bench_tunes_both_systems_through_bundles_on_a_fake_gpu(tmp_path
             break
         time.sleep(1)
     assert "tuning is done" in log.read_text()
+
+
+def _tiny_zoo(folder: Path) -> Path:
+    """A zoo of one model, examples.small_cnn, as bench/zoo_export.py's manifest lists its models."""
+    import onnx
+
+    from probtune.model.examples import small_cnn
+
+    folder.mkdir()
+    onnx.save(small_cnn(channels=8, size=16), folder / "small_cnn.onnx")
+    entry = {"file": "small_cnn.onnx", "family": "cnn", "inputs": [{"name": "x", "shape": [1, 3, 16, 16]}]}
+    (folder / "manifest.json").write_text(json.dumps({"models": {"small_cnn": entry}}))
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("script", "forms", "speedup"), [("bf16.py", ("bf16", "fp32"), "bf16_speedup"),
+                                                          ("quantized.py", ("int8", "fp32"), "int8_speedup")])
+def test_the_precision_benches_tune_both_forms_and_time_the_engines(tmp_path: Path, script, forms, speedup) -> None:
+    pytest.importorskip("openvino", reason="the precision benches time OpenVINO (requirements-bench.txt)")
+    from probtune.targets import resolve_target
+
+    if script == "bf16.py" and "bf16" not in resolve_target("host").precisions:
+        pytest.skip("this machine's target offers no bf16")
+    out = tmp_path / "out.json"
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), "--zoo", str(_tiny_zoo(tmp_path / "zoo")), "--only", "small_cnn",
+         "--rounds", "2", "--round-seconds", "0.05", "--out", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=900,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    [entry] = json.loads(out.read_text())["models"]
+    assert all(entry[form]["stage"] == "done" and "outputs match" in entry[form]["check"] for form in forms)
+    assert all(len(rounds) == 2 for rounds in entry["latency_ms_per_round"].values())
+    assert entry[speedup]["vs_probtune_fp32"] > 0
