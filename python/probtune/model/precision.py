@@ -102,6 +102,14 @@ class _BF16Products(relax.PyExprMutator):  # type: ignore[misc]
         self.operands: set[relax.Expr] = set()  # the function's variables that a product reads
         self.copies: dict[relax.Expr, relax.Expr] = {}  # operand variable -> its one bfloat16 copy
 
+    def visit_dataflow_block_(self, block: relax.DataflowBlock) -> relax.BindingBlock:
+        self.copies = {}  # a copy is a variable of its own block
+        return super().visit_dataflow_block_(block)
+
+    def visit_binding_block_(self, block: relax.BindingBlock) -> relax.BindingBlock:
+        self.copies = {}
+        return super().visit_binding_block_(block)
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         new = super().visit_call_(call)
         if not _product(new):
