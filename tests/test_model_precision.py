@@ -62,6 +62,24 @@ def test_bf16_stores_a_products_operand_once_and_casts_it_in_its_producers_task(
     assert not [name for name in names if re.fullmatch(r"(fused_)?cast\d*", name)]
 
 
+def test_a_depthwise_convolution_reads_bfloat16_and_keeps_its_float32_weight():
+    """It sums no channels: its input is the bf16 copy its producer stores, its weight stays float32."""
+    x = relax.Var("x", relax.TensorType((1, 16, 8, 8), "float32"))
+    rng = np.random.default_rng(0)
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            pointwise = builder.emit(relax.op.nn.conv2d(x, relax.const(rng.standard_normal((16, 16, 1, 1), "float32"))))
+            depthwise = relax.const(rng.standard_normal((16, 1, 3, 3), "float32"))
+            out = builder.emit_output(relax.op.nn.conv2d(pointwise, depthwise, padding=1, groups=16))
+        builder.emit_func_output(out)
+    calls = {str(c.op.name) + str(int(c.attrs.groups)): c for c in _calls(convert_precision(builder.get(), "bf16"))
+             if str(c.op.name) == "relax.nn.conv2d"}
+    assert [_dtype(a) for a in calls["relax.nn.conv2d1"].args] == ["bfloat16", "bfloat16"]
+    assert [_dtype(a) for a in calls["relax.nn.conv2d16"].args] == ["bfloat16", "float32"]
+    assert _dtype(calls["relax.nn.conv2d16"]) == "float32"
+
+
 def test_an_unknown_or_unoffered_precision_is_refused_by_name():
     with pytest.raises(TuningConfigError, match="unknown precision 'int4': choose one of fp32, fp16, bf16"):
         check_precision("int4", resolve_target("host"))

@@ -7,9 +7,11 @@ normalization statistics). ``bf16`` casts only the operands of float32
 convolutions and matrix products to bfloat16, the weights once at compile
 time, and sums them in float32 (as OpenVINO's bf16 inference precision does
 on CPUs with bf16 dot products); every other operator computes in float32. A
-tensor that a product reads is stored once, in bfloat16, and its other readers
-(a residual connection) read that and widen it, so that its producer's task
-writes one output and no task of its own casts it. The model's
+depthwise convolution, which sums no channels, reads its input in bfloat16 and
+keeps its weight in float32. A tensor that a product reads is stored once, in
+bfloat16, and its other readers (a residual connection) read that and widen
+it, so that its producer's task writes one output and no task of its own casts
+it. The model's
 inputs and outputs keep their types, and its outputs are checked with the
 precision's tolerance (``TOLERANCES``). A target names the precisions it offers
 (``TargetSpec.precisions``); another is refused before tuning starts.
@@ -70,13 +72,25 @@ def _product(call: relax.Call) -> bool:
     return name in _PRODUCTS and len(call.args) == 2 and all(_float32(arg) for arg in call.args)
 
 
+def _bf16_operands(call: relax.Call) -> tuple[bool, bool]:
+    """Which operands of a float32 product are read in bfloat16: both, but a depthwise convolution's (one input channel
+    per group) weight stays float32. Its sums run over its taps alone and gain nothing from bfloat16 dot products,
+    and converting its weight at every use costs more than reading it in float32."""
+    attrs, weight = call.attrs, call.args[1].ty.shape
+    if "conv" not in str(call.op.name) or int(attrs.groups) == 1:
+        return True, True
+    per_group = weight[1] if attrs.kernel_layout.startswith("OI") else weight[attrs.kernel_layout.index("I")]
+    return True, int(per_group) > 1
+
+
 def _product_operands(func: relax.Function) -> set[relax.Expr]:
-    """The variables that a float32 product in ``func`` reads."""
+    """The variables that a float32 product in ``func`` reads in bfloat16."""
     operands: set[relax.Expr] = set()
 
     def visit(expr: relax.Expr) -> None:
         if isinstance(expr, relax.Call) and _product(expr):
-            operands.update(arg for arg in expr.args if isinstance(arg, relax.Var))
+            read = _bf16_operands(expr)
+            operands.update(arg for arg, bf16 in zip(expr.args, read) if bf16 and isinstance(arg, relax.Var))
 
     relax.analysis.post_order_visit(func, visit)
     return operands
@@ -116,7 +130,7 @@ class _BF16Products(relax.PyExprMutator):  # type: ignore[misc]
             args = [self.widened(old, arg) for old, arg in zip(call.args, new.args)]
             changed = any(not a.same_as(b) for a, b in zip(args, new.args))
             return relax.Call(new.op, args, new.attrs, new.ty_args) if changed else new
-        x, y = (self.bfloat16(old, arg) for old, arg in zip(call.args, new.args))
+        x, y = (self.bfloat16(old, arg) if bf16 else arg for old, arg, bf16 in zip(call.args, new.args, _bf16_operands(new)))
         name = str(new.op.name)
         if name == "relax.matmul":
             return relax.op.matmul(x, y, out_dtype="float32")
