@@ -25,6 +25,7 @@ from tvm import relax
 from probtune.defaults import PRECISIONS
 from probtune.errors import TuningConfigError
 from probtune.interfaces import TargetSpec
+from probtune.model.transposes import static_shape
 from probtune.plugins import get_registry
 
 __all__ = ["PRECISIONS", "TOLERANCES", "check_precision", "convert_precision"]
@@ -76,11 +77,10 @@ def _bf16_operands(call: relax.Call) -> tuple[bool, bool]:
     """Which operands of a float32 product are read in bfloat16: both, but a depthwise convolution's (one input channel
     per group) weight stays float32. Its sums run over its taps alone and gain nothing from bfloat16 dot products,
     and converting its weight at every use costs more than reading it in float32."""
-    attrs, weight = call.attrs, call.args[1].ty.shape
-    if "conv" not in str(call.op.name) or int(attrs.groups) == 1:
+    attrs, weight = call.attrs, static_shape(getattr(call.args[1].ty, "shape", None))
+    if "conv" not in str(call.op.name) or int(attrs.groups) == 1 or weight is None:
         return True, True
-    per_group = weight[1] if attrs.kernel_layout.startswith("OI") else weight[attrs.kernel_layout.index("I")]
-    return True, int(per_group) > 1
+    return True, weight[str(attrs.kernel_layout).index("I")] > 1
 
 
 def _product_operands(func: relax.Function) -> set[relax.Expr]:
