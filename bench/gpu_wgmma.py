@@ -46,11 +46,10 @@ def write(folder: Path) -> None:
     """The cases' cubins and launch tables (``<case>.json``), operands and expected outputs (``<case>.npz``)."""
     from probtune_cuda.codegen import NVRTCCompiler
     from probtune_cuda.cupy_runtime import KIND
-    from probtune_cuda.wgmma import WGMMA_ARCH, wgmma_matmul
+    from probtune_cuda.wgmma import wgmma_matmul, wgmma_tvm_target
 
     folder.mkdir(parents=True, exist_ok=True)
-    target = {"kind": "cuda", "arch": WGMMA_ARCH, "max_shared_memory_per_block": 232448, "max_threads_per_block": 1024,
-              "thread_warp_size": 32, "registers_per_block": 65536}
+    target = wgmma_tvm_target()
     rng = np.random.default_rng(0)
     for name, (m, n, k, a_kind, b_kind) in CASES.items():
         code = NVRTCCompiler().device_code(wgmma_matmul(m, n, k), target)

@@ -8,10 +8,9 @@ import tvm
 
 from probtune_cuda.codegen import lint
 from probtune_cuda.nvrtc import CUDAToolchainError, compile_cubin, kernel_resources
-from probtune_cuda.wgmma import TILE, WARPGROUP, WGMMA_ARCH, accumulator_element, wgmma_matmul
+from probtune_cuda.wgmma import TILE, WARPGROUP, WGMMA_ARCH, accumulator_element, wgmma_matmul, wgmma_tvm_target
 
-TARGET = {"kind": "cuda", "arch": WGMMA_ARCH, "max_shared_memory_per_block": 232448, "max_threads_per_block": 1024,
-          "thread_warp_size": 32}
+TARGET = wgmma_tvm_target()
 
 
 @pytest.fixture(scope="module")

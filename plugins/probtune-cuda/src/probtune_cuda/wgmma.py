@@ -20,7 +20,7 @@ from typing import Any
 
 import tvm
 
-__all__ = ["TILE", "WARPGROUP", "WGMMA_ARCH", "accumulator_element", "wgmma_matmul"]
+__all__ = ["TILE", "WARPGROUP", "WGMMA_ARCH", "accumulator_element", "wgmma_matmul", "wgmma_tvm_target"]
 
 WGMMA_ARCH = "sm_90a"
 """The architecture ``wgmma`` needs: Hopper's arch-specific features (NVRTC's ``-arch``)."""
@@ -30,6 +30,14 @@ WARPGROUP = 128
 
 TILE = (64, 64, 16)
 """The instruction's m x n x k: 64 rows, 64 columns of float32 sums, 16 products deep."""
+
+
+def wgmma_tvm_target() -> dict[str, Any]:
+    """The Hopper target's TVM target (``cuda-sm90``'s limits) with the architecture ``wgmma`` needs."""
+    from probtune_cuda.targets import make_targets
+
+    hopper = next(target for target in make_targets() if target.name == "cuda-sm90")
+    return {**hopper.tvm_target, "arch": WGMMA_ARCH}
 
 
 def accumulator_element(thread: Any, register: int) -> tuple[Any, Any]:
