@@ -31,6 +31,8 @@ from probtune_cuda.postprocs import (
     VerifyRegisterTile,
 )
 from probtune_cuda.reindex import TRANSFORM_TO_INTRINSIC
+from probtune_cuda.row_kernel import GPURowKernel
+from probtune_cuda.sink_reshapes import SinkReshapes
 from probtune_cuda.software_pipeline import RewriteSoftwarePipeline
 from probtune_cuda.targets import make_targets
 from probtune_cuda.tensor_core import TensorCoreTiling
@@ -42,6 +44,7 @@ __all__ = [
     "GPUCrossThreadReduction",
     "GPUFeatures",
     "GPUMultiLevelTiling",
+    "GPURowKernel",
     "RewriteCooperativeFetch",
     "RewriteGPUReductionBlock",
     "RewriteGPUUnroll",
@@ -49,6 +52,7 @@ __all__ = [
     "RewriteSoftwarePipeline",
     "RewriteTensorize",
     "RewriteUnboundBlock",
+    "SinkReshapes",
     "TensorCoreTiling",
     "VerifyGPUCode",
     "VerifyRegisterTile",
@@ -68,9 +72,15 @@ def probtune_register_instructions(register: Callable[[Any], None]) -> None:
 
 
 @hookimpl
+def probtune_register_graph_rewrites(register: Callable[[Any], None]) -> None:
+    register(SinkReshapes())
+
+
+@hookimpl
 def probtune_register_space_modules(register: Callable[[Any], None]) -> None:
     register(TensorCoreTiling())
     register(GPUMultiLevelTiling())
+    register(GPURowKernel())
     register(GPUCrossThreadReduction())
     register(GPUAutoBind())
     register(GPU_AUTO_UNROLL)

@@ -16,19 +16,29 @@ from probtune.plugin import TargetSpec
 from probtune_cuda.codegen import NVRTCCompiler
 from probtune_cuda.device import CUDARequirement
 
-__all__ = ["DEFAULT_LAYOUTS", "DEFAULT_MODULES", "DEFAULT_MUTATORS", "DEFAULT_VALIDATORS", "cuda_target", "make_targets"]
+__all__ = [
+    "DEFAULT_GRAPH_REWRITES",
+    "DEFAULT_LAYOUTS",
+    "DEFAULT_MODULES",
+    "DEFAULT_MUTATORS",
+    "DEFAULT_VALIDATORS",
+    "cuda_target",
+    "make_targets",
+]
 
 DEFAULT_MODULES = (
     "auto-inline",
     "tensor-core-tiling",
     "gpu-multi-level-tiling",
+    "gpu-row-kernel",
     "gpu-cross-thread-reduction",
     "gpu-auto-bind",
     "gpu-auto-unroll",
 )
 """Inline elementwise blocks first (so tiling sees a single consumer); tensor cores take the blocks they can compute,
-the thread tiling the other matmul-like ones, row reductions go across threads and the remaining blocks are spread
-over threads; then sample unrolling."""
+the thread tiling the other matmul-like ones; a block whose producers reduce rows is computed with them, a row per
+thread block; other row reductions go across threads and the remaining blocks are spread over threads; then sample
+unrolling."""
 
 DEFAULT_VALIDATORS = (
     "rewrite-mma-sync",
@@ -48,6 +58,10 @@ pipelines), then check it fits."""
 DEFAULT_LAYOUTS = {"relax.nn.conv2d": ("NHWC", "HWIO")}
 """A model's convolutions run channels-last: the channels are a matmul's reduction, contiguous for the tensor cores'
 operand tiles (NCHW would gather them with strided scalar copies)."""
+
+DEFAULT_GRAPH_REWRITES = ("sink-reshapes",)
+"""A model's reshapes are done after the elementwise operators that follow them, so that those run in the epilogue
+of the matrix product before (a transformer's bias, residual add and GELU around its 2-D products)."""
 
 DEFAULT_MUTATORS = {"tile_size": 0.9, "categorical": 0.1}
 """Mutators by probability, after TVM MetaSchedule's CUDA defaults (tile sizes 0.9; unroll and fetch widths share 0.1)."""
@@ -73,6 +87,7 @@ def cuda_target(name: str, description: str, arch: str, max_shared_memory_per_bl
         validators=DEFAULT_VALIDATORS,
         mutators=DEFAULT_MUTATORS,
         layouts=DEFAULT_LAYOUTS,
+        graph_rewrites=DEFAULT_GRAPH_REWRITES,
         compiler=NVRTCCompiler(),
         runs_here=CUDARequirement(),
     )

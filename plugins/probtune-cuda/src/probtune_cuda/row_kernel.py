@@ -1,0 +1,211 @@
+"""One kernel per row: a row's reductions, and the values between them, computed inside the kernel that uses them.
+
+A softmax is a row maximum, the exponentials, their sum and the quotients;
+a layer norm is a row sum, a sum of squared deviations and the normalized
+values. Bound block by block, each step is a kernel of its own that writes
+its result to global memory for the next to read back (four launches for a
+softmax, three for a layer norm). ``gpu-row-kernel`` gives each row of the
+last block one thread block, and computes the row's producers there, in
+shared memory: a reduction's sum across the block's threads (TVM lowers it
+to warp shuffles), a spatial producer's elements spread over the same
+threads. TVM MetaSchedule's cross-thread reduction rule does the same for a
+reduction with a fusible consumer.
+
+It applies where every producer reduces or computes whole rows of the last
+block and none would be computed more than once; whether TVM allows the
+compute-at steps is decided on a copy of the program, as ``auto-inline``
+does, so a recorded choice holds on every replay.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import tvm
+from tvm import s_tir
+
+from probtune.plugin import (
+    REDUCTION,
+    SPATIAL,
+    BlockRV,
+    ExprRV,
+    LoopRV,
+    Schedule,
+    SpaceContext,
+    at_root,
+    is_spatial,
+    loop_kinds,
+    thread_tag,
+)
+from probtune_cuda.limits import block_limit
+
+__all__ = ["GPURowKernel"]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The last block's leading ``rows`` loops index rows; ``producers`` are computed per row, consumers first."""
+
+    rows: int
+    producers: tuple[str, ...]
+
+
+def _unbound(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """Whether the block hangs under the root with none of its loops bound to a GPU axis."""
+    return at_root(raw, block) and not any(thread_tag(raw.get(loop)) for loop in raw.get_loops(block))
+
+
+def _producers(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> list[s_tir.schedule.SBlockRV] | None:
+    """Every block the last block depends on, consumers first; None if one of them is already bound (tiled)."""
+    order = {raw.get(b).name_hint: n for n, b in enumerate(raw.get_child_blocks(raw.get_sblock("root")))}
+    found: dict[str, s_tir.schedule.SBlockRV] = {}
+    stack = list(raw.get_producers(block))
+    while stack:
+        producer = stack.pop()
+        name = raw.get(producer).name_hint
+        if name in found:
+            continue
+        if not _unbound(raw, producer):
+            return None
+        found[name] = producer
+        stack.extend(raw.get_producers(producer))
+    return sorted(found.values(), key=lambda b: -order[raw.get(b).name_hint])
+
+
+def _row_loops(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int | None:
+    """How many leading loops of a reduction block are spatial with only reduced loops after them; None otherwise."""
+    kinds = loop_kinds(raw, block, list(raw.get_loops(block)))
+    if REDUCTION not in kinds:
+        return None
+    first = kinds.index(REDUCTION)
+    if any(kind != SPATIAL for kind in kinds[:first]) or any(kind != REDUCTION for kind in kinds[first:]):
+        return None
+    return first
+
+
+def _plan(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> _Plan | None:
+    """The row structure of ``block`` and its producers, if it has one: a spatial last block, at least one row
+    reduction among its producers, all of them indexing the same number of leading row loops."""
+    if not _unbound(raw, block) or raw.get_consumers(block):
+        return None
+    kinds = loop_kinds(raw, block, list(raw.get_loops(block)))
+    producers = _producers(raw, block)
+    if not producers or any(kind != SPATIAL for kind in kinds):
+        return None
+    rows = {_row_loops(raw, p) for p in producers if not _is_spatial_block(raw, p)}
+    if len(rows) != 1 or None in rows:
+        return None
+    (row_count,) = rows
+    if row_count is None or not 0 < row_count < len(kinds):  # None for mypy: excluded above
+        return None
+    return _Plan(row_count, tuple(raw.get(p).name_hint for p in producers))
+
+
+def _is_spatial_block(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    return all(kind == SPATIAL for kind in loop_kinds(raw, block, list(raw.get_loops(block))))
+
+
+def _iterations(sch: Schedule, block: BlockRV) -> int | None:
+    """How many times the block's body runs: the product of its loops' extents (None if one is symbolic)."""
+    extents = [sch.loop_extent(loop) for loop in sch.get_loops(block)]
+    return None if None in extents else math.prod(e for e in extents if e is not None)
+
+
+def _spread(sch: Schedule, loops: Sequence[LoopRV], threads: ExprRV | int) -> None:
+    """Fuse ``loops`` and spread them over ``threads`` threads of the block."""
+    _, lanes = sch.split(sch.fuse(*loops), [None, threads])
+    sch.bind(lanes, "threadIdx.x")
+
+
+def _row_kernel(sch: Schedule, last: BlockRV, plan: _Plan, threads: ExprRV | int) -> LoopRV:
+    """Bind the last block's rows to thread blocks and its columns to ``threads`` threads, then compute each
+    producer at the row loop in shared memory, its columns (or its reduced loops) over the same threads."""
+    loops = sch.get_loops(last)
+    row = sch.fuse(*loops[: plan.rows])
+    _spread(sch, loops[plan.rows :], threads)
+    for name in plan.producers:
+        producer = sch.get_sblock(name)
+        sch.compute_at(producer, row)
+        sch.set_scope(producer, 0, "shared")
+        inner = sch.get_loops(producer)[1:]
+        kinds = loop_kinds(sch.tvm, sch.resolve(producer), [sch.resolve(loop) for loop in inner])
+        reduced = [loop for loop, kind in zip(inner, kinds) if kind == REDUCTION]
+        _spread(sch, reduced or inner, threads)
+    sch.bind(row, "blockIdx.x")
+    return row
+
+
+def _fuses(trial: Schedule, last: str, plan: _Plan, threads: int, rows: int, per_row: dict[str, int]) -> bool:
+    """Whether the row kernel is legal on ``trial`` (a copy of the program) and each producer, computed per row,
+    runs its body no more often than its ``per_row`` columns of each of the ``rows`` rows need (the last split
+    of ``threads`` rounded up)."""
+    try:
+        _row_kernel(trial, trial.get_sblock(last), plan, threads)
+    except (RuntimeError, ValueError):  # TVM refused a step: the producers are not computed per row
+        return False
+    for name in plan.producers:
+        runs = _iterations(trial, trial.get_sblock(name))
+        if runs is None or runs > rows * math.ceil(per_row[name] / threads) * threads:
+            return False
+    return True
+
+
+def _thread_choices(per_row: Sequence[int], choices: Sequence[int], limit: int) -> list[int]:
+    """Thread counts within ``limit`` and the smallest per-row extent, those dividing every extent if any does."""
+    fits = [n for n in choices if n <= min(limit, *per_row)]
+    dividing = [n for n in fits if all(e % n == 0 for e in per_row)]
+    return dividing or fits
+
+
+@dataclass(frozen=True)
+class GPURowKernel:
+    """Compute the rows of a block whose producers reduce over rows, with those producers, in one kernel."""
+
+    name: str = "gpu-row-kernel"
+    thread_extents: tuple[int, ...] = (32, 64, 128, 256, 512, 1024)
+    after_blocks: bool = True
+
+    def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
+        plan = _plan(sch.tvm, sch.resolve(block))
+        if plan is None:
+            return
+        last = sch.get(block).name_hint
+        trial = Schedule(sch.mod, instructions=ctx.instructions)
+        shape = _per_row(trial, last, plan)
+        if shape is None:
+            return
+        rows, columns, per_row = shape
+        if _shared_bytes(trial, per_row) > block_limit(ctx.target.tvm_target, "max_shared_memory_per_block"):
+            return
+        limit = block_limit(ctx.target.tvm_target, "max_threads_per_block")
+        choices = _thread_choices([columns, *per_row.values()], self.thread_extents, limit)
+        if not choices or not _fuses(trial, last, plan, choices[0], rows, per_row):
+            return
+        _row_kernel(sch, block, plan, sch.sample_uniform(choices))
+
+
+def _shared_bytes(trial: Schedule, per_row: dict[str, int]) -> int:
+    """The shared memory bytes a row's producers take."""
+    total = 0
+    for name, elements in per_row.items():
+        block = trial.get(trial.get_sblock(name))
+        if is_spatial(block):  # a reduction keeps one value per row, a spatial producer the whole row
+            total += elements * tvm.DataType(block.writes[0].source.dtype).bits // 8
+    return total
+
+
+def _per_row(trial: Schedule, last: str, plan: _Plan) -> tuple[int, int, dict[str, int]] | None:
+    """The last block's rows and columns per row, and each producer's body runs per row; None where an extent is
+    symbolic or a producer's work is not a whole number per row."""
+    extents = [trial.loop_extent(loop) for loop in trial.get_loops(trial.get_sblock(last))]
+    runs = {name: _iterations(trial, trial.get_sblock(name)) for name in plan.producers}
+    known = [e for e in extents if e is not None]
+    counted = {name: n for name, n in runs.items() if n is not None}
+    if len(known) < len(extents) or len(counted) < len(runs):
+        return None
+    rows, columns = math.prod(known[: plan.rows]), math.prod(known[plan.rows :])
+    if columns == 0 or any(n % rows or n == 0 for n in counted.values()):
+        return None
+    return rows, columns, {name: n // rows for name, n in counted.items()}
