@@ -1,5 +1,5 @@
-"""Precisions: bf16's conversion of a float32 model, its refusal where a target does not offer it, and a bf16 model
-checked against onnxruntime's float32 with bf16's tolerance."""
+"""Precisions: fp16's and bf16's conversion of a float32 model, bf16's refusal where a target does not offer it, and
+converted models checked against onnxruntime's float32 with their precision's tolerance."""
 
 from __future__ import annotations
 
@@ -7,12 +7,17 @@ import dataclasses
 import re
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 from tvm.ir.expr import Constant
 
+from conftest import untuned_runner
 from probtune.errors import TuningConfigError
 from probtune.model import load_model, tune_model
+from probtune.model.check import check_outputs
+from probtune.model.examples import make_model
 from probtune.model.precision import TOLERANCES, check_precision, convert_precision
 from probtune.model.tasks import extract_tasks, fuse
 from probtune.targets import resolve_target
@@ -34,32 +39,47 @@ def _dtype(expr) -> str:
     return str(expr.ty.dtype)
 
 
+NARROW = pytest.mark.parametrize("precision, narrow", [("bf16", "bfloat16"), ("fp16", "float16")])
+
+
+@NARROW
 @pytest.mark.parametrize("fixture, products", [("small_cnn_onnx", 4), ("encoder_onnx", 8)])
-def test_bf16_multiplies_bfloat16_operands_into_float32_sums(fixture, products, request):
+def test_narrow_precisions_multiply_narrow_operands_into_float32_sums(fixture, products, precision, narrow, request):
     model = load_model(request.getfixturevalue(fixture), SHAPES if fixture == "small_cnn_onnx" else None)
-    calls = _calls(convert_precision(model.mod, "bf16"))
+    calls = _calls(convert_precision(model.mod, precision))
     converted = [c for c in calls if str(c.op.name) in ("relax.nn.conv2d", "relax.matmul")]
     assert len(converted) >= products
     for call in converted:
-        assert [_dtype(arg) for arg in call.args] == ["bfloat16", "bfloat16"] and _dtype(call) == "float32"
+        assert [_dtype(arg) for arg in call.args] == [narrow, narrow] and _dtype(call) == "float32"
     weights = [c.args[1] for c in converted if isinstance(c.args[1], Constant)]
-    assert weights and all(_dtype(w) == "bfloat16" for w in weights)  # cast once, at compile time
-    others = [c for c in calls if c not in converted and str(c.op.name) != "relax.astype"]
+    assert weights and all(_dtype(w) == narrow for w in weights)  # cast once, at compile time
+    layouts = ("relax.astype", "relax.reshape", "relax.permute_dims")  # casts, and views of narrow operands
+    others = [c for c in calls if c not in converted and str(c.op.name) not in layouts]
     assert all(_dtype(c) == "float32" for c in others if isinstance(c.ty, relax.TensorType))
 
 
+@NARROW
 @pytest.mark.parametrize("fixture", ["small_cnn_onnx", "encoder_onnx"])
-def test_bf16_stores_a_products_operand_once_and_casts_it_in_its_producers_task(fixture, request):
-    """A tensor read by a product and by another operator (the residual connection) is cast once, in bfloat16, and
-    the other reader widens that copy: no task casts alone, and no producer writes the tensor twice."""
+def test_a_products_operand_is_stored_once_and_cast_in_its_producers_task(fixture, precision, narrow, request):
+    """A tensor read by a product and by another operator (the residual connection) is cast once, in the narrow
+    type, and the other reader widens that copy: no task casts alone, and no producer writes the tensor twice."""
     model = load_model(request.getfixturevalue(fixture), SHAPES if fixture == "small_cnn_onnx" else None)
-    mod = convert_precision(model.mod, "bf16")
-    casts = [c for c in _calls(mod) if str(c.op.name) == "relax.astype" and str(c.attrs.dtype) == "bfloat16"]
+    mod = convert_precision(model.mod, precision)
+    casts = [c for c in _calls(mod) if str(c.op.name) == "relax.astype" and str(c.attrs.dtype) == narrow]
     assert len({c.args[0] for c in casts}) == len(casts)  # one copy of each
-    widened = [c for c in _calls(mod) if str(c.op.name) == "relax.astype" and _dtype(c.args[0]) == "bfloat16"]
+    widened = [c for c in _calls(mod) if str(c.op.name) == "relax.astype" and _dtype(c.args[0]) == narrow]
     assert widened or fixture == "encoder_onnx"  # small_cnn's residual add reads its operand's copy
     names = [task.name for task in extract_tasks(fuse(dataclasses.replace(model, mod=mod), resolve_target("host")))]
     assert not [name for name in names if re.fullmatch(r"(fused_)?cast\d*", name)]
+
+
+@NARROW
+def test_attentions_transposes_move_narrow_values(encoder_onnx, precision, narrow):
+    """Queries, keys, values and the heads' outputs are reshaped and transposed from tensors nothing else reads:
+    their producers store them narrow, and the transposes move narrow values."""
+    calls = _calls(convert_precision(load_model(encoder_onnx).mod, precision))
+    transposes = [c for c in calls if str(c.op.name) == "relax.permute_dims" and not isinstance(c.args[0], Constant)]
+    assert len(transposes) == 4 and all(_dtype(c) == narrow for c in transposes)
 
 
 def test_a_depthwise_convolution_reads_bfloat16_and_keeps_its_float32_weight():
@@ -107,3 +127,34 @@ def test_a_bf16_model_matches_onnxruntime_within_bf16s_tolerance(fixture, reques
     assert fp32.check.max_rel_error < check.max_rel_error and "for " not in str(fp32.check)
     inputs = model.random_inputs(1)
     assert np.allclose(compiled(*inputs)[0], fp32(*inputs)[0], rtol=0.05, atol=0.5 * np.std(fp32(*inputs)[0]))
+
+
+def _mobilenet_block(path):
+    """A MobileNetV3 block as torchvision exports it: a pointwise convolution, ReLU6 (Clip 0..6), a depthwise one
+    and HardSwish. TVM's ToMixedPrecision refused such models (a clip's bounds are not tensors)."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) / 4, name)
+               for name, shape in (("w1", (16, 3, 1, 1)), ("w2", (16, 1, 3, 3)), ("b2", (16,)))]
+    weights += [numpy_helper.from_array(np.float32(v), n) for n, v in (("low", 0.0), ("high", 6.0))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"]),
+             helper.make_node("Clip", ["c1", "low", "high"], ["r"]),
+             helper.make_node("Conv", ["r", "w2", "b2"], ["c2"], group=16, pads=[1] * 4),
+             helper.make_node("HardSwish", ["c2"], ["y"])]
+    graph = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 16, 16])], weights)
+    onnx.save(make_model(graph), path)
+    return load_model(path)
+
+
+@pytest.mark.parametrize("fixture", ["mobilenet_block", "encoder_onnx"])
+def test_an_fp16_model_matches_onnxruntime_within_fp16s_tolerance(fixture, request, tmp_path):
+    """Converted to fp16 and built by TVM for this CPU as it is (the conversion is the same for every target)."""
+    if fixture == "mobilenet_block":
+        model = _mobilenet_block(tmp_path / "block.onnx")
+    else:
+        model = load_model(request.getfixturevalue(fixture))
+    host = resolve_target("host")
+    converted = dataclasses.replace(model, mod=convert_precision(model.mod, "fp16"))
+    assert any(_dtype(c) == "float16" for c in _calls(converted.mod) if isinstance(c.ty, relax.TensorType))
+    report = check_outputs(model, untuned_runner(fuse(converted, host), host), precision="fp16")
+    assert report.max_rel_error > 1e-5  # float16's rounding shows: the products did not run in float32

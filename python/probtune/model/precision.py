@@ -1,20 +1,21 @@
 """The precision a model is compiled in: as its file has it, or its products in float16 or bfloat16 with float32 sums.
 
-``fp16`` casts the weights and activations of convolutions and matrix
-products to float16 with float32 sums (TVM's ``ToMixedPrecision`` with float32
-accumulation), and leaves in float32 what that pass keeps there (softmax and
-normalization statistics). ``bf16`` casts only the operands of float32
-convolutions and matrix products to bfloat16, the weights once at compile
-time, and sums them in float32 (as OpenVINO's bf16 inference precision does
-on CPUs with bf16 dot products); every other operator computes in float32. A
-depthwise convolution, which sums no channels, reads its input in bfloat16 and
-keeps its weight in float32. A tensor that a product reads is stored once, in
-bfloat16, and its other readers (a residual connection) read that and widen
-it, so that its producer's task writes one output and no task of its own casts
-it. The model's
+``fp16`` and ``bf16`` cast the operands of float32 convolutions and matrix
+products to float16 or bfloat16, the weights once at compile time, and sum
+them in float32 (as tensor cores do, and OpenVINO's bf16 inference precision
+on CPUs with bf16 dot products); every other operator computes in float32,
+so a softmax's and a normalization's statistics stay in float32. A
+depthwise convolution, which sums no channels, reads its input in the
+narrow type and keeps its weight in float32. A tensor that a product reads
+is stored once, in the narrow type, and its other readers (a residual
+connection) read that and widen it, so that its producer's task writes one
+output and no task of its own casts it; one that reshapes and transposes
+alone make from a tensor nothing else reads (attention's queries, keys and
+values) is made from that tensor stored narrow. The model's
 inputs and outputs keep their types, and its outputs are checked with the
 precision's tolerance (``TOLERANCES``). A target names the precisions it offers
-(``TargetSpec.precisions``); another is refused before tuning starts.
+(``TargetSpec.precisions``); another is refused before tuning starts. An
+ONNX file whose tensors are already float16 is compiled as it is.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tvm import relax
 from probtune.defaults import PRECISIONS
 from probtune.errors import TuningConfigError
 from probtune.interfaces import TargetSpec
+from probtune.model.concat_in_place import variable_uses
 from probtune.model.transposes import static_shape
 from probtune.plugins import get_registry
 
@@ -35,6 +37,12 @@ TOLERANCES = {"fp32": (1e-3, 1e-3), "fp16": (1e-2, 1e-2), "bf16": (5e-2, 5e-1)}
 terms rounded at each layer drifts by about 1e-3 relative per layer, 1e-2 over a deep model. bfloat16 keeps 8 bits:
 OpenVINO's own bf16 outputs of image classifiers on random inputs lie up to a quarter of the RMS from float32's
 (1-3% for transformers), so bf16 allows twice that; a wrong program is off by about the whole RMS."""
+
+_NARROW = {"fp16": "float16", "bf16": "bfloat16"}
+"""The type a precision's products read their operands in."""
+
+_LAYOUT_OPS = ("relax.reshape", "relax.permute_dims")
+"""Operators that only lay values out, which move narrow values as well as wide ones."""
 
 _CONVOLUTIONS = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d")
 _PRODUCTS = (*_CONVOLUTIONS, "relax.matmul")
@@ -58,9 +66,7 @@ def convert_precision(mod: tvm.IRModule, precision: str) -> tvm.IRModule:
         raise TuningConfigError(f"unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
     if precision == "fp32":
         return mod
-    if precision == "bf16":
-        return relax.transform.FoldConstant()(_bf16_products(mod))
-    return relax.transform.ToMixedPrecision(out_dtype="float32")(mod)
+    return relax.transform.FoldConstant()(_narrow_products(mod, _NARROW[precision]))
 
 
 def _float32(expr: relax.Expr) -> bool:
@@ -73,10 +79,10 @@ def _product(call: relax.Call) -> bool:
     return name in _PRODUCTS and len(call.args) == 2 and all(_float32(arg) for arg in call.args)
 
 
-def _bf16_operands(call: relax.Call) -> tuple[bool, bool]:
-    """Which operands of a float32 product are read in bfloat16: both, but a depthwise convolution's (one input channel
-    per group) weight stays float32. Its sums run over its taps alone and gain nothing from bfloat16 dot products,
-    and converting its weight at every use costs more than reading it in float32."""
+def _narrowed_operands(call: relax.Call) -> tuple[bool, bool]:
+    """Which operands of a float32 product are read in the narrow type: both, but a depthwise convolution's (one input
+    channel per group) weight stays float32. Its sums run over its taps alone and gain nothing from narrow dot
+    products, and converting its weight at every use costs more than reading it in float32."""
     attrs, weight = call.attrs, static_shape(getattr(call.args[1].ty, "shape", None))
     if "conv" not in str(call.op.name) or int(attrs.groups) == 1 or weight is None:
         return True, True
@@ -84,37 +90,60 @@ def _bf16_operands(call: relax.Call) -> tuple[bool, bool]:
 
 
 def _product_operands(func: relax.Function) -> set[relax.Expr]:
-    """The variables that a float32 product in ``func`` reads in bfloat16."""
+    """The variables that a float32 product in ``func`` reads in the narrow type."""
     operands: set[relax.Expr] = set()
 
     def visit(expr: relax.Expr) -> None:
         if isinstance(expr, relax.Call) and _product(expr):
-            read = _bf16_operands(expr)
-            operands.update(arg for arg, bf16 in zip(expr.args, read) if bf16 and isinstance(arg, relax.Var))
+            read = _narrowed_operands(expr)
+            operands.update(arg for arg, narrow in zip(expr.args, read) if narrow and isinstance(arg, relax.Var))
 
     relax.analysis.post_order_visit(func, visit)
     return operands
 
 
-def _bf16_products(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with its float32 convolutions and matrix products on bfloat16 operands, summed in float32."""
-    mutator = _BF16Products(mod)
+def _layout_chains(func: relax.Function, operands: set[relax.Expr]) -> dict[relax.Expr, list[relax.Call]]:
+    """The product operands that reshapes and transposes alone make from a variable nothing else reads, each with
+    those calls, the first applied first: narrowed before them, that variable's producer stores it narrow, and the
+    reshapes and transposes move narrow values."""
+    bindings = [b for block in func.body.blocks for b in block.bindings]
+    bound = {b.var: b.value for b in bindings}
+    uses = variable_uses(func, bindings)
+    chains: dict[relax.Expr, list[relax.Call]] = {}
+    for operand in operands:
+        calls: list[relax.Call] = []
+        value = bound.get(operand)
+        while (isinstance(value, relax.Call) and str(getattr(value.op, "name", "")) in _LAYOUT_OPS
+               and isinstance(value.args[0], relax.Var) and uses[value.args[0]] == 1):
+            calls.insert(0, value)
+            value = bound.get(value.args[0])
+        if calls:
+            chains[operand] = calls
+    return chains
+
+
+def _narrow_products(mod: tvm.IRModule, dtype: str) -> tvm.IRModule:
+    """``mod`` with its float32 convolutions and matrix products on ``dtype`` operands, summed in float32."""
+    mutator = _NarrowProducts(mod, dtype)
     for gvar, func in mod.functions_items():
         if isinstance(func, relax.Function):
             mutator.operands = _product_operands(func)
+            mutator.chains = _layout_chains(func, mutator.operands)
             mutator.builder_.update_func(gvar, mutator.visit_expr(func))
-    return mutator.builder_.get()
+    return relax.transform.DeadCodeElimination()(mutator.builder_.get())  # the float32 chains narrowed copies replace
 
 
 @relax.expr_functor.mutator
-class _BF16Products(relax.PyExprMutator):  # type: ignore[misc]
-    """Casts the operands of each float32 convolution and matrix product to bfloat16, and has every other reader of an
-    operand variable read its bfloat16 copy widened (see the module docstring)."""
+class _NarrowProducts(relax.PyExprMutator):  # type: ignore[misc]
+    """Casts the operands of each float32 convolution and matrix product to ``dtype``, and has every other reader of
+    an operand variable read its narrow copy widened (see the module docstring)."""
 
-    def __init__(self, mod: tvm.IRModule) -> None:
+    def __init__(self, mod: tvm.IRModule, dtype: str) -> None:
         super().__init__(mod)
+        self.dtype = dtype
         self.operands: set[relax.Expr] = set()  # the function's variables that a product reads
-        self.copies: dict[relax.Expr, relax.Expr] = {}  # operand variable -> its one bfloat16 copy
+        self.chains: dict[relax.Expr, list[relax.Call]] = {}  # operand -> the reshapes and transposes making it
+        self.copies: dict[relax.Expr, relax.Expr] = {}  # operand variable -> its one narrow copy
 
     def visit_dataflow_block_(self, block: relax.DataflowBlock) -> relax.BindingBlock:
         self.copies = {}  # a copy is a variable of its own block
@@ -130,7 +159,8 @@ class _BF16Products(relax.PyExprMutator):  # type: ignore[misc]
             args = [self.widened(old, arg) for old, arg in zip(call.args, new.args)]
             changed = any(not a.same_as(b) for a, b in zip(args, new.args))
             return relax.Call(new.op, args, new.attrs, new.ty_args) if changed else new
-        x, y = (self.bfloat16(old, arg) if bf16 else arg for old, arg, bf16 in zip(call.args, new.args, _bf16_operands(new)))
+        x, y = (self.narrowed(old, arg) if narrow else arg
+                for old, arg, narrow in zip(call.args, new.args, _narrowed_operands(new)))
         name = str(new.op.name)
         if name == "relax.matmul":
             return relax.op.matmul(x, y, out_dtype="float32")
@@ -141,19 +171,26 @@ class _BF16Products(relax.PyExprMutator):  # type: ignore[misc]
             attrs.data_layout, attrs.kernel_layout, attrs.out_layout, "float32",
         )
 
-    def bfloat16(self, old: relax.Expr, arg: relax.Expr) -> relax.Expr:
-        """``arg`` (``old`` before this pass) cast to bfloat16: for an operand variable, its one copy."""
+    def narrowed(self, old: relax.Expr, arg: relax.Expr) -> relax.Expr:
+        """``arg`` (``old`` before this pass) cast to the narrow type: for an operand variable, its one copy, made
+        by its reshapes and transposes from a narrow copy of their input where nothing else reads that."""
         if old not in self.operands:
-            return self.builder_.emit(relax.op.astype(arg, "bfloat16"))
+            return self.builder_.emit(relax.op.astype(arg, self.dtype))
+        if old not in self.copies and old in self.chains:
+            calls = self.chains[old]
+            copy = self.builder_.emit(relax.op.astype(self.visit_expr(calls[0].args[0]), self.dtype))
+            for call in calls:
+                copy = self.builder_.emit(relax.Call(call.op, [copy, *call.args[1:]], call.attrs))
+            self.copies[old] = copy
         if old not in self.copies:
-            self.copies[old] = self.builder_.emit(relax.op.astype(arg, "bfloat16"))
+            self.copies[old] = self.builder_.emit(relax.op.astype(arg, self.dtype))
         return self.copies[old]
 
     def widened(self, old: relax.Expr, arg: relax.Expr) -> relax.Expr:
-        """``arg`` as a reader other than a product reads it: an operand variable's bfloat16 copy, widened."""
+        """``arg`` as a reader other than a product reads it: an operand variable's narrow copy, widened."""
         if isinstance(old, relax.Tuple) and isinstance(arg, relax.Tuple):
             fields = [self.widened(o, a) for o, a in zip(old.fields, arg.fields)]
             return arg if all(f.same_as(a) for f, a in zip(fields, arg.fields)) else relax.Tuple(fields)
         if old not in self.operands:
             return arg
-        return self.builder_.emit(relax.op.astype(self.bfloat16(old, arg), "float32"))
+        return self.builder_.emit(relax.op.astype(self.narrowed(old, arg), "float32"))

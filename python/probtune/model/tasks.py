@@ -28,6 +28,7 @@ from probtune.model.legalize import legalize
 from probtune.model.prepack import constant_arguments
 from probtune.model.quantized import INTEGER_OPERATORS, integer_operators
 from probtune.model.rewrites import REWRITES_ATTR, apply_graph_rewrites
+from probtune.model.variable_names import unique_variable_names
 from probtune.task.task import Task
 from probtune.workloads.workload import Workload
 
@@ -40,7 +41,8 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
     :mod:`probtune.model.rewrites`), legalized and fused by TVM's "zero" pipeline.
 
     The pipeline legalizes (:mod:`probtune.model.legalize` first, for what the
-    layout pass makes that TVM does not lower), folds the transposed weights
+    layout pass makes that TVM does not lower), names the variables apart
+    (:mod:`probtune.model.variable_names`), folds the transposed weights
     into constants, and fuses operators and TIR; then it folds the fused calls
     that read only constants (a GRU's recurrent weights split, concatenated
     and transposed), which the first folding missed. The fused module records what
@@ -52,7 +54,7 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
         counts = {INTEGER_OPERATORS: quantized, **counts}
     try:
         with tvm.target.Target(target.tvm_target):
-            fused = relax.get_pipeline("zero")(legalize(mod))
+            fused = relax.get_pipeline("zero")(unique_variable_names(legalize(mod)))
             fused = relax.transform.FoldConstant()(fused)
     except Exception as exc:  # noqa: BLE001 - TVM's legalization or fusion refused an operator of the model
         raise ModelCompileError(

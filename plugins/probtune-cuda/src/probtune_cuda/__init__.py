@@ -19,6 +19,7 @@ from typing import Any
 from probtune.plugin import hookimpl
 from probtune_cuda.bundles import CUPY_RUNTIME
 from probtune_cuda.features import GPUFeatures
+from probtune_cuda.head_projections import HeadProjections
 from probtune_cuda.instructions import PAD_EINSUM
 from probtune_cuda.mma import RewriteMMASync
 from probtune_cuda.multi_level_tiling import GPUMultiLevelTiling
@@ -45,6 +46,7 @@ __all__ = [
     "GPUFeatures",
     "GPUMultiLevelTiling",
     "GPURowKernel",
+    "HeadProjections",
     "RewriteCooperativeFetch",
     "RewriteGPUReductionBlock",
     "RewriteGPUUnroll",
@@ -73,6 +75,7 @@ def probtune_register_instructions(register: Callable[[Any], None]) -> None:
 
 @hookimpl
 def probtune_register_graph_rewrites(register: Callable[[Any], None]) -> None:
+    register(HeadProjections())
     register(SinkReshapes())
 
 

@@ -1,0 +1,72 @@
+"""Graph rewrite head-projections: attention's queries, keys and values come out of batched products, untransposed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import untuned_runner
+from probtune.model import extract_tasks, fuse, load_model
+from probtune.model.check import check_outputs
+from probtune.model.examples import make_model
+from probtune.model.precision import convert_precision
+from probtune.model.rewrites import rewrite_counts
+from probtune.targets import resolve_target
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def _transposing(fused) -> int:
+    """How many calls of the fused model transpose."""
+    return sum(task.weight for task in extract_tasks(fused) if "transpose" in task.name)
+
+
+def test_an_encoders_projections_write_heads_and_only_the_heads_output_is_transposed(encoder_onnx):
+    model = load_model(encoder_onnx)
+    cuda = resolve_target("cuda-sm90")
+    before, after = fuse(model, cuda, rewrites=["sink-reshapes"]), fuse(model, cuda)
+    assert rewrite_counts(after)["head-projections"] == 3  # queries, keys, values
+    assert _transposing(before) == 4 and _transposing(after) == 1  # the heads' output, merged back
+    assert any(task.name.startswith("fused_NT_matmul") for task in extract_tasks(after))  # keys read transposed
+    calls = sum(task.weight for task in extract_tasks(after))
+    assert calls == sum(task.weight for task in extract_tasks(before)) - 3
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_the_rewritten_encoder_computes_what_onnxruntime_does(encoder_onnx, precision):
+    """Built by TVM for this CPU as it is, in float32 and in float16 (the rewrite is the same for every target)."""
+    model = load_model(encoder_onnx)
+    host = resolve_target("host")
+    converted = dataclasses.replace(model, mod=convert_precision(model.mod, precision))
+    fused = fuse(converted, host, rewrites=["head-projections", "sink-reshapes"])
+    assert rewrite_counts(fused)["head-projections"] == 3
+    check_outputs(model, untuned_runner(fused, host), precision=precision)
+
+
+def _projection(path, perm: list[int]):
+    """Tokens projected by a constant and split into 2 heads of 4, then transposed by ``perm``."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal((6, 8)).astype(np.float32), "w"),
+               numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b"),
+               numpy_helper.from_array(np.array([5, 6]), "flat"), numpy_helper.from_array(np.array([1, 5, 2, 4]), "heads")]
+    nodes = [helper.make_node("Reshape", ["x", "flat"], ["x2"]), helper.make_node("MatMul", ["x2", "w"], ["p"]),
+             helper.make_node("Add", ["p", "b"], ["h"]), helper.make_node("Reshape", ["h", "heads"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["y"], perm=perm)]
+    out = [[1, 5, 2, 4][axis] for axis in perm]
+    graph = helper.make_graph(nodes, "projection", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 5, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)], weights)
+    onnx.save(make_model(graph), path)
+    return load_model(path)
+
+
+@pytest.mark.parametrize(("perm", "rewritten"), [([0, 2, 1, 3], 1), ([0, 2, 3, 1], 1), ([0, 1, 3, 2], 0)])
+def test_only_a_transpose_that_puts_the_heads_first_is_rewritten(tmp_path, perm, rewritten):
+    model = _projection(tmp_path / "p.onnx", perm)
+    host = resolve_target("host")
+    fused = fuse(model, host, rewrites=["head-projections"])
+    assert rewrite_counts(fused).get("head-projections", 0) == rewritten
+    check_outputs(model, untuned_runner(fused, host))
