@@ -25,15 +25,19 @@ def _transposing(fused) -> int:
     return sum(task.weight for task in extract_tasks(fused) if "transpose" in task.name)
 
 
-def test_an_encoders_projections_write_heads_and_only_the_heads_output_is_transposed(encoder_onnx):
+def test_an_encoders_projections_read_and_write_heads_where_attention_has_them(encoder_onnx):
+    """Queries, keys and values come out per head, the keys read transposed by QK^T, and the output projection
+    reads the heads' outputs where they lie, with the bias and the residual in its epilogue: no transposes left."""
     model = load_model(encoder_onnx)
     cuda = resolve_target("cuda-sm90")
     before, after = fuse(model, cuda, rewrites=["sink-reshapes"]), fuse(model, cuda)
-    assert rewrite_counts(after)["head-projections"] == 3  # queries, keys, values
-    assert _transposing(before) == 4 and _transposing(after) == 1  # the heads' output, merged back
-    assert any(task.name.startswith("fused_NT_matmul") for task in extract_tasks(after))  # keys read transposed
+    assert rewrite_counts(after)["head-projections"] == 4
+    assert _transposing(before) == 4 and _transposing(after) == 0
+    names = [task.name for task in extract_tasks(after)]
+    assert any(name.startswith("fused_NT_matmul") for name in names)
+    assert any(name.startswith("fused_heads_matmul_add") for name in names)
     calls = sum(task.weight for task in extract_tasks(after))
-    assert calls == sum(task.weight for task in extract_tasks(before)) - 3
+    assert calls == sum(task.weight for task in extract_tasks(before)) - 4
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
@@ -43,7 +47,7 @@ def test_the_rewritten_encoder_computes_what_onnxruntime_does(encoder_onnx, prec
     host = resolve_target("host")
     converted = dataclasses.replace(model, mod=convert_precision(model.mod, precision))
     fused = fuse(converted, host, rewrites=["head-projections", "sink-reshapes"])
-    assert rewrite_counts(fused)["head-projections"] == 3
+    assert rewrite_counts(fused)["head-projections"] == 4
     check_outputs(model, untuned_runner(fused, host), precision=precision)
 
 
@@ -66,6 +70,30 @@ def _projection(path, perm: list[int]):
 @pytest.mark.parametrize(("perm", "rewritten"), [([0, 2, 1, 3], 1), ([0, 2, 3, 1], 1), ([0, 1, 3, 2], 0)])
 def test_only_a_transpose_that_puts_the_heads_first_is_rewritten(tmp_path, perm, rewritten):
     model = _projection(tmp_path / "p.onnx", perm)
+    host = resolve_target("host")
+    fused = fuse(model, host, rewrites=["head-projections"])
+    assert rewrite_counts(fused).get("head-projections", 0) == rewritten
+    check_outputs(model, untuned_runner(fused, host))
+
+
+def _merge(path, perm: list[int]):
+    """Two heads of (5 tokens x 4), transposed by ``perm``, merged into 8 features and projected by a constant."""
+    rng = np.random.default_rng(1)
+    weights = [numpy_helper.from_array(rng.standard_normal((8, 6)).astype(np.float32), "w"),
+               numpy_helper.from_array(np.array([5, 8]), "flat")]
+    nodes = [helper.make_node("Transpose", ["a"], ["t"], perm=perm), helper.make_node("Reshape", ["t", "flat"], ["m"]),
+             helper.make_node("MatMul", ["m", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "merge", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 2, 5, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 6])], weights)
+    onnx.save(make_model(graph), path)
+    return load_model(path)
+
+
+@pytest.mark.parametrize(("perm", "rewritten"), [([0, 2, 1, 3], 1), ([0, 2, 3, 1], 0)])
+def test_only_heads_merged_back_token_by_token_are_read_in_place(tmp_path, perm, rewritten):
+    """``[0, 2, 3, 1]`` lays (2 heads x 4 width) out as (4 x 2) per token: a product over heads and width would
+    sum the wrong products."""
+    model = _merge(tmp_path / "m.onnx", perm)
     host = resolve_target("host")
     fused = fuse(model, host, rewrites=["head-projections"])
     assert rewrite_counts(fused).get("head-projections", 0) == rewritten

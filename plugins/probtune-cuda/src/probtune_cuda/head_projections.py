@@ -1,4 +1,4 @@
-"""Graph rewrite ``head-projections``: attention's queries, keys and values computed head by head, not transposed.
+"""Graph rewrite ``head-projections``: attention's projections read and write heads as attention lays them out.
 
 Exported transformers project the tokens to queries, keys and values with
 one 2-D matrix product each (tokens x features), add the bias, reshape the
@@ -8,20 +8,24 @@ grouped by head (a constant, laid out at compile time), the projection is a
 batched product that writes each head's tokens where the attention reads
 them. The keys, which attention reads transposed, come out the same way and
 their transpose is folded into the product that reads them (TVM's
-``FuseTransposeMatmul``): one kernel per projection and none to transpose.
+``FuseTransposeMatmul``). The heads' outputs are transposed back and merged
+into features for the output projection; that product instead sums over
+heads and their width at once, reading the heads where they lie (its
+weight's rows grouped by head). One kernel per projection, none to transpose.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import tvm
 import tvm_ffi
-from tvm import relax
+from tvm import relax, te
 from tvm.ir.expr import Constant
 
-from probtune.plugin import TargetSpec, mutated, static_shape
+from probtune.plugin import TargetSpec, static_shape
 
 __all__ = ["HeadProjections"]
 
@@ -49,7 +53,8 @@ def _uses(mod: tvm.IRModule) -> Counter[relax.Expr]:
 @relax.expr_functor.mutator
 class _HeadProjections(relax.PyExprMutator):  # type: ignore[misc]
     """Writes ``permute_dims(reshape(chain(matmul(x, W))))`` as the chain of a batched product with the weight's columns
-    grouped by head, where ``W`` is a constant and the chain's casts and constant operands apply per feature."""
+    grouped by head, where ``W`` is a constant and the chain's casts and constant operands apply per feature, and
+    ``matmul(reshape(permute_dims(heads)), W)`` as a product over heads and width."""
 
     def __init__(self, mod: tvm.IRModule) -> None:
         super().__init__(mod)
@@ -65,6 +70,8 @@ class _HeadProjections(relax.PyExprMutator):  # type: ignore[misc]
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
+        if _name(call) == "relax.matmul":
+            return self.merged_heads(call)
         if _name(call) != "relax.permute_dims" or call.attrs.axes is None:
             return call
         axes = [int(a) for a in call.attrs.axes]
@@ -123,6 +130,42 @@ class _HeadProjections(relax.PyExprMutator):  # type: ignore[misc]
         return value
 
 
+    def merged_heads(self, call: relax.Call) -> relax.Expr:
+        """``matmul(reshape(permute_dims(heads)), W)`` as one product summing over heads and width, or as it is."""
+        x, weight = call.args
+        reshape = self.bound(x)
+        permute = self.bound(reshape.args[0]) if reshape is not None and _name(reshape) == "relax.reshape" else None
+        if permute is None or _name(permute) != "relax.permute_dims" or not isinstance(weight, Constant):
+            return call
+        heads, tokens_shape = permute.args[0], static_shape(x.ty.shape)
+        shape, w = static_shape(heads.ty.shape), weight.value.numpy()
+        if permute.attrs.axes is None or [int(a) for a in permute.attrs.axes] != _HEADS_FIRST or shape is None:
+            return call
+        if tokens_shape is None or len(shape) != 4 or w.ndim != 2 or str(heads.ty.dtype) != str(w.dtype):
+            return call
+        batch, count, tokens, width = shape
+        if w.shape[0] != count * width or tokens_shape[-2:] != [tokens, w.shape[0]] or (len(tokens_shape) == 2 and batch != 1):
+            return call
+        grouped = relax.const(np.ascontiguousarray(w.reshape(count, width, w.shape[1])), str(w.dtype))
+        self.changed += 1
+        return self.builder_.call_te(_sum_over_heads, heads, grouped, str(call.attrs.out_dtype or w.dtype),
+                                     len(tokens_shape) == 3, primfunc_name_hint="heads_matmul")
+
+
+def _sum_over_heads(heads: te.Tensor, weight: te.Tensor, out_dtype: str, batched: bool) -> te.Tensor:
+    """``out[b, t, o] = sum(heads[b, h, t, d] * weight[h, d, o])`` over ``h`` and ``d``, summed in ``out_dtype``
+    (``b`` dropped where the tokens were 2-D)."""
+    batch, count, tokens, width = heads.shape
+    h, d = te.reduce_axis((0, count), "h"), te.reduce_axis((0, width), "d")
+
+    def value(b: Any, t: Any, o: Any) -> Any:
+        return te.sum(heads[b, h, t, d].astype(out_dtype) * weight[h, d, o].astype(out_dtype), axis=[h, d])
+
+    if batched:
+        return te.compute((batch, tokens, weight.shape[2]), value, name="heads_matmul")
+    return te.compute((tokens, weight.shape[2]), lambda t, o: value(0, t, o), name="heads_matmul")
+
+
 def _per_head(constant: Constant, heads: int, width: int) -> Constant | None:
     """A constant operand of the features, as one of (batch, heads, tokens, width): a scalar as it is, a vector of the
     features grouped by head; None for another shape."""
@@ -140,11 +183,13 @@ class HeadProjections:
     name = "head-projections"
 
     def rewrite(self, mod: tvm.IRModule, target: TargetSpec) -> tuple[tvm.IRModule, int]:
-        """``mod`` with its queries', keys' and values' projections batched by head, and how many were."""
+        """``mod`` with its attention projections reading and writing heads in place, and how many were rewritten."""
         folded = relax.transform.FoldConstant()(mod)  # weights the model transposes become constants
         mutator = _HeadProjections(folded)
-        rewritten = mutated(folded, mutator)
+        for gvar, func in folded.functions_items():
+            if isinstance(func, relax.Function):
+                mutator.builder_.update_func(gvar, mutator.visit_expr(func))
         if not mutator.changed:
             return mod, 0
-        fused = relax.transform.FuseTransposeMatmul()(rewritten)
+        fused = relax.transform.FuseTransposeMatmul()(mutator.builder_.get())  # with the products' PrimFuncs
         return relax.transform.DeadCodeElimination()(fused), mutator.changed
