@@ -135,11 +135,30 @@ def _model(name: str, batch: int, spec: Any, database: str, seed: int) -> tuple[
 
     manifest = json.loads((ZOO / "manifest.json").read_text())["models"][name]
     shapes = {item["name"]: ",".join(str(d) for d in [batch, *item["shape"][1:]]) for item in manifest["inputs"]}
-    model = load_model(ZOO / manifest["file"], shapes)
+    model = load_model(_with_batch(ZOO / manifest["file"], batch, manifest["inputs"]), shapes)
     fused = fuse(dataclasses.replace(model, mod=convert_precision(model.mod, "fp16")), spec)
     tasks = extract_tasks(fused)
     programs, tuned = model_programs(fused, tasks, spec, database, DEVICE, seed)
     return model, fused, tasks, programs, tuned
+
+
+def _with_batch(path: Path, batch: int, inputs: list[dict[str, Any]]) -> Path:
+    """The zoo file, or where it fixes its inputs at another batch (the zoo exports batch one), a copy beside it whose
+    inputs and outputs leave the batch free: the importer then takes ``batch``, for a graph that fixes it nowhere else
+    (ResNet-50 flattens with Flatten; a model that reshapes to a batch of one fails there, named by TVM)."""
+    if all(item["shape"][0] == batch for item in inputs):
+        return path
+    import onnx
+
+    model = onnx.load(str(path))
+    for value in [*model.graph.input, *model.graph.output]:
+        dims = value.type.tensor_type.shape.dim
+        if dims:
+            dims[0].dim_param = "batch"
+    del model.graph.value_info[:]
+    copy = path.with_name(f"{path.stem}.free_batch.onnx")
+    onnx.save(model, str(copy))
+    return copy
 
 
 def _collect(args: argparse.Namespace) -> int:

@@ -86,14 +86,17 @@ def write_model_bundle(
     seeded_mod, seeded = seed_constants(fused, seed, seeded_elements)
     arrays = [spec.random(np.random.default_rng(seed)) for spec in inputs]
     expected = _untuned_outputs(seeded_mod, arrays)
+    function = "the model"
     try:
         mod, _, _ = place_programs(seeded_mod, programs, target, prepack=False)
         plan = plan_model(mod, target.tvm_target)
-        codes = {function: device_code(module, target.tvm_target) for function, module in plan.functions.items()}
+        codes = {}
+        for function, module in plan.functions.items():
+            codes[function] = device_code(module, target.tvm_target)
     except Exception as exc:  # TVM's lowering, a plan it cannot say, or a kernel the lint refuses
         raise ModelCompileError(
-            f"the model cannot be written as a bundle for target {target.name!r}: {summary(exc)}. Nothing was "
-            "written; the tuned records are kept"
+            f"the model cannot be written as a bundle for target {target.name!r} ({function}): {summary(exc)}. "
+            "Nothing was written; the tuned records are kept"
         ) from exc
     (out / "kernels").mkdir(parents=True)
     functions = {function: write_device_code(code, kind, out, Path("kernels") / function) for function, code in codes.items()}

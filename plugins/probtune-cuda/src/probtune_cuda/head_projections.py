@@ -114,21 +114,20 @@ class _HeadProjections(relax.PyExprMutator):  # type: ignore[misc]
             return None
         if (len(tokens_shape) == 3 and tokens_shape[0] != batch) or (len(tokens_shape) == 2 and batch != 1):
             return None
+        operands = {n: _per_head(step.args[1], heads, width) for n, step in enumerate(steps) if _name(step) != "relax.astype"}
+        if None in operands.values():
+            return None
         grouped = weight.reshape(weight.shape[0], heads, width).transpose(1, 0, 2)[None]
         value: relax.Expr = relax.op.matmul(
             self.builder_.emit(relax.op.reshape(x, [batch, 1, tokens, weight.shape[0]])),
             relax.const(np.ascontiguousarray(grouped), str(weight.dtype)), out_dtype=product.attrs.out_dtype)
-        for step in steps:
+        for n, step in enumerate(steps):
             value = self.builder_.emit(value)
-            if _name(step) == "relax.astype":
+            if n in operands:
+                value = relax.Call(step.op, [value, operands[n]], step.attrs)
+            else:
                 value = relax.op.astype(value, step.attrs.dtype)
-                continue
-            operand = _per_head(step.args[1], heads, width)
-            if operand is None:
-                return None
-            value = relax.Call(step.op, [value, operand], step.attrs)
         return value
-
 
     def merged_heads(self, call: relax.Call) -> relax.Expr:
         """``matmul(reshape(permute_dims(heads)), W)`` as one product summing over heads and width, or as it is."""
