@@ -68,15 +68,20 @@ def _prepare(args: argparse.Namespace) -> int:
     root = Path(args.round)
     written: dict[str, Any] = {"models": {}, "tasks": {}}
     by_model: list[list[Any]] = []
-    for name, batch in _specs(args.models):
-        started = time.perf_counter()
-        model, fused, model_tasks, programs, tuned = _model(name, batch, spec, args.database, args.seed)
-        from probtune.model.bundle import Tolerance, write_model_bundle
-        from probtune.model.precision import TOLERANCES
+    from probtune.errors import ProbtuneError
+    from probtune.model.bundle import Tolerance, write_model_bundle
+    from probtune.model.precision import TOLERANCES
 
-        slug = f"{name}_b{batch}"
-        result = write_model_bundle(fused, programs, spec, root / "models" / slug, name=f"{name}:{batch}",
-                                    inputs=model.inputs, tolerance=Tolerance(*TOLERANCES["fp16"]), seed=args.seed)
+    for name, batch in _specs(args.models):
+        started, slug = time.perf_counter(), f"{name}_b{batch}"
+        try:
+            model, fused, model_tasks, programs, tuned = _model(name, batch, spec, args.database, args.seed)
+            result = write_model_bundle(fused, programs, spec, root / "models" / slug, name=f"{name}:{batch}",
+                                        inputs=model.inputs, tolerance=Tolerance(*TOLERANCES["fp16"]), seed=args.seed)
+        except ProbtuneError as exc:  # a model that does not import, compile or bundle: named, the others go on
+            written["models"][slug] = {"error": str(exc)}
+            print(f"{slug}: {exc}", flush=True)
+            continue
         written["models"][slug] = {"functions": result.functions, "launches": result.launches, "tasks": len(model_tasks),
                                    "tuned_tasks": tuned, "carried_mb": result.carried_bytes / 1e6,
                                    "seeded_mb": result.seeded_bytes / 1e6, "seconds": time.perf_counter() - started,

@@ -153,3 +153,37 @@ def test_a_malformed_input_shape_is_named_before_anything_runs(small_cnn_onnx, t
                  "--input-shape", "1,3,16,16", "--target", "cuda-sm90"]) != 0
     assert "expected NAME=DIMS" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_bundle_whose_in_place_kernels_are_refused_is_written_out_of_place(small_cnn_onnx, tmp_path, monkeypatch):
+    """A kernel written over its residual can spill registers where the program as measured did not (whisper's
+    encoder did): the model is then placed with every output in a buffer of its own."""
+    from probtune.model import bundle
+
+    target = resolve_target("cuda-sm90")
+    model, fused, programs = _fused(small_cnn_onnx, target)
+    placed = bundle.place_programs
+    tried = []
+
+    def refusing_in_place(*args, in_place=True, **kwargs):
+        tried.append(in_place)
+        if in_place:
+            raise RuntimeError("fused_conv2d_add_inplace0: main_kernel spills registers (8 bytes stored, 8 loaded)")
+        return placed(*args, in_place=in_place, **kwargs)
+
+    monkeypatch.setattr(bundle, "place_programs", refusing_in_place)
+    written = write_model_bundle(fused, programs, target, tmp_path / "b", name="cnn:1", inputs=model.inputs,
+                                 tolerance=Tolerance(*TOLERANCES["fp16"]), seeded_elements=SEEDED)
+    assert tried == [True, False] and (written.path / MANIFEST).is_file()
+
+
+def test_out_of_place_is_tried_only_where_in_place_is_refused_and_its_error_is_the_one_raised():
+    from probtune.model.compile import out_of_place_if_refused
+
+    assert out_of_place_if_refused(lambda in_place: in_place) is True
+
+    def refused(in_place):
+        raise ValueError(f"refused in_place={in_place}")
+
+    with pytest.raises(ValueError, match="in_place=False"):
+        out_of_place_if_refused(refused)

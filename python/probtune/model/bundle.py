@@ -29,11 +29,11 @@ from tvm import relax
 from tvm.ir.expr import Constant
 
 from probtune.errors import ModelCompileError, TuningConfigError, summary
-from probtune.interfaces import TargetSpec
+from probtune.interfaces import DeviceCode, TargetSpec
 from probtune.measure import bundle_runtimes, run_model_bundle
 from probtune.measure.bundle import carry_runtimes, device_code_of, new_folder, write_device_code
 from probtune.model.check import outputs_to_numpy
-from probtune.model.compile import place_programs
+from probtune.model.compile import out_of_place_if_refused, place_programs
 from probtune.model.importer import InputSpec
 from probtune.model.plan import ModelPlan, plan_model
 
@@ -86,17 +86,22 @@ def write_model_bundle(
     seeded_mod, seeded = seed_constants(fused, seed, seeded_elements)
     arrays = [spec.random(np.random.default_rng(seed)) for spec in inputs]
     expected = _untuned_outputs(seeded_mod, arrays)
-    function = "the model"
-    try:
-        mod, _, _ = place_programs(seeded_mod, programs, target, prepack=False)
-        plan = plan_model(mod, target.tvm_target)
-        codes = {}
+    def build(in_place: bool) -> tuple[ModelPlan, dict[str, DeviceCode]]:
+        mod, _, _ = place_programs(seeded_mod, programs, target, prepack=False, in_place=in_place)
+        plan, codes = plan_model(mod, target.tvm_target), {}
         for function, module in plan.functions.items():
-            codes[function] = device_code(module, target.tvm_target)
+            try:
+                codes[function] = device_code(module, target.tvm_target)
+            except Exception as exc:  # named here, so that the error says which function's kernels failed
+                raise RuntimeError(f"{function}: {summary(exc)}") from exc
+        return plan, codes
+
+    try:
+        plan, codes = out_of_place_if_refused(build)
     except Exception as exc:  # TVM's lowering, a plan it cannot say, or a kernel the lint refuses
         raise ModelCompileError(
-            f"the model cannot be written as a bundle for target {target.name!r} ({function}): {summary(exc)}. "
-            "Nothing was written; the tuned records are kept"
+            f"the model cannot be written as a bundle for target {target.name!r}: {summary(exc)}. Nothing was "
+            "written; the tuned records are kept"
         ) from exc
     (out / "kernels").mkdir(parents=True)
     functions = {function: write_device_code(code, kind, out, Path("kernels") / function) for function, code in codes.items()}

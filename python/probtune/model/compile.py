@@ -10,9 +10,9 @@ import sys
 import tempfile
 import threading
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import tvm
@@ -33,10 +33,11 @@ from probtune.space.design_space import DesignSpace
 
 __all__ = [
     "CompiledModel", "checked_inputs", "compile_model", "default_program", "default_programs", "export_model",
-    "place_programs",
+    "out_of_place_if_refused", "place_programs",
 ]
 
 DEFAULT_DRAWS = 64  # draws of a task's space tried for a valid default program
+T = TypeVar("T")
 _SCOPE_NOTE = re.compile(r"executable\.cc:\d+: Warning: Scope (Saving|Loaded):")
 
 
@@ -52,23 +53,42 @@ def compile_model(
     Returns the executable, how many weights were packed so and how many calls write in place.
     Raises :class:`ModelCompileError` if TVM cannot compile the result.
     """
+    def build(in_place: bool) -> tuple[Any, int, int]:
+        mod, prepacked, written = place_programs(fused, programs, target, in_place=in_place)
+        return compile_for(mod, target), prepacked, written
+
     try:
-        mod, prepacked, in_place = place_programs(fused, programs, target)
-        return compile_for(mod, target), prepacked, in_place
+        return out_of_place_if_refused(build)
     except Exception as exc:
         raise ModelCompileError(
             f"TVM cannot compile the model for target {target.name!r}: {summary(exc)}"
         ) from exc
 
 
+def out_of_place_if_refused(build: Callable[[bool], T]) -> T:
+    """``build(True)``, the model with outputs written in place; where the target refuses that (a kernel written over
+    its residual that spills registers where the tuned one did not), ``build(False)``, each output in a buffer of its
+    own, as the programs were measured."""
+    try:
+        return build(True)
+    except Exception:  # noqa: BLE001 - whatever refused it, the programs as measured are tried next
+        return build(False)
+
+
 def place_programs(
-    fused: tvm.IRModule, programs: Mapping[str, tvm.IRModule], target: TargetSpec, *, prepack: bool = True
+    fused: tvm.IRModule,
+    programs: Mapping[str, tvm.IRModule],
+    target: TargetSpec,
+    *,
+    prepack: bool = True,
+    in_place: bool = True,
 ) -> tuple[tvm.IRModule, int, int]:
     """``fused`` with the programs in place, weights packed, concatenations written by their producers and outputs
     written in place, as :func:`compile_model` compiles it; with how many weights were packed and how many calls
     write in place.
 
-    ``prepack`` False keeps every constant as ``fused`` has it (the programs then make their layout copies per call).
+    ``prepack`` False keeps every constant as ``fused`` has it (the programs then make their layout copies per call);
+    ``in_place`` False writes each output into a buffer of its own.
     """
     prepacked = 0
     if prepack:
@@ -78,8 +98,8 @@ def place_programs(
         func = program["main"].with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True)
         functions[fused.get_global_var(name)] = func
     mod, concatenated = write_concatenations_in_place(tvm.IRModule(functions, attrs=fused.attrs))
-    mod, in_place = write_in_place(mod)
-    return mod, prepacked, in_place + sum(len(site.producers) for site in concatenated)
+    mod, written = write_in_place(mod) if in_place else (mod, 0)
+    return mod, prepacked, written + sum(len(site.producers) for site in concatenated)
 
 
 def export_model(compiler: Compiler | None, executable: Any, path: str | os.PathLike[str]) -> Path:
