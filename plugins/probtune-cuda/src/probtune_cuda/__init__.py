@@ -18,6 +18,7 @@ from typing import Any
 
 from probtune.plugin import hookimpl
 from probtune_cuda.bundles import CUPY_RUNTIME
+from probtune_cuda.cumsum_product import CumsumProduct
 from probtune_cuda.features import GPUFeatures
 from probtune_cuda.head_projections import HeadProjections
 from probtune_cuda.instructions import PAD_EINSUM
@@ -41,6 +42,7 @@ from probtune_cuda.thread_binding import GPUAutoBind, GPUCrossThreadReduction
 from probtune_cuda.unroll import GPU_AUTO_UNROLL, RewriteGPUUnroll
 
 __all__ = [
+    "CumsumProduct",
     "GPUAutoBind",
     "GPUCrossThreadReduction",
     "GPUFeatures",
@@ -75,6 +77,7 @@ def probtune_register_instructions(register: Callable[[Any], None]) -> None:
 
 @hookimpl
 def probtune_register_graph_rewrites(register: Callable[[Any], None]) -> None:
+    register(CumsumProduct())
     register(HeadProjections())
     register(SinkReshapes())
 
