@@ -60,9 +60,10 @@ DEFAULT_LAYOUTS = {"relax.nn.conv2d": ("NHWC", "HWIO")}
 operand tiles (NCHW would gather them with strided scalar copies)."""
 
 DEFAULT_GRAPH_REWRITES = ("cumsum-product", "head-projections", "sink-reshapes")
-"""Cumulative sums are products (a model bundle runs no library scan), attention's projections write each head's queries, keys and values where attention reads them (no transposes),
-and a model's reshapes are done after the elementwise operators that follow them, so that those run in the
-epilogue of the matrix product before (a transformer's bias, residual add and GELU around its 2-D products)."""
+"""Cumulative sums become products (a model bundle runs no library scan); attention's projections write each head's
+queries, keys and values where attention reads them (no transposes); and a model's reshapes are done after the
+elementwise operators that follow them, so that those run in the epilogue of the matrix product before (a
+transformer's bias, residual add and GELU around its 2-D products)."""
 
 DEFAULT_MUTATORS = {"tile_size": 0.9, "categorical": 0.1}
 """Mutators by probability, after TVM MetaSchedule's CUDA defaults (tile sizes 0.9; unroll and fetch widths share 0.1)."""
