@@ -92,3 +92,22 @@ def test_tuning_a_cuda_target_without_a_gpu_says_why():
 
     with pytest.raises(UnsupportedTargetError, match=r"cuda-sm80.*no CUDA device 0 is visible"):
         tune("matmul", shape="64,64,64", target="cuda-sm80", trials=4)
+
+
+def test_a_product_whose_input_its_epilogue_also_reads_is_bound_without_tiling_and_builds():
+    """``C = A @ B; D = C * A`` (RoBERTa's position count times its mask): TVM copies ``A`` into shared memory for
+    both readers, which no tiling of the product can hold under its loops; the product is bound as a row reduction."""
+    from tvm import te
+
+    from probtune.measure.codegen import compile_for
+    from probtune.workloads.workload import Workload
+
+    a, b = te.placeholder((64, 64), "float32", name="A"), te.placeholder((64, 64), "float32", name="B")
+    k = te.reduce_axis((0, 64), "k")
+    c = te.compute((64, 64), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    d = te.compute((64, 64), lambda i, j: c[i, j] * a[i, j], name="D")
+    target = resolve_target("cuda-sm90")
+    space = generate_space(Workload.from_module(te.create_prim_func([a, b, d]), name="masked"), target, seed=0)
+    assert not any(inst.kind == "cache_read" for inst in space.trace.instructions)
+    candidate = next(c for c in (space.sample(Rng(n)) for n in range(20)) if c is not None)
+    assert "__global__" in compile_for(candidate.mod, target).mod.imports[0].inspect_source()

@@ -182,9 +182,23 @@ def elementwise_consumer(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV)
     return str(consumer.name_hint) if point else None
 
 
+def _inputs_read_elsewhere(raw: s_tir.Schedule, sblock: s_tir.SBlock) -> bool:
+    """Whether another block of the program reads a buffer that ``sblock`` reads."""
+    inputs = [region.source for region in sblock.reads]
+    for name in sblock_names(raw):
+        other = raw.get(raw.get_sblock(name))
+        if not other.same_as(sblock) and any(r.source.same_as(b) for r in other.reads for b in inputs):
+            return True
+    return False
+
+
 def _tileable(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, sblock: s_tir.SBlock) -> bool:
-    """A block at the root, one output, reducing over some loop, each loop feeding spatial or reduction iterators only."""
+    """A block at the root, one output, reducing over some loop, each loop feeding spatial or reduction iterators only,
+    whose inputs no other block reads (their shared-memory copies, which TVM makes for every reader, could not be
+    computed under the block's loops: RoBERTa's padding mask, counted by a product and multiplied in its epilogue)."""
     if not at_root(raw, block_rv) or len(sblock.writes) != 1 or not reuses_data(sblock):
+        return False
+    if _inputs_read_elsewhere(raw, sblock):
         return False
     if not any(int(iv.iter_type) == tirx.IterVar.CommReduce for iv in sblock.iter_vars):
         return False
