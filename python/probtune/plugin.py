@@ -8,7 +8,7 @@ variables, a plugin's own schedule instruction is an :class:`InstructionKind`;
 the TIR analysis (:mod:`probtune.schedule.analysis`) reads programs; :class:`AutoUnroll` is
 a space module every target's space shares; a task scheduler or a search
 strategy reads :class:`TaskProgress` or starts from :class:`SearchStart`; a graph rewrite edits a
-Relax module with :func:`mutated`; a cost model finds the registered feature
+Relax module with :func:`mutated` (counting reads with :func:`variable_uses`); a cost model finds the registered feature
 extractors with :func:`get_registry`; errors say what failed. The rest of the
 kernel may change without notice: the built-in plugins import nothing else
 (``tests/test_plugin_sdk.py``). Each name is imported on first use.
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
         Validator,
     )
     from probtune.measure.constant_layouts import layout_free_params
+    from probtune.model.concat_in_place import variable_uses
     from probtune.model.transposes import mutated, static_shape
     from probtune.plugins import get_registry
     from probtune.schedule.analysis import (
@@ -105,6 +106,7 @@ _FROM = {
     "probtune.search.strategies": ["SearchStart", "StrategyKind"],
     "probtune.task.task_scheduler": ["TaskProgress", "TaskScheduler"],
     "probtune.measure.constant_layouts": ["layout_free_params"],
+    "probtune.model.concat_in_place": ["variable_uses"],
     "probtune.model.transposes": ["mutated", "static_shape"],
     "probtune.plugins": ["get_registry"],
     "probtune.defaults": ["MAX_PRODUCT_POWER", "TARGET_PRECISIONS"],
@@ -182,6 +184,7 @@ __all__ = [
     "static_shape",
     "thread_tag",
     "variable_ids",
+    "variable_uses",
     "warn_caller",
 ]
 

@@ -21,11 +21,10 @@ from typing import Any
 
 import numpy as np
 import tvm
-import tvm_ffi
 from tvm import relax, te
 from tvm.ir.expr import Constant
 
-from probtune.plugin import TargetSpec, static_shape
+from probtune.plugin import TargetSpec, static_shape, variable_uses
 
 __all__ = ["HeadProjections"]
 
@@ -43,10 +42,7 @@ def _uses(mod: tvm.IRModule) -> Counter[relax.Expr]:
     uses: Counter[relax.Expr] = Counter()
     for func in mod.functions.values():
         if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
-            for block in func.body.blocks:
-                for binding in block.bindings:
-                    tvm_ffi.structural_walk(binding.value, ((relax.Var, relax.DataflowVar), lambda v: uses.update([v])))
-            tvm_ffi.structural_walk(func.body.body, ((relax.Var, relax.DataflowVar), lambda v: uses.update([v])))
+            uses.update(variable_uses(func, [b for block in func.body.blocks for b in block.bindings]))
     return uses
 
 

@@ -34,12 +34,11 @@ from probtune.plugin import (
     LoopRV,
     Schedule,
     SpaceContext,
-    at_root,
     is_spatial,
     loop_kinds,
-    thread_tag,
 )
 from probtune_cuda.limits import block_limit
+from probtune_cuda.thread_binding import unbound
 
 __all__ = ["GPURowKernel"]
 
@@ -52,11 +51,6 @@ class _Plan:
     producers: tuple[str, ...]
 
 
-def _unbound(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
-    """Whether the block hangs under the root with none of its loops bound to a GPU axis."""
-    return at_root(raw, block) and not any(thread_tag(raw.get(loop)) for loop in raw.get_loops(block))
-
-
 def _producers(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> list[s_tir.schedule.SBlockRV] | None:
     """Every block the last block depends on, consumers first; None if one of them is already bound (tiled)."""
     order = {raw.get(b).name_hint: n for n, b in enumerate(raw.get_child_blocks(raw.get_sblock("root")))}
@@ -67,7 +61,7 @@ def _producers(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> list[s_ti
         name = raw.get(producer).name_hint
         if name in found:
             continue
-        if not _unbound(raw, producer):
+        if not unbound(raw, producer):
             return None
         found[name] = producer
         stack.extend(raw.get_producers(producer))
@@ -88,23 +82,19 @@ def _row_loops(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int | Non
 def _plan(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> _Plan | None:
     """The row structure of ``block`` and its producers, if it has one: a spatial last block, at least one row
     reduction among its producers, all of them indexing the same number of leading row loops."""
-    if not _unbound(raw, block) or raw.get_consumers(block):
+    if not unbound(raw, block) or raw.get_consumers(block):
         return None
     kinds = loop_kinds(raw, block, list(raw.get_loops(block)))
     producers = _producers(raw, block)
     if not producers or any(kind != SPATIAL for kind in kinds):
         return None
-    rows = {_row_loops(raw, p) for p in producers if not _is_spatial_block(raw, p)}
+    rows = {_row_loops(raw, p) for p in producers if not is_spatial(raw.get(p))}
     if len(rows) != 1 or None in rows:
         return None
     (row_count,) = rows
     if row_count is None or not 0 < row_count < len(kinds):  # None for mypy: excluded above
         return None
     return _Plan(row_count, tuple(raw.get(p).name_hint for p in producers))
-
-
-def _is_spatial_block(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
-    return all(kind == SPATIAL for kind in loop_kinds(raw, block, list(raw.get_loops(block))))
 
 
 def _iterations(sch: Schedule, block: BlockRV) -> int | None:

@@ -18,6 +18,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tvm import s_tir
+
 from probtune.plugin import (
     REDUCTION,
     SPATIAL,
@@ -32,18 +34,20 @@ from probtune.plugin import (
 )
 from probtune_cuda.limits import block_limit
 
-__all__ = ["GPUAutoBind", "GPUCrossThreadReduction"]
+__all__ = ["GPUAutoBind", "GPUCrossThreadReduction", "unbound"]
+
+
+def unbound(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """Whether the block hangs under the root with none of its loops bound to a GPU axis."""
+    return at_root(raw, block) and not any(thread_tag(raw.get(loop)) for loop in raw.get_loops(block))
 
 
 def _unbound_loops(sch: Schedule, block: BlockRV) -> tuple[list[LoopRV], list[str]] | None:
     """The loops of a block at the root that no module bound to GPU axes, with their kinds; None otherwise."""
     raw, block_rv = sch.tvm, sch.resolve(block)
-    if not at_root(raw, block_rv):
+    if not unbound(raw, block_rv):
         return None
-    raw_loops = list(raw.get_loops(block_rv))
-    if any(thread_tag(raw.get(loop)) for loop in raw_loops):
-        return None
-    return sch.get_loops(block), loop_kinds(raw, block_rv, raw_loops)
+    return sch.get_loops(block), loop_kinds(raw, block_rv, list(raw.get_loops(block_rv)))
 
 
 def _threads(
