@@ -79,3 +79,39 @@ def test_outputs_are_copied_out_whatever_their_dtype(dtype):
     if view is not None:
         np.copyto(view, np.zeros((2, 3), dtype))
         assert not tensor.numpy().any()  # a view of the tensor's memory: the staged input a call copies into
+
+
+@pytest.fixture
+def cancelling_model(tmp_path):
+    """``x @ A - x @ B`` with ``B`` within 1e-3 of ``A``: rounding the weights to float16 moves the small difference
+    by far more than fp16's tolerance, as it does in every float16 deployment of such a model."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((64, 8)).astype(np.float32)
+    b = (a + 1e-3 * rng.standard_normal((64, 8))).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "a"], ["xa"]), helper.make_node("MatMul", ["x", "b"], ["xb"]),
+             helper.make_node("Sub", ["xa", "xb"], ["y"])]
+    weights = [onnx.numpy_helper.from_array(a, "a"), onnx.numpy_helper.from_array(b, "b")]
+    graph = helper.make_graph(nodes, "cancel", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])], weights)
+    onnx.save(make_model(graph), tmp_path / "cancel.onnx")
+    return load_model(tmp_path / "cancel.onnx"), a, b
+
+
+def _rounded(array):
+    return array.astype(np.float16).astype(np.float32)
+
+
+def test_an_fp16_model_may_move_as_far_as_rounding_its_operands_moves_onnxruntime(cancelling_model):
+    model, a, b = cancelling_model
+
+    def fp16(x):
+        return [_rounded(x) @ _rounded(a) - _rounded(x) @ _rounded(b)]
+
+    report = check_outputs(model, fp16, precision="fp16")
+    assert report.max_rel_error > check_module.TOLERANCES["fp16"][1]  # beyond the fixed tolerance, yet right
+    assert report.rounding is not None and report.rounding >= report.max_rel_error / check_module.ROUNDING_MARGIN
+    assert "rounded to fp16" in str(report)
+    with pytest.raises(ModelCheckError, match="differs"):  # a wrong program is still caught
+        check_outputs(model, lambda x: [fp16(x)[0] + np.sqrt(np.mean(np.square(fp16(x)[0])))], precision="fp16")
+    with pytest.raises(ModelCheckError, match="differs"):  # and float32's tolerance has no such allowance
+        check_outputs(model, fp16)

@@ -82,6 +82,20 @@ def test_attentions_transposes_move_narrow_values(encoder_onnx, precision, narro
     assert len(transposes) == 4 and all(_dtype(c) == narrow for c in transposes)
 
 
+@NARROW
+def test_a_layer_norm_read_by_a_product_through_a_reshape_is_stored_narrow(encoder_onnx, precision, narrow):
+    """The feed-forward block reads the first layer norm's output reshaped, the residual reads it as it is: the
+    layer norm's task writes it narrow once, the reshape moves the narrow copy and the residual widens it."""
+    mod = convert_precision(load_model(encoder_onnx).mod, precision)
+    bindings = {b.var: b.value for block in mod["main"].body.blocks for b in block.bindings}
+    first = next(var for var, value in bindings.items() if str(getattr(value.op, "name", "")) == "relax.nn.layer_norm")
+    readers = [value for value in bindings.values() if any(arg.same_as(first) for arg in getattr(value, "args", []))]
+    assert [str(r.op.name) for r in readers] == ["relax.astype"] and _dtype(readers[0]) == narrow
+    copy = next(var for var, value in bindings.items() if value.same_as(readers[0]))
+    uses = [str(v.op.name) for v in bindings.values() if any(a.same_as(copy) for a in getattr(v, "args", []))]
+    assert sorted(uses) == ["relax.astype", "relax.reshape"]  # widened for the residual, reshaped for the product
+
+
 def test_a_depthwise_convolution_reads_bfloat16_and_keeps_its_float32_weight():
     """It sums no channels: its input is the bf16 copy its producer stores, its weight stays float32."""
     x = relax.Var("x", relax.TensorType((1, 16, 8, 8), "float32"))

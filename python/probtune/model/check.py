@@ -18,6 +18,7 @@ from tvm import relax
 from probtune.errors import ModelCheckError, summary
 from probtune.model.importer import Model
 from probtune.model.precision import TOLERANCES
+from probtune.model.rounded_reference import rounded_operands
 
 __all__ = ["CheckReport", "check_outputs", "flat_outputs", "onnxruntime_runner", "outputs_to_numpy", "reference_outputs"]
 
@@ -47,6 +48,11 @@ carries on to the output. How far onnxruntime's own two graphs fall apart
 on the same inputs is what such flips legitimately cost; a wrong program
 differs by about the whole output."""
 
+ROUNDING_MARGIN = 2.0
+"""A model compiled in fp16 or bf16 may differ from onnxruntime's float32 by this many times as much as onnxruntime
+itself does when its products read their operands rounded to that type (:mod:`probtune.model.rounded_reference`),
+where that is more than the precision's tolerance; a wrong program differs by about the whole output."""
+
 _QUANTIZING_OPS = ("QuantizeLinear", "DynamicQuantizeLinear")
 
 
@@ -62,6 +68,7 @@ class CheckReport:
     stepped: tuple[int, int] | None = None  # quantized outputs: elements a step apart, of how many
     spread: float | None = None  # a quantizing model's float outputs: onnxruntime's own spread, as a share of RMS
     precision: str = "fp32"  # what the model was compiled in, whose tolerance applies
+    rounding: float | None = None  # fp16 or bf16: onnxruntime's spread from rounding operands, as a share of RMS
 
     def __str__(self) -> str:
         text = (
@@ -78,6 +85,11 @@ class CheckReport:
             text += (
                 f"; a quantizing model: onnxruntime's unoptimized and optimized graphs differ by up to {self.spread:.3g} "
                 f"of the RMS, {SPREAD_MARGIN:g}x that allowed"
+            )
+        if self.rounding is not None:
+            text += (
+                f"; onnxruntime with its products' operands rounded to {self.precision} differs from its float32 "
+                f"by up to {self.rounding:.3g} of the RMS, {ROUNDING_MARGIN:g}x that allowed"
             )
         return text
 
@@ -116,6 +128,8 @@ def check_outputs(
         raise ModelCheckError(f"the compiled model gives {len(got)} outputs, {reference} gives {len(want)}")
     worst_abs = worst_rel = 0.0
     quantized = _QuantizedAllowance.of(model, reference, inputs, want)
+    rounding = _rounding_spreads(model, reference, inputs, want, precision)
+    worst_rounding: float | None = None
     for index, (g, w) in enumerate(zip(got, want)):
         g, w = np.asarray(g), np.asarray(w)
         if g.shape != w.shape:
@@ -126,6 +140,9 @@ def check_outputs(
         with np.errstate(invalid="ignore"):
             error = np.where(finite, np.abs(g64 - w64), 0.0)
         allowed = quantized.widen(index, rtol * np.abs(np.where(finite, w64, 0.0)) + atol_scale * scale, error, scale)
+        if index in rounding:
+            allowed = np.maximum(allowed, ROUNDING_MARGIN * rounding[index])
+            worst_rounding = max(worst_rounding or 0.0, rounding[index] / scale if scale else 0.0)
         bad = (error > allowed) | np.isnan(error)
         bad |= ~finite & ~((g64 == w64) | (np.isnan(g64) & np.isnan(w64)))
         if bad.any():
@@ -138,7 +155,9 @@ def check_outputs(
         worst_abs = max(worst_abs, float(error.max(initial=0.0)))
         worst_rel = max(worst_rel, float(error.max(initial=0.0)) / scale if scale else 0.0)
     stepped = quantized.stepped if quantized.stepped[1] else None
-    return CheckReport(reference, worst_abs, worst_rel, rtol, atol_scale, stepped, quantized.worst_spread, precision)
+    return CheckReport(
+        reference, worst_abs, worst_rel, rtol, atol_scale, stepped, quantized.worst_spread, precision, worst_rounding
+    )
 
 
 @dataclass
@@ -178,9 +197,29 @@ def _quantizes(model: Model) -> bool:
 
 def _reference_spread(model: Model, inputs: Sequence[np.ndarray], optimized: list[np.ndarray]) -> dict[int, float]:
     """How far onnxruntime's unoptimized graph's outputs lie from its optimized graph's (``optimized``), by output."""
-    plain = onnxruntime_runner(model, optimize=False)(*inputs)
+    return _largest_differences(onnxruntime_runner(model, optimize=False)(*inputs), optimized)
+
+
+def _rounding_spreads(
+    model: Model, reference: str, inputs: Sequence[np.ndarray], want: list[np.ndarray], precision: str
+) -> dict[int, float]:
+    """For fp16 and bf16, how far onnxruntime's outputs move (from ``want``) when its products read their operands
+    rounded to that type, by output; none where onnxruntime is not the reference or cannot run the rounded model."""
+    if precision == "fp32" or reference != "onnxruntime":
+        return {}
+    rounded = rounded_operands(model.onnx_model, precision)
+    if rounded is None:
+        return {}
+    try:
+        outputs = onnxruntime_runner(model, onnx_model=rounded)(*inputs)
+    except Exception:  # noqa: BLE001 - onnxruntime refuses a cast its opset lacks (bfloat16 before opset 13)
+        return {}
+    return _largest_differences(outputs, want)
+
+
+def _largest_differences(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> dict[int, float]:
     spreads = {}
-    for index, (a, b) in enumerate(zip(plain, optimized)):
+    for index, (a, b) in enumerate(zip(got, want)):
         with np.errstate(invalid="ignore"):
             difference = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
         spreads[index] = float(np.nanmax(difference, initial=0.0))
@@ -211,9 +250,10 @@ def _quantization_steps(model: Model) -> dict[int, float]:
 
 
 def onnxruntime_runner(
-    model: Model, threads: int | None = None, optimize: bool = True
+    model: Model, threads: int | None = None, optimize: bool = True, onnx_model: Any = None
 ) -> Callable[..., list[np.ndarray]]:
-    """The ONNX model the ``model`` came from, run by onnxruntime on its CPU: ``run(*inputs) -> outputs``.
+    """The ONNX model the ``model`` came from (or ``onnx_model``, with its inputs), run by onnxruntime on its CPU:
+    ``run(*inputs) -> outputs``.
 
     ``threads`` sets onnxruntime's intra-op threads (None: its own default);
     ``optimize`` False runs the graph as written, without onnxruntime's fusions.
@@ -227,7 +267,7 @@ def onnxruntime_runner(
     if threads is not None:
         options.intra_op_num_threads = threads
     session = onnxruntime.InferenceSession(
-        model.onnx_model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        (onnx_model or model.onnx_model).SerializeToString(), options, providers=["CPUExecutionProvider"]
     )
     names = [spec.name for spec in model.inputs]
     return lambda *inputs: flat_outputs(session.run(None, dict(zip(names, inputs))))

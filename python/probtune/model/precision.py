@@ -10,8 +10,9 @@ narrow type and keeps its weight in float32. A tensor that a product reads
 is stored once, in the narrow type, and its other readers (a residual
 connection) read that and widen it, so that its producer's task writes one
 output and no task of its own casts it; one that reshapes and transposes
-alone make from a tensor nothing else reads (attention's queries, keys and
-values) is made from that tensor stored narrow. The model's
+make from another tensor (attention's queries, keys and values; a layer
+norm's output reshaped into a product's rows) is made from that tensor
+stored narrow, which its other readers widen in turn. The model's
 inputs and outputs keep their types, and its outputs are checked with the
 precision's tolerance (``TOLERANCES``). A target names the precisions it offers
 (``TargetSpec.precisions``); another is refused before tuning starts. An
@@ -26,7 +27,6 @@ from tvm import relax
 from probtune.defaults import PRECISIONS
 from probtune.errors import TuningConfigError
 from probtune.interfaces import TargetSpec
-from probtune.model.concat_in_place import variable_uses
 from probtune.model.transposes import static_shape
 from probtune.plugins import get_registry
 
@@ -102,24 +102,22 @@ def _product_operands(func: relax.Function) -> set[relax.Expr]:
     return operands
 
 
-def _layout_chains(func: relax.Function, operands: set[relax.Expr]) -> dict[relax.Expr, list[relax.Call]]:
-    """The product operands that reshapes and transposes alone make from a variable nothing else reads, each with
-    those calls, the first applied first: narrowed before them, that variable's producer stores it narrow, and the
-    reshapes and transposes move narrow values."""
-    bindings = [b for block in func.body.blocks for b in block.bindings]
-    bound = {b.var: b.value for b in bindings}
-    uses = variable_uses(func, bindings)
-    chains: dict[relax.Expr, list[relax.Call]] = {}
-    for operand in operands:
-        calls: list[relax.Call] = []
-        value = bound.get(operand)
-        while (isinstance(value, relax.Call) and str(getattr(value.op, "name", "")) in _LAYOUT_OPS
-               and isinstance(value.args[0], relax.Var) and uses[value.args[0]] == 1):
-            calls.insert(0, value)
-            value = bound.get(value.args[0])
-        if calls:
-            chains[operand] = calls
-    return chains
+def _layout_sources(func: relax.Function, operands: set[relax.Expr]) -> dict[relax.Expr, relax.Call]:
+    """The reshape or transpose making each product operand, and each variable such calls make it from, out of another
+    float32 variable the function computes: narrowed before them, the first variable's producer stores it narrow, the
+    reshapes and transposes move narrow values, and that variable's other readers (a residual connection) widen its
+    copy. A parameter is not narrowed before them: no task of the function would store its copy."""
+    bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
+    sources: dict[relax.Expr, relax.Call] = {}
+    pending = list(operands)
+    while pending:
+        var = pending.pop()
+        value = bound.get(var)
+        if (var not in sources and isinstance(value, relax.Call) and str(getattr(value.op, "name", "")) in _LAYOUT_OPS
+                and value.args[0] in bound and _float32(value.args[0])):
+            sources[var] = value
+            pending.append(value.args[0])
+    return sources
 
 
 def _narrow_products(mod: tvm.IRModule, dtype: str) -> tvm.IRModule:
@@ -127,10 +125,11 @@ def _narrow_products(mod: tvm.IRModule, dtype: str) -> tvm.IRModule:
     mutator = _NarrowProducts(mod, dtype)
     for gvar, func in mod.functions_items():
         if isinstance(func, relax.Function):
-            mutator.operands = _product_operands(func)
-            mutator.chains = _layout_chains(func, mutator.operands)
+            operands = _product_operands(func)
+            mutator.sources = _layout_sources(func, operands)
+            mutator.operands = operands | {call.args[0] for call in mutator.sources.values()}
             mutator.builder_.update_func(gvar, mutator.visit_expr(func))
-    return relax.transform.DeadCodeElimination()(mutator.builder_.get())  # the float32 chains narrowed copies replace
+    return relax.transform.DeadCodeElimination()(mutator.builder_.get())  # the float32 views narrowed copies replace
 
 
 @relax.expr_functor.mutator
@@ -141,8 +140,8 @@ class _NarrowProducts(relax.PyExprMutator):  # type: ignore[misc]
     def __init__(self, mod: tvm.IRModule, dtype: str) -> None:
         super().__init__(mod)
         self.dtype = dtype
-        self.operands: set[relax.Expr] = set()  # the function's variables that a product reads
-        self.chains: dict[relax.Expr, list[relax.Call]] = {}  # operand -> the reshapes and transposes making it
+        self.operands: set[relax.Expr] = set()  # the function's variables stored narrow: products read them
+        self.sources: dict[relax.Expr, relax.Call] = {}  # such a variable -> the reshape or transpose making it
         self.copies: dict[relax.Expr, relax.Expr] = {}  # operand variable -> its one narrow copy
 
     def visit_dataflow_block_(self, block: relax.DataflowBlock) -> relax.BindingBlock:
@@ -172,16 +171,14 @@ class _NarrowProducts(relax.PyExprMutator):  # type: ignore[misc]
         )
 
     def narrowed(self, old: relax.Expr, arg: relax.Expr) -> relax.Expr:
-        """``arg`` (``old`` before this pass) cast to the narrow type: for an operand variable, its one copy, made
-        by its reshapes and transposes from a narrow copy of their input where nothing else reads that."""
+        """``arg`` (``old`` before this pass) cast to the narrow type: for an operand variable, its one copy, which a
+        reshape or transpose makes from its input's copy where that is stored narrow too."""
         if old not in self.operands:
             return self.builder_.emit(relax.op.astype(arg, self.dtype))
-        if old not in self.copies and old in self.chains:
-            calls = self.chains[old]
-            copy = self.builder_.emit(relax.op.astype(self.visit_expr(calls[0].args[0]), self.dtype))
-            for call in calls:
-                copy = self.builder_.emit(relax.Call(call.op, [copy, *call.args[1:]], call.attrs))
-            self.copies[old] = copy
+        if old not in self.copies and old in self.sources:
+            call = self.sources[old]
+            source = self.narrowed(call.args[0], self.visit_expr(call.args[0]))
+            self.copies[old] = self.builder_.emit(relax.Call(call.op, [source, *call.args[1:]], call.attrs))
         if old not in self.copies:
             self.copies[old] = self.builder_.emit(relax.op.astype(arg, self.dtype))
         return self.copies[old]
