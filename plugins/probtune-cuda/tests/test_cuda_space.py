@@ -111,3 +111,23 @@ def test_a_product_whose_input_its_epilogue_also_reads_is_bound_without_tiling_a
     assert not any(inst.kind == "cache_read" for inst in space.trace.instructions)
     candidate = next(c for c in (space.sample(Rng(n)) for n in range(20)) if c is not None)
     assert "__global__" in compile_for(candidate.mod, target).mod.imports[0].inspect_source()
+
+
+def test_every_task_of_an_fp16_encoder_builds_to_cuda_and_none_only_casts(encoder_onnx):
+    """The layer norms write float16 once and the residuals widen it in the products' epilogues, where the bias
+    and the residual add are folded into the tensor cores' writes: each task's space draws a program that builds."""
+    import dataclasses
+    import re
+
+    from probtune.measure.codegen import compile_for
+    from probtune.model import extract_tasks, fuse, load_model
+    from probtune.model.precision import convert_precision
+
+    model = load_model(encoder_onnx)
+    target = resolve_target("cuda-sm90")
+    tasks = extract_tasks(fuse(dataclasses.replace(model, mod=convert_precision(model.mod, "fp16")), target))
+    casts = [t.name for t in tasks if re.fullmatch(r"(fused_)?(cast|reshape)\d*(_(cast|reshape)\d*)*", t.name)]
+    assert casts == ["cast"]  # the model's input's, which no task of the model writes
+    for task in tasks:
+        candidate = valid_samples(generate_space(task.workload, target, seed=0), 1, tries=40)[0]
+        assert "__global__" in compile_for(candidate.mod, target).mod.imports[0].inspect_source(), task.name

@@ -7,19 +7,27 @@ becomes a task and a kernel of its own, writing a tensor that only the
 product's epilogue reads. ``fold_epilogue_inputs`` runs between FuseOps and
 FuseTIR: a group (or a lone operator) made only of elementwise, broadcast
 and injective operators, whose one result a single group reads, only in
-elementwise or broadcast operators, is merged into that group, where it is
-computed as the epilogue reads it.
+elementwise or broadcast operators, is merged into that group. After FuseTIR,
+``inline_epilogue_inputs`` inlines the merged producer's blocks into the
+epilogue blocks that read them, so that the task's program computes each
+value where the epilogue reads it (the space's modules tile a product before
+they reach the blocks above it, and the product's epilogue could not be
+folded into its write while it read another block's buffer).
 """
 
 from __future__ import annotations
 
 import tvm
-from tvm import relax
+from tvm import relax, s_tir, tirx
 from tvm.relax.utils import copy_with_new_vars
 
 from probtune.model.concat_in_place import variable_uses
+from probtune.schedule.analysis import block_names, is_spatial
 
-__all__ = ["fold_epilogue_inputs"]
+__all__ = ["fold_epilogue_inputs", "inline_epilogue_inputs"]
+
+MERGED_ATTR = "probtune_epilogue_inputs"
+"""The module attribute naming the groups ``fold_epilogue_inputs`` made, for ``inline_epilogue_inputs``."""
 
 _BROADCAST, _INJECTIVE = 1, 2
 """TVM's operator patterns (``op_pattern``): elementwise 0, broadcast 1, injective 2, reductions and products above."""
@@ -36,7 +44,37 @@ def fold_epilogue_inputs(mod: tvm.IRModule) -> tvm.IRModule:
             folded = _fold(builder, func, merged)
             if not folded.same_as(func):
                 builder.update_func(gvar, folded)
-    return builder.get()
+    names = sorted(gvar.name_hint for gvar in merged.values())
+    return builder.get().with_attr(MERGED_ATTR, names) if names else builder.get()
+
+
+def inline_epilogue_inputs(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` (as FuseTIR leaves it) with each merged group's producer blocks inlined into their readers."""
+    names = mod.attrs.get(MERGED_ATTR) if mod.attrs is not None else None
+    if not names:
+        return mod
+    merged = {str(name) for name in names}
+    functions = {gvar: _inlined(func) if gvar.name_hint in merged and isinstance(func, tirx.PrimFunc) else func
+                 for gvar, func in mod.functions_items()}
+    return tvm.IRModule(functions, attrs=mod.without_attr(MERGED_ATTR).attrs)
+
+
+def _inlined(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with its spatial blocks that depend on no reduction inlined into their readers, where TVM can."""
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    reducing: set[str] = set()
+    for name in block_names(func):
+        block = sch.get_sblock(name)
+        producers = {sch.get(p).name_hint for p in sch.get_producers(block)}
+        if not is_spatial(sch.get(block)) or producers & reducing:
+            reducing.add(name)
+    for name in block_names(func):
+        if name not in reducing:
+            try:
+                sch.compute_inline(sch.get_sblock(name))
+            except RuntimeError:  # TVM refuses (a block writing the function's output): it stays
+                continue
+    return sch.mod["main"]
 
 
 def _primitive(func: relax.Function) -> bool:

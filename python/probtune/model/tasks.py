@@ -22,7 +22,7 @@ from probtune.interfaces import GraphRewrite, TargetSpec
 from probtune.measure.constant_layouts import LAYOUT_FREE_ATTR
 from probtune.model.concat_in_place import CONCAT_IN_PLACE_ATTR, concatenations_in_place
 from probtune.model.concatenation import split_concatenations
-from probtune.model.epilogue_inputs import fold_epilogue_inputs
+from probtune.model.epilogue_inputs import fold_epilogue_inputs, inline_epilogue_inputs
 from probtune.model.importer import Model
 from probtune.model.layouts import convert_layouts
 from probtune.model.legalize import legalize
@@ -42,8 +42,10 @@ _FUSION = tvm.transform.Sequential([
     relax.transform.FuseOps(),
     tvm.transform.module_pass(lambda mod, _: fold_epilogue_inputs(mod), opt_level=0, name="FoldEpilogueInputs"),
     relax.transform.FuseTIR(),
+    tvm.transform.module_pass(lambda mod, _: inline_epilogue_inputs(mod), opt_level=0, name="InlineEpilogueInputs"),
 ])
-"""TVM's "zero" pipeline (without its database), with the epilogues' elementwise inputs folded in before FuseTIR."""
+"""TVM's "zero" pipeline (without its database), with the epilogues' elementwise inputs folded in
+(:mod:`probtune.model.epilogue_inputs`)."""
 
 
 def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite] | None = None) -> tvm.IRModule:
