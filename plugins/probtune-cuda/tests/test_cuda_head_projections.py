@@ -98,3 +98,58 @@ def test_only_heads_merged_back_token_by_token_are_read_in_place(tmp_path, perm,
     fused = fuse(model, host, rewrites=["head-projections"])
     assert rewrite_counts(fused).get("head-projections", 0) == rewritten
     check_outputs(model, untuned_runner(fused, host))
+
+
+def _packed_attention(path, extra_output: bool = False):
+    """Attention as PyTorch's ``nn.MultiheadAttention`` exports it (ViT): one product to queries, keys and values,
+    reshaped to (tokens, 1, 3, features), expanded, transposed, squeezed and taken apart, each part's heads
+    transposed before the tokens, queries and keys scaled; the heads' outputs merged back token by token into the
+    output projection. ``extra_output`` also returns the queries as taken apart (5 tokens, 2 heads of 4)."""
+    rng = np.random.default_rng(2)
+    constants = {"w": rng.standard_normal((8, 24)), "b": rng.standard_normal(24), "wo": rng.standard_normal((8, 8)),
+                 "scale": np.array(0.5), "packed": np.array([5, 1, 3, 8]), "heads": np.array([5, 2, 4]),
+                 "first": np.array([1, 2, 5, 4]), "tokens": np.array([5, 8]), "zero": np.array([0]),
+                 "three": np.array([3]), **{f"i{n}": np.array(n) for n in range(3)}}
+    weights = [numpy_helper.from_array(v.astype(np.float32 if v.dtype.kind == "f" else np.int64), k)
+               for k, v in constants.items()]
+    node = helper.make_node
+    nodes = [node("MatMul", ["x", "w"], ["p"]), node("Add", ["p", "b"], ["pb"]), node("Reshape", ["pb", "packed"], ["r"]),
+             node("Unsqueeze", ["r", "zero"], ["u"]), node("Transpose", ["u"], ["t"], perm=[3, 1, 2, 0, 4]),
+             node("Squeeze", ["t", "three"], ["s"])]
+    for n, part in enumerate("qkv"):
+        nodes += [node("Gather", ["s", f"i{n}"], [part]), node("Reshape", [part, "heads"], [part + "h"]),
+                  node("Transpose", [part + "h"], [part + "p"], perm=[1, 0, 2]),
+                  node("Reshape", [part + "p", "first"], [part + "4"])]
+    nodes += [node("Mul", ["q4", "scale"], ["qs"]), node("Transpose", ["k4"], ["kT"], perm=[0, 1, 3, 2]),
+              node("Mul", ["kT", "scale"], ["ks"]), node("MatMul", ["qs", "ks"], ["a"]), node("Softmax", ["a"], ["sm"]),
+              node("MatMul", ["sm", "v4"], ["o"]), node("Transpose", ["o"], ["ot"], perm=[2, 0, 1, 3]),
+              node("Reshape", ["ot", "tokens"], ["om"]), node("MatMul", ["om", "wo"], ["y"])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 8])]
+    if extra_output:
+        outputs.append(helper.make_tensor_value_info("q", TensorProto.FLOAT, [5, 1, 8]))
+    graph = helper.make_graph(nodes, "packed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 8])],
+                              outputs, weights)
+    onnx.save(make_model(graph), path)
+    return load_model(path)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_packed_projections_taken_apart_are_written_per_head(tmp_path, precision):
+    """Whatever moves lay the parts out (an expand, a transpose, a squeeze and a take here), the element numbers
+    they move decide: each part is a product per head, the scale applied per head, nothing left to transpose."""
+    model = _packed_attention(tmp_path / "a.onnx")
+    converted = dataclasses.replace(model, mod=convert_precision(model.mod, precision))
+    fused = fuse(converted, resolve_target("cuda-sm90"))
+    assert rewrite_counts(fused)["head-projections"] == 4  # queries, keys, values and the output projection
+    assert _transposing(fused) == 0 and not [t.name for t in extract_tasks(fused) if "take" in t.name]
+    host = resolve_target("host")
+    check_outputs(model, untuned_runner(fuse(converted, host, rewrites=["head-projections"]), host), precision=precision)
+
+
+def test_a_product_another_reader_keeps_is_not_computed_again_per_head(tmp_path):
+    model = _packed_attention(tmp_path / "a.onnx", extra_output=True)
+    host = resolve_target("host")
+    fused = fuse(model, host, rewrites=["head-projections"])
+    assert rewrite_counts(fused)["head-projections"] == 1  # the output projection alone
+    assert sum(task.weight for task in extract_tasks(fused) if "matmul" in task.name) == 4  # 2 products, 2 attention
+    check_outputs(model, untuned_runner(fused, host))

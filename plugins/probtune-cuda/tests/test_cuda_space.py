@@ -113,11 +113,10 @@ def test_a_product_whose_input_its_epilogue_also_reads_is_bound_without_tiling_a
     assert "__global__" in compile_for(candidate.mod, target).mod.imports[0].inspect_source()
 
 
-def test_every_task_of_an_fp16_encoder_builds_to_cuda_and_none_only_casts(encoder_onnx):
-    """The layer norms write float16 once and the residuals widen it in the products' epilogues, where the bias
-    and the residual add are folded into the tensor cores' writes: each task's space draws a program that builds."""
+def test_every_task_of_an_fp16_encoder_builds_to_cuda(encoder_onnx):
+    """Products with their bias, residual and GELU in the tensor cores' epilogues, row kernels, casts: each task's
+    space draws a program that builds."""
     import dataclasses
-    import re
 
     from probtune.measure.codegen import compile_for
     from probtune.model import extract_tasks, fuse, load_model
@@ -126,8 +125,6 @@ def test_every_task_of_an_fp16_encoder_builds_to_cuda_and_none_only_casts(encode
     model = load_model(encoder_onnx)
     target = resolve_target("cuda-sm90")
     tasks = extract_tasks(fuse(dataclasses.replace(model, mod=convert_precision(model.mod, "fp16")), target))
-    casts = [t.name for t in tasks if re.fullmatch(r"(fused_)?(cast|reshape)\d*(_(cast|reshape)\d*)*", t.name)]
-    assert casts == ["cast"]  # the model's input's, which no task of the model writes
     for task in tasks:
         candidate = valid_samples(generate_space(task.workload, target, seed=0), 1, tries=40)[0]
         assert "__global__" in compile_for(candidate.mod, target).mod.imports[0].inspect_source(), task.name

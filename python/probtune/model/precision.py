@@ -10,9 +10,12 @@ narrow type and keeps its weight in float32. A tensor that a product reads
 is stored once, in the narrow type, and its other readers (a residual
 connection) read that and widen it, so that its producer's task writes one
 output and no task of its own casts it; one that reshapes and transposes
-make from another tensor (attention's queries, keys and values; a layer
-norm's output reshaped into a product's rows) is made from that tensor
-stored narrow, which its other readers widen in turn. The model's
+alone make from a tensor that nothing else reads (attention's queries, keys
+and values) is made from that tensor stored narrow. A tensor that something
+else reads through no product stays float32 for that reader: a layer norm's
+output that the residual connection also reads is cast by a task of its own
+rather than rounding the residual stream (MobileBERT's outputs moved 9x
+further from float32's with it rounded). The model's
 inputs and outputs keep their types, and its outputs are checked with the
 precision's tolerance (``TOLERANCES``). A target names the precisions it offers
 (``TargetSpec.precisions``); another is refused before tuning starts. An
@@ -21,12 +24,15 @@ ONNX file whose tensors are already float16 is compiled as it is.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import tvm
 from tvm import relax
 
 from probtune.defaults import PRECISIONS
 from probtune.errors import TuningConfigError
 from probtune.interfaces import TargetSpec
+from probtune.model.concat_in_place import variable_uses
 from probtune.model.transposes import static_shape
 from probtune.plugins import get_registry
 
@@ -89,9 +95,9 @@ def _narrowed_operands(call: relax.Call) -> tuple[bool, bool]:
     return True, weight[str(attrs.kernel_layout).index("I")] > 1
 
 
-def _product_operands(func: relax.Function) -> set[relax.Expr]:
-    """The variables that a float32 product in ``func`` reads in the narrow type."""
-    operands: set[relax.Expr] = set()
+def _product_operands(func: relax.Function) -> Counter[relax.Expr]:
+    """The variables that a float32 product in ``func`` reads in the narrow type, with how many such reads."""
+    operands: Counter[relax.Expr] = Counter()
 
     def visit(expr: relax.Expr) -> None:
         if isinstance(expr, relax.Call) and _product(expr):
@@ -102,21 +108,27 @@ def _product_operands(func: relax.Function) -> set[relax.Expr]:
     return operands
 
 
-def _layout_sources(func: relax.Function, operands: set[relax.Expr]) -> dict[relax.Expr, relax.Call]:
+def _layout_sources(func: relax.Function, operands: Counter[relax.Expr]) -> dict[relax.Expr, relax.Call]:
     """The reshape or transpose making each product operand, and each variable such calls make it from, out of another
-    float32 variable the function computes: narrowed before them, the first variable's producer stores it narrow, the
-    reshapes and transposes move narrow values, and that variable's other readers (a residual connection) widen its
-    copy. A parameter is not narrowed before them: no task of the function would store its copy."""
-    bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
-    sources: dict[relax.Expr, relax.Call] = {}
-    pending = list(operands)
-    while pending:
-        var = pending.pop()
-        value = bound.get(var)
-        if (var not in sources and isinstance(value, relax.Call) and str(getattr(value.op, "name", "")) in _LAYOUT_OPS
-                and value.args[0] in bound and _float32(value.args[0])):
-            sources[var] = value
-            pending.append(value.args[0])
+    float32 variable the function computes that nothing else reads: narrowed before them, that variable's producer
+    stores it narrow and the reshapes and transposes move narrow values. A variable something else reads (a residual
+    connection) stays float32 for that reader, and so does a parameter (no task of the function would store its
+    copy)."""
+    bindings = [b for block in func.body.blocks for b in block.bindings]
+    bound, uses = {b.var: b.value for b in bindings}, variable_uses(func, bindings)
+    layouts = {var: value for var, value in bound.items()
+               if isinstance(value, relax.Call) and str(getattr(value.op, "name", "")) in _LAYOUT_OPS
+               and value.args[0] in bound and _float32(value.args[0])}
+    narrowed, sources = set(operands), {}
+    changed = True
+    while changed:
+        changed = False
+        for source in {value.args[0] for var, value in layouts.items() if var in narrowed} - narrowed:
+            readers = [var for var, value in layouts.items() if var in narrowed and value.args[0].same_as(source)]
+            if len(readers) + operands[source] == uses[source]:
+                sources.update({var: layouts[var] for var in readers})
+                narrowed.add(source)
+                changed = True
     return sources
 
 
@@ -127,7 +139,7 @@ def _narrow_products(mod: tvm.IRModule, dtype: str) -> tvm.IRModule:
         if isinstance(func, relax.Function):
             operands = _product_operands(func)
             mutator.sources = _layout_sources(func, operands)
-            mutator.operands = operands | {call.args[0] for call in mutator.sources.values()}
+            mutator.operands = set(operands) | {call.args[0] for call in mutator.sources.values()}
             mutator.builder_.update_func(gvar, mutator.visit_expr(func))
     return relax.transform.DeadCodeElimination()(mutator.builder_.get())  # the float32 views narrowed copies replace
 

@@ -22,7 +22,6 @@ from probtune.interfaces import GraphRewrite, TargetSpec
 from probtune.measure.constant_layouts import LAYOUT_FREE_ATTR
 from probtune.model.concat_in_place import CONCAT_IN_PLACE_ATTR, concatenations_in_place
 from probtune.model.concatenation import split_concatenations
-from probtune.model.epilogue_inputs import fold_epilogue_inputs, inline_epilogue_inputs
 from probtune.model.importer import Model
 from probtune.model.layouts import convert_layouts
 from probtune.model.legalize import legalize
@@ -35,23 +34,11 @@ from probtune.workloads.workload import Workload
 
 __all__ = ["extract_tasks", "fuse"]
 
-_FUSION = tvm.transform.Sequential([
-    relax.transform.LegalizeOps(),
-    relax.transform.AnnotateTIROpPattern(),
-    relax.transform.FoldConstant(),
-    relax.transform.FuseOps(),
-    tvm.transform.module_pass(lambda mod, _: fold_epilogue_inputs(mod), opt_level=0, name="FoldEpilogueInputs"),
-    relax.transform.FuseTIR(),
-    tvm.transform.module_pass(lambda mod, _: inline_epilogue_inputs(mod), opt_level=0, name="InlineEpilogueInputs"),
-])
-"""TVM's "zero" pipeline (without its database), with the epilogues' elementwise inputs folded in
-(:mod:`probtune.model.epilogue_inputs`)."""
-
 
 def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite] | None = None) -> tvm.IRModule:
     """The model with its quantized operators on integers (:mod:`probtune.model.quantized`), in the target's
     layouts (:mod:`probtune.model.layouts`), through its graph rewrites (or ``rewrites``;
-    :mod:`probtune.model.rewrites`), legalized and fused (``_FUSION``).
+    :mod:`probtune.model.rewrites`), legalized and fused by TVM's "zero" pipeline.
 
     The pipeline legalizes (:mod:`probtune.model.legalize` first, for what the
     layout pass makes that TVM does not lower), names the variables apart
@@ -67,7 +54,7 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
         counts = {INTEGER_OPERATORS: quantized, **counts}
     try:
         with tvm.target.Target(target.tvm_target):
-            fused = _FUSION(unique_variable_names(legalize(mod)))
+            fused = relax.get_pipeline("zero")(unique_variable_names(legalize(mod)))
             fused = relax.transform.FoldConstant()(fused)
     except Exception as exc:  # noqa: BLE001 - TVM's legalization or fusion refused an operator of the model
         raise ModelCompileError(

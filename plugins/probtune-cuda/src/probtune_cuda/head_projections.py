@@ -1,21 +1,29 @@
 """Graph rewrite ``head-projections``: attention's projections read and write heads as attention lays them out.
 
 Exported transformers project the tokens to queries, keys and values with
-one 2-D matrix product each (tokens x features), add the bias, reshape the
-features into heads and transpose the heads before the tokens: a kernel per
-transpose, which moves every value once more. With its weight's columns
-grouped by head (a constant, laid out at compile time), the projection is a
-batched product that writes each head's tokens where the attention reads
-them. The keys, which attention reads transposed, come out the same way and
-their transpose is folded into the product that reads them (TVM's
-``FuseTransposeMatmul``). The heads' outputs are transposed back and merged
-into features for the output projection; that product instead sums over
-heads and their width at once, reading the heads where they lie (its
-weight's rows grouped by head). One kernel per projection, none to transpose.
+2-D matrix products (tokens x features), add the bias and move the features
+into heads before the tokens: reshapes and transposes, or (PyTorch's
+``nn.MultiheadAttention``) one product for all three taken apart by an
+expand, a transpose, a squeeze and takes: a kernel per transpose, which
+moves every value once more. Which sequence of moves an exporter wrote does
+not matter: the product's element numbers, moved by it
+(:mod:`probtune_cuda.index_trace`), show whether it lays a range of the
+product's columns out as (batch, heads, tokens, width). If it does, that
+tensor is a batched product with the weight's columns grouped by head (a
+constant, laid out at compile time), casts and operators with a constant
+per column applied per head. Keys that attention reads transposed come out
+the same way and their transpose is folded into the product that reads them
+(TVM's ``FuseTransposeMatmul``). A product the moves share with another
+reader is left as it is, so that it is never computed twice. The heads'
+outputs, moved back token by token into features for the output
+projection, are read where they lie by a product that sums over heads and
+their width at once (its weight's rows grouped by head). One kernel per
+projection, none to transpose.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any
 
@@ -25,16 +33,15 @@ from tvm import relax, te
 from tvm.ir.expr import Constant
 
 from probtune.plugin import TargetSpec, static_shape, variable_uses
+from probtune_cuda.index_trace import is_move, moved
 
 __all__ = ["HeadProjections"]
 
-_HEADS_FIRST = [0, 2, 1, 3]  # (batch, tokens, heads, width) -> (batch, heads, tokens, width)
-_HEADS_FIRST_TRANSPOSED = [0, 2, 3, 1]  # -> (batch, heads, width, tokens): keys as attention reads them
 _ELEMENTWISE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
 
 
-def _name(call: relax.Call | None) -> str:
-    return "" if call is None else str(getattr(call.op, "name", ""))
+def _name(call: Any) -> str:
+    return str(getattr(getattr(call, "op", None), "name", ""))
 
 
 def _uses(mod: tvm.IRModule) -> Counter[relax.Expr]:
@@ -46,105 +53,199 @@ def _uses(mod: tvm.IRModule) -> Counter[relax.Expr]:
     return uses
 
 
+def _bound_vars(mod: tvm.IRModule) -> set[relax.Expr]:
+    return {b.var for func in mod.functions.values() if isinstance(func, relax.Function)
+            for block in func.body.blocks for b in block.bindings}
+
+
+class _Chain:
+    """A product of tokens by a constant weight, and the steps from it to a tensor: moves, casts and binary
+    operators with a constant, the product's first; ``shared`` if a tensor on the way has other readers."""
+
+    def __init__(self, product: relax.Call, var: relax.Expr, steps: list[relax.Call], shared: bool) -> None:
+        self.product, self.var, self.steps, self.shared = product, var, steps, shared
+        self.weight = product.args[1].value.numpy()
+        self.shape: list[int] = static_shape(product.ty.shape) or []
+
+    def positions(self, upto: int | None = None) -> np.ndarray:
+        """The product's element numbers after the moves among the first ``upto`` steps (all of them: None)."""
+        return moved([step for step in self.steps[:upto] if is_move(step)], self.shape)
+
+
 @relax.expr_functor.mutator
 class _HeadProjections(relax.PyExprMutator):  # type: ignore[misc]
-    """Writes ``permute_dims(reshape(chain(matmul(x, W))))`` as the chain of a batched product with the weight's columns
-    grouped by head, where ``W`` is a constant and the chain's casts and constant operands apply per feature, and
-    ``matmul(reshape(permute_dims(heads)), W)`` as a product over heads and width."""
+    """Writes a tensor that moves alone make, in attention's (batch, heads, tokens, width) layout or with the width
+    and tokens swapped, from a product's columns grouped by head, as the batched product per head with the chain's
+    casts and constant operands applied per head; and a product of such a tensor's heads merged back into features
+    as a product over heads and width."""
 
-    def __init__(self, mod: tvm.IRModule) -> None:
+    def __init__(self, mod: tvm.IRModule, excluded: set[relax.Expr]) -> None:
         super().__init__(mod)
         self.uses = _uses(mod)
+        self.excluded = excluded  # products that their other readers keep: not written again per head
+        self.shared: set[relax.Expr] = set()  # products written per head through a tensor something else reads
+        self.swapped: set[relax.Expr] = set()  # per-head results that a transpose swaps to (width, tokens)
         self.changed = 0
 
-    def bound(self, expr: relax.Expr) -> relax.Call | None:
-        """The call a variable read once is bound to; None for anything else."""
-        if not isinstance(expr, relax.Var) or self.uses[expr] != 1:
-            return None
-        value = self.lookup_binding(expr)
+    def binding(self, expr: relax.Expr) -> relax.Call | None:
+        value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
         return value if isinstance(value, relax.Call) else None
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         if _name(call) == "relax.matmul":
             return self.merged_heads(call)
-        if _name(call) != "relax.permute_dims" or call.attrs.axes is None:
+        if _name(call) == "relax.astype" or (_name(call) in _ELEMENTWISE and isinstance(call.args[1], Constant)):
+            return self.before_swap(call)
+        shape = static_shape(call.ty.shape) if is_move(call) else None
+        chain = self.chain(call) if shape is not None and len(shape) == 4 else None
+        if shape is None or chain is None or (chain.shared and chain.var in self.excluded):
             return call
-        axes = [int(a) for a in call.attrs.axes]
-        reshape = self.bound(call.args[0])
-        if axes not in (_HEADS_FIRST, _HEADS_FIRST_TRANSPOSED) or reshape is None or _name(reshape) != "relax.reshape":
-            return call
-        split = static_shape(reshape.ty.shape)
-        found = self.chain(reshape.args[0])
-        if split is None or found is None:
-            return call
-        product, steps = found
-        heads = self.by_head(product, steps, split)
+        heads = self.by_head(chain, shape)
         if heads is None:
             return call
+        if chain.shared:
+            self.shared.add(chain.var)
         self.changed += 1
-        return heads if axes == _HEADS_FIRST else relax.op.permute_dims(self.builder_.emit(heads), [0, 1, 3, 2])
+        return heads
 
-    def chain(self, value: relax.Expr) -> tuple[relax.Call, list[relax.Call]] | None:
-        """The product ``value`` is computed from by casts and binary operators with a constant, with those steps
-        (the product's first); None if it is not."""
-        steps: list[relax.Call] = []
-        call = self.bound(value)
-        while call is not None and _name(call) in ("relax.astype", *_ELEMENTWISE):
-            if _name(call) != "relax.astype" and not isinstance(call.args[1], Constant):
+    def chain(self, call: relax.Call) -> _Chain | None:
+        """The product that ``call`` is made from by moves, casts and binary operators with a constant; None if none."""
+        steps, value, shared = [call], call.args[0], False
+        while (bound := self.binding(value)) is not None:
+            shared = shared or self.uses[value] != 1
+            if _name(bound) == "relax.matmul":
+                weight = bound.args[1]
+                if not isinstance(weight, Constant) or weight.value.numpy().ndim != 2 or static_shape(bound.ty.shape) is None:
+                    return None
+                return _Chain(bound, value, steps, shared)
+            movable = is_move(bound) or _name(bound) == "relax.astype"
+            if not movable and not (_name(bound) in _ELEMENTWISE and isinstance(bound.args[1], Constant)):
                 return None
-            steps.insert(0, call)
-            call = self.bound(call.args[0])
-        if call is None or _name(call) != "relax.matmul" or not isinstance(call.args[1], Constant):
-            return None
-        return call, steps
+            steps.insert(0, bound)
+            value = bound.args[0]
+        return None
 
-    def by_head(self, product: relax.Call, steps: list[relax.Call], split: list[int]) -> relax.Expr | None:
-        """The steps after ``product``, on the batched product per head: (batch, heads, tokens, width)."""
-        x, weight = product.args[0], product.args[1].value.numpy()
-        tokens_shape = static_shape(x.ty.shape)
-        if len(split) != 4 or weight.ndim != 2 or tokens_shape is None or len(tokens_shape) not in (2, 3):
+    def by_head(self, chain: _Chain, shape: list[int]) -> relax.Expr | None:
+        """The chain's result computed per head, if it lays a column range of the product out as (batch, heads,
+        tokens, width) or (batch, heads, width, tokens); None otherwise."""
+        layout = _head_layout(chain.positions(), shape, chain.shape, chain.weight.shape[1])
+        if layout is None:
             return None
-        batch, tokens, heads, width = split
-        if tokens_shape[-2:] != [tokens, weight.shape[0]] or weight.shape[1] != heads * width:
-            return None
-        if (len(tokens_shape) == 3 and tokens_shape[0] != batch) or (len(tokens_shape) == 2 and batch != 1):
-            return None
-        operands = {n: _per_head(step.args[1], heads, width) for n, step in enumerate(steps) if _name(step) != "relax.astype"}
-        if None in operands.values():
-            return None
-        grouped = weight.reshape(weight.shape[0], heads, width).transpose(1, 0, 2)[None]
+        low, tokens, width, swapped = layout
+        batch, heads = shape[0], shape[1]
+        x, weight = chain.product.args[0], chain.weight
+        grouped = weight[:, low:low + heads * width].reshape(weight.shape[0], heads, width).transpose(1, 0, 2)[None]
         value: relax.Expr = relax.op.matmul(
             self.builder_.emit(relax.op.reshape(x, [batch, 1, tokens, weight.shape[0]])),
-            relax.const(np.ascontiguousarray(grouped), str(weight.dtype)), out_dtype=product.attrs.out_dtype)
-        for n, step in enumerate(steps):
+            relax.const(np.ascontiguousarray(grouped), str(weight.dtype)), out_dtype=chain.product.attrs.out_dtype)
+        for index, step in enumerate(chain.steps):
+            if is_move(step):
+                continue
             value = self.builder_.emit(value)
-            if n in operands:
-                value = relax.Call(step.op, [value, operands[n]], step.attrs)
-            else:
+            if _name(step) == "relax.astype":
                 value = relax.op.astype(value, step.attrs.dtype)
-        return value
+                continue
+            operand = _per_head(step.args[1], chain.positions(index), chain.weight.shape[1], low, heads, width)
+            if operand is None:
+                return None
+            value = relax.Call(step.op, [value, operand], step.attrs)
+        if not swapped:
+            return value
+        value = self.builder_.emit(value)
+        self.swapped.add(value)
+        return relax.op.permute_dims(value, [0, 1, 3, 2])
+
+    def before_swap(self, call: relax.Call) -> relax.Expr:
+        """A cast, or a binary operator with a scalar, of a per-head result's swap, applied before the swap, so that
+        the swap is folded into the product that reads it (TVM's ``FuseTransposeMatmul`` takes a transpose read
+        directly)."""
+        swap = self.binding(call.args[0])
+        if swap is None or _name(swap) != "relax.permute_dims" or swap.args[0] not in self.swapped:
+            return call
+        if _name(call) != "relax.astype" and call.args[1].value.numpy().size != 1:
+            return call
+        value = self.builder_.emit(relax.Call(call.op, [swap.args[0], *call.args[1:]], call.attrs))
+        self.swapped.add(value)
+        return relax.op.permute_dims(value, [0, 1, 3, 2])
 
     def merged_heads(self, call: relax.Call) -> relax.Expr:
-        """``matmul(reshape(permute_dims(heads)), W)`` as one product summing over heads and width, or as it is."""
+        """``matmul(X, W)`` with ``X`` a (batch, heads, tokens, width) tensor's heads merged into features by moves
+        (and casts), as one product summing over heads and width; or as it is."""
         x, weight = call.args
-        reshape = self.bound(x)
-        permute = self.bound(reshape.args[0]) if reshape is not None and _name(reshape) == "relax.reshape" else None
-        if permute is None or _name(permute) != "relax.permute_dims" or not isinstance(weight, Constant):
+        steps: list[relax.Call] = []
+        value = x
+        while (bound := self.binding(value)) is not None and self.uses[value] == 1 and (
+                is_move(bound) or _name(bound) == "relax.astype"):
+            steps.insert(0, bound)
+            value = bound.args[0]
+        shape, rows = static_shape(getattr(value.ty, "shape", None)), static_shape(x.ty.shape)
+        if not steps or shape is None or len(shape) != 4 or rows is None or not isinstance(weight, Constant):
             return call
-        heads, tokens_shape = permute.args[0], static_shape(x.ty.shape)
-        shape, w = static_shape(heads.ty.shape), weight.value.numpy()
-        if permute.attrs.axes is None or [int(a) for a in permute.attrs.axes] != _HEADS_FIRST or shape is None:
-            return call
-        if tokens_shape is None or len(shape) != 4 or w.ndim != 2 or str(heads.ty.dtype) != str(w.dtype):
-            return call
+        w = weight.value.numpy()
         batch, count, tokens, width = shape
-        if w.shape[0] != count * width or tokens_shape[-2:] != [tokens, w.shape[0]] or (len(tokens_shape) == 2 and batch != 1):
+        if w.ndim != 2 or w.shape[0] != count * width or rows[-1] != w.shape[0] or not _merged(
+                moved([s for s in steps if is_move(s)], shape), shape) or (len(rows) == 2 and batch != 1) or (
+                len(rows) == 3 and rows[:2] != [batch, tokens]) or len(rows) not in (2, 3):
+            return call
+        heads = value
+        for step in steps:
+            if _name(step) == "relax.astype":
+                heads = self.builder_.emit(relax.op.astype(heads, step.attrs.dtype))
+        if str(heads.ty.dtype) != str(w.dtype):
             return call
         grouped = relax.const(np.ascontiguousarray(w.reshape(count, width, w.shape[1])), str(w.dtype))
         self.changed += 1
         return self.builder_.call_te(_sum_over_heads, heads, grouped, str(call.attrs.out_dtype or w.dtype),
-                                     len(tokens_shape) == 3, primfunc_name_hint="heads_matmul")
+                                     len(rows) == 3, primfunc_name_hint="heads_matmul")
+
+
+def _head_layout(positions: np.ndarray, shape: list[int], product: list[int], features: int,
+                 ) -> tuple[int, int, int, bool] | None:
+    """(first column, tokens, width, swapped) if ``positions`` (a product's element numbers moved into ``shape``)
+    lay columns ``first:first + heads * width`` of its rows out as (batch, heads, tokens, width), or as (batch,
+    heads, width, tokens) when swapped; None otherwise."""
+    batch, heads, first_axis, second_axis = shape
+    rows = math.prod(product[:-1])
+    for tokens, width, swapped in ((first_axis, second_axis, False), (second_axis, first_axis, True)):
+        low = int(positions.flat[0]) % features
+        if batch * tokens != rows or low + heads * width > features:
+            continue
+        b, h, t, w = np.indices((batch, heads, tokens, width))
+        expected = (b * tokens + t) * features + low + h * width + w
+        if np.array_equal(positions, expected.transpose(0, 1, 3, 2) if swapped else expected):
+            return low, tokens, width, swapped
+    return None
+
+
+def _merged(positions: np.ndarray, shape: list[int]) -> bool:
+    """Whether ``positions`` (a (batch, heads, tokens, width) tensor's element numbers after moves) lay each token's
+    heads side by side: row ``b * tokens + t``, column ``h * width + w``."""
+    batch, heads, tokens, width = shape
+    b, t, h, w = np.indices((batch, tokens, heads, width))
+    expected = ((b * heads + h) * tokens + t) * width + w
+    return positions.size == expected.size and np.array_equal(positions.reshape(-1), expected.reshape(-1))
+
+
+def _per_head(constant: Constant, positions: np.ndarray, features: int, low: int, heads: int, width: int,
+              ) -> Constant | None:
+    """A constant operand at a step of the chain (where ``positions`` are the product's element numbers), as one
+    of (batch, heads, tokens, width): a scalar as it is, a value per column of the product grouped by head; None if
+    it varies along the tokens."""
+    value = constant.value.numpy()
+    if value.size == 1:
+        return constant
+    try:
+        broadcast = np.broadcast_to(value, positions.shape)
+    except ValueError:
+        return None
+    columns = positions % features
+    per_column = np.zeros(features, value.dtype)
+    per_column[columns.reshape(-1)] = broadcast.reshape(-1)
+    if not np.array_equal(per_column[columns], broadcast):
+        return None
+    grouped = per_column[low:low + heads * width].reshape(1, heads, 1, width)
+    return relax.const(np.ascontiguousarray(grouped), str(value.dtype))
 
 
 def _sum_over_heads(heads: te.Tensor, weight: te.Tensor, out_dtype: str, batched: bool) -> te.Tensor:
@@ -161,17 +262,6 @@ def _sum_over_heads(heads: te.Tensor, weight: te.Tensor, out_dtype: str, batched
     return te.compute((tokens, weight.shape[2]), lambda t, o: value(0, t, o), name="heads_matmul")
 
 
-def _per_head(constant: Constant, heads: int, width: int) -> Constant | None:
-    """A constant operand of the features, as one of (batch, heads, tokens, width): a scalar as it is, a vector of the
-    features grouped by head; None for another shape."""
-    value = constant.value.numpy()
-    if value.size == 1:
-        return constant
-    if value.size != heads * width or value.shape[-1] != heads * width:
-        return None
-    return relax.const(np.ascontiguousarray(value.reshape(1, heads, 1, width)), str(value.dtype))
-
-
 class HeadProjections:
     """Graph rewrite ``head-projections``: attention's projections batched by head (module docstring)."""
 
@@ -180,11 +270,17 @@ class HeadProjections:
     def rewrite(self, mod: tvm.IRModule, target: TargetSpec) -> tuple[tvm.IRModule, int]:
         """``mod`` with its attention projections reading and writing heads in place, and how many were rewritten."""
         folded = relax.transform.FoldConstant()(mod)  # weights the model transposes become constants
-        mutator = _HeadProjections(folded)
-        for gvar, func in folded.functions_items():
-            if isinstance(func, relax.Function):
-                mutator.builder_.update_func(gvar, mutator.visit_expr(func))
-        if not mutator.changed:
-            return mod, 0
-        fused = relax.transform.FuseTransposeMatmul()(mutator.builder_.get())  # with the products' PrimFuncs
-        return relax.transform.DeadCodeElimination()(fused), mutator.changed
+        excluded: set[relax.Expr] = set()
+        while True:  # a product read through a shared tensor is written per head only if no other reader keeps it
+            mutator = _HeadProjections(folded, excluded)
+            for gvar, func in folded.functions_items():
+                if isinstance(func, relax.Function):
+                    mutator.builder_.update_func(gvar, mutator.visit_expr(func))
+            if not mutator.changed:
+                return mod, 0
+            fused = relax.transform.FuseTransposeMatmul()(mutator.builder_.get())  # with the products' PrimFuncs
+            rewritten = relax.transform.DeadCodeElimination()(fused)
+            kept = mutator.shared & _bound_vars(rewritten)
+            if not kept:
+                return rewritten, mutator.changed
+            excluded |= kept

@@ -116,22 +116,9 @@ def _plan(split: relax.Call, bound: dict, uses: Any) -> _Plan | None:
         steps.insert(0, call)
         value = call.args[0]
         call = bound.get(value) if uses[value] == 1 else None
-    weight = _constant(call.args[1], bound) if _name(call) == "relax.matmul" else None
-    if weight is None or weight.ndim != 2:
+    if _name(call) != "relax.matmul" or not isinstance(call.args[1], Constant) or call.args[1].value.numpy().ndim != 2:
         return None
-    return _Plan(call.args[0], rows, weight, steps, _bounds(split, shape[-1]), call.attrs.out_dtype)
-
-
-def _constant(expr: relax.Expr, bound: dict) -> np.ndarray | None:
-    """The value of a constant, or of a variable bound to a constant's transpose (a weight as ONNX's importer
-    leaves it before constants are folded); None for anything else."""
-    if isinstance(expr, Constant):
-        return expr.value.numpy()
-    value: Any = bound.get(expr)
-    if _name(value) != "relax.permute_dims" or not isinstance(value.args[0], Constant):
-        return None
-    axes = None if value.attrs.axes is None else [int(a) for a in value.attrs.axes]
-    return np.transpose(value.args[0].value.numpy(), axes)
+    return _Plan(call.args[0], rows, call.args[1].value.numpy(), steps, _bounds(split, shape[-1]), call.attrs.out_dtype)
 
 
 def _per_feature(constant: Constant, features: int) -> bool:
@@ -158,8 +145,9 @@ class SplitProjections:
     name = "split-projections"
 
     def rewrite(self, mod: tvm.IRModule, target: TargetSpec) -> tuple[tvm.IRModule, int]:
-        mutator = _SplitProjections(mod)
-        rewritten = mutated(mod, mutator)
+        folded = relax.transform.FoldConstant()(mod)  # weights the model transposes become constants
+        mutator = _SplitProjections(folded)
+        rewritten = mutated(folded, mutator)
         if not mutator.changed:
             return mod, 0
         return relax.transform.CanonicalizeBindings()(rewritten), mutator.changed
