@@ -103,8 +103,7 @@ def _two_views(returned: bool):
 @pytest.mark.parametrize("returned", [False, True])
 def test_a_tensor_only_views_into_products_read_is_stored_narrow_once(returned):
     """Read through a reshape and a transpose by two products, ``relu(x)`` is cast once where it is made; returned as
-    well, it stays float32 for that reader (rounding a residual stream moved MobileBERT's outputs 9x further from
-    float32's), and each view is cast."""
+    well, it stays float32 for that reader (a residual stream is not rounded), and each view is cast."""
     calls = _calls(convert_precision(_two_views(returned), "fp16"))
     casts = [c for c in calls if str(c.op.name) == "relax.astype" and str(c.attrs.dtype) == "float16"]
     if returned:

@@ -153,3 +153,39 @@ def test_a_product_another_reader_keeps_is_not_computed_again_per_head(tmp_path)
     assert rewrite_counts(fused)["head-projections"] == 1  # the output projection alone
     assert sum(task.weight for task in extract_tasks(fused) if "matmul" in task.name) == 4  # 2 products, 2 attention
     check_outputs(model, untuned_runner(fused, host))
+
+
+def _timm_attention(path):
+    """Attention as timm exports it (DeiT): one product reshaped to (1, tokens, 3, heads, width), transposed to
+    (3, 1, heads, tokens, width), split along its first axis and squeezed; the keys transposed after their scale."""
+    rng = np.random.default_rng(3)
+    constants = {"w": rng.standard_normal((8, 24)), "b": rng.standard_normal(24), "wo": rng.standard_normal((8, 8)),
+                 "scale": np.array(0.5), "packed": np.array([1, 5, 3, 2, 4]), "ones": np.array([1, 1, 1]),
+                 "zero": np.array([0]), "tokens": np.array([5, 8])}
+    weights = [numpy_helper.from_array(v.astype(np.float32 if v.dtype.kind == "f" else np.int64), k)
+               for k, v in constants.items()]
+    node = helper.make_node
+    nodes = [node("MatMul", ["x", "w"], ["p"]), node("Add", ["p", "b"], ["pb"]), node("Reshape", ["pb", "packed"], ["r"]),
+             node("Transpose", ["r"], ["t"], perm=[2, 0, 3, 1, 4]), node("Split", ["t", "ones"], ["q5", "k5", "v5"], axis=0)]
+    nodes += [node("Squeeze", [part + "5", "zero"], [part]) for part in "qkv"]
+    nodes += [node("Mul", ["q", "scale"], ["qs"]), node("Mul", ["k", "scale"], ["ks"]),
+              node("Transpose", ["ks"], ["kT"], perm=[0, 1, 3, 2]), node("MatMul", ["qs", "kT"], ["a"]),
+              node("Softmax", ["a"], ["sm"]), node("MatMul", ["sm", "v"], ["o"]),
+              node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]), node("Reshape", ["ot", "tokens"], ["om"]),
+              node("MatMul", ["om", "wo"], ["y"])]
+    graph = helper.make_graph(nodes, "timm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 8])], weights)
+    onnx.save(make_model(graph), path)
+    return load_model(path)
+
+
+def test_parts_split_along_another_axis_are_written_per_head(tmp_path):
+    """A split's part is traced as the range it takes; the keys' scale goes before their transpose, which the
+    attention product then reads directly."""
+    model = _timm_attention(tmp_path / "a.onnx")
+    converted = dataclasses.replace(model, mod=convert_precision(model.mod, "fp16"))
+    fused = fuse(converted, resolve_target("cuda-sm90"))
+    assert rewrite_counts(fused)["head-projections"] == 4
+    assert _transposing(fused) == 0 and not [t.name for t in extract_tasks(fused) if "split" in t.name]
+    host = resolve_target("host")
+    check_outputs(model, untuned_runner(fuse(converted, host, rewrites=["head-projections"]), host), precision="fp16")

@@ -14,8 +14,8 @@ alone make from a tensor that nothing else reads (attention's queries, keys
 and values) is made from that tensor stored narrow. A tensor that something
 else reads through no product stays float32 for that reader: a layer norm's
 output that the residual connection also reads is cast by a task of its own
-rather than rounding the residual stream (MobileBERT's outputs moved 9x
-further from float32's with it rounded). The model's
+rather than rounding the residual stream, which deep models carry to their
+outputs. The model's
 inputs and outputs keep their types, and its outputs are checked with the
 precision's tolerance (``TOLERANCES``). A target names the precisions it offers
 (``TargetSpec.precisions``); another is refused before tuning starts. An

@@ -33,7 +33,7 @@ from tvm import relax, te
 from tvm.ir.expr import Constant
 
 from probtune.plugin import TargetSpec, static_shape, variable_uses
-from probtune_cuda.index_trace import is_move, moved
+from probtune_cuda.index_trace import is_move, moved, split_bounds
 
 __all__ = ["HeadProjections"]
 
@@ -112,8 +112,8 @@ class _HeadProjections(relax.PyExprMutator):  # type: ignore[misc]
     def chain(self, call: relax.Call) -> _Chain | None:
         """The product that ``call`` is made from by moves, casts and binary operators with a constant; None if none."""
         steps, value, shared = [call], call.args[0], False
-        while (bound := self.binding(value)) is not None:
-            shared = shared or self.uses[value] != 1
+        while (bound := self.maker(value)) is not None:
+            shared = shared or self.uses[value] != 1 or not isinstance(self.lookup_binding(value), relax.Call)
             if _name(bound) == "relax.matmul":
                 weight = bound.args[1]
                 if not isinstance(weight, Constant) or weight.value.numpy().ndim != 2 or static_shape(bound.ty.shape) is None:
@@ -125,6 +125,24 @@ class _HeadProjections(relax.PyExprMutator):  # type: ignore[misc]
             steps.insert(0, bound)
             value = bound.args[0]
         return None
+
+    def maker(self, value: relax.Expr) -> relax.Call | None:
+        """The call ``value`` is bound to, or the take standing for the split part it is; None for anything else."""
+        bound = self.binding(value)
+        return bound if bound is not None else self.split_part(value)
+
+    def split_part(self, value: relax.Expr) -> relax.Call | None:
+        """A part of a ``relax.split`` that ``value`` is bound to, as the take of its range it equals (a move the
+        chain can trace); None for anything else."""
+        part: Any = self.lookup_binding(value) if isinstance(value, relax.Var) else None
+        split: Any = self.binding(part.tuple_value) if isinstance(part, relax.TupleGetItem) else None
+        shape = static_shape(split.args[0].ty.shape) if _name(split) == "relax.split" else None
+        if split is None or shape is None:
+            return None
+        axis = int(split.attrs.axis) % len(shape)
+        low, high = split_bounds(split, shape[axis])[int(part.index)]
+        take = relax.op.take(split.args[0], relax.const(np.arange(low, high, dtype="int64")), axis=axis)
+        return self.builder_.normalize(take)
 
     def by_head(self, chain: _Chain, shape: list[int]) -> relax.Expr | None:
         """The chain's result computed per head, if it lays a column range of the product out as (batch, heads,
@@ -157,11 +175,12 @@ class _HeadProjections(relax.PyExprMutator):  # type: ignore[misc]
         return relax.op.permute_dims(value, [0, 1, 3, 2])
 
     def before_swap(self, call: relax.Call) -> relax.Expr:
-        """A cast, or a binary operator with a scalar, of a per-head result's swap, applied before the swap, so that
-        the swap is folded into the product that reads it (TVM's ``FuseTransposeMatmul`` takes a transpose read
-        directly)."""
-        swap = self.binding(call.args[0])
-        if swap is None or _name(swap) != "relax.permute_dims" or swap.args[0] not in self.swapped:
+        """A cast, or a binary operator with a scalar, of heads whose width and tokens a transpose swaps, applied
+        before the swap, so that the swap is folded into the product that reads it (TVM's ``FuseTransposeMatmul``
+        takes a transpose read directly)."""
+        swap: Any = self.binding(call.args[0])
+        if _name(swap) != "relax.permute_dims" or swap.attrs.axes is None or [int(a) for a in swap.attrs.axes] != [
+                0, 1, 3, 2] or not (swap.args[0] in self.swapped or self.uses[call.args[0]] == 1):
             return call
         if _name(call) != "relax.astype" and call.args[1].value.numpy().size != 1:
             return call

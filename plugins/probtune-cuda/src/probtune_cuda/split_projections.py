@@ -13,7 +13,6 @@ input.
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import numpy as np
@@ -22,6 +21,7 @@ from tvm import relax
 from tvm.ir.expr import Constant
 
 from probtune.plugin import TargetSpec, mutated, static_shape, variable_uses
+from probtune_cuda.index_trace import split_bounds
 
 __all__ = ["SplitProjections"]
 
@@ -118,24 +118,13 @@ def _plan(split: relax.Call, bound: dict, uses: Any) -> _Plan | None:
         call = bound.get(value) if uses[value] == 1 else None
     if _name(call) != "relax.matmul" or not isinstance(call.args[1], Constant) or call.args[1].value.numpy().ndim != 2:
         return None
-    return _Plan(call.args[0], rows, call.args[1].value.numpy(), steps, _bounds(split, shape[-1]), call.attrs.out_dtype)
+    return _Plan(call.args[0], rows, call.args[1].value.numpy(), steps, split_bounds(split, shape[-1]), call.attrs.out_dtype)
 
 
 def _per_feature(constant: Constant, features: int) -> bool:
     """Whether the constant broadcasts over everything but the features: a scalar, or ones but its last axis."""
     shape = constant.value.numpy().shape
     return all(d == 1 for d in shape[:-1]) and (not shape or shape[-1] in (1, features))
-
-
-def _bounds(split: relax.Call, features: int) -> list[tuple[int, int]]:
-    """Each part's features, from the split's indices or its number of equal sections."""
-    sections = split.attrs.indices_or_sections
-    if isinstance(sections, (int, tvm.tirx.IntImm)):
-        cuts = [features * i // int(sections) for i in range(1, int(sections))]
-    else:
-        cuts = [int(c) for c in sections]
-    edges = [0, *cuts, features]
-    return list(itertools.pairwise(edges))
 
 
 class SplitProjections:
