@@ -189,3 +189,14 @@ def test_parts_split_along_another_axis_are_written_per_head(tmp_path):
     assert _transposing(fused) == 0 and not [t.name for t in extract_tasks(fused) if "split" in t.name]
     host = resolve_target("host")
     check_outputs(model, untuned_runner(fuse(converted, host, rewrites=["head-projections"]), host), precision="fp16")
+
+
+def test_a_classifier_reading_a_flattened_map_is_left(tmp_path):
+    """(1, 8, 1, 1) reshaped to (1, 8) lays 8 "heads" of width 1 side by side already: a view, nothing to rewrite."""
+    weights = [numpy_helper.from_array(np.ones((8, 3), np.float32), "w"), numpy_helper.from_array(np.array([1, 8]), "flat")]
+    nodes = [helper.make_node("Reshape", ["x", "flat"], ["f"]), helper.make_node("MatMul", ["f", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "classifier", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 1, 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])], weights)
+    onnx.save(make_model(graph), tmp_path / "c.onnx")
+    fused = fuse(load_model(tmp_path / "c.onnx"), resolve_target("cuda-sm90"))
+    assert not rewrite_counts(fused).get("head-projections")

@@ -147,8 +147,9 @@ class _HeadProjections(relax.PyExprMutator):  # type: ignore[misc]
     def by_head(self, chain: _Chain, shape: list[int]) -> relax.Expr | None:
         """The chain's result computed per head, if it lays a column range of the product out as (batch, heads,
         tokens, width) or (batch, heads, width, tokens); None otherwise."""
-        layout = _head_layout(chain.positions(), shape, chain.shape, chain.weight.shape[1])
-        if layout is None:
+        positions = chain.positions()
+        layout = _head_layout(positions, shape, chain.shape, chain.weight.shape[1])
+        if layout is None or _in_order(positions):  # a view of the product as it lies: nothing to move
             return None
         low, tokens, width, swapped = layout
         batch, heads = shape[0], shape[1]
@@ -203,9 +204,10 @@ class _HeadProjections(relax.PyExprMutator):  # type: ignore[misc]
             return call
         w = weight.value.numpy()
         batch, count, tokens, width = shape
-        if w.ndim != 2 or w.shape[0] != count * width or rows[-1] != w.shape[0] or not _merged(
-                moved([s for s in steps if is_move(s)], shape), shape) or (len(rows) == 2 and batch != 1) or (
-                len(rows) == 3 and rows[:2] != [batch, tokens]) or len(rows) not in (2, 3):
+        positions = moved([s for s in steps if is_move(s)], shape)
+        if w.ndim != 2 or w.shape[0] != count * width or rows[-1] != w.shape[0] or not _merged(positions, shape) or (
+                len(rows) == 2 and batch != 1) or (len(rows) == 3 and rows[:2] != [batch, tokens]) or len(rows) not in (
+                2, 3) or _in_order(positions):  # heads that a reshape alone merges are read as they lie already
             return call
         heads = value
         for step in steps:
@@ -235,6 +237,11 @@ def _head_layout(positions: np.ndarray, shape: list[int], product: list[int], fe
         if np.array_equal(positions, expected.transpose(0, 1, 3, 2) if swapped else expected):
             return low, tokens, width, swapped
     return None
+
+
+def _in_order(positions: np.ndarray) -> bool:
+    """Whether the moves left every element where it was (reshapes alone: a view)."""
+    return bool(np.array_equal(positions.reshape(-1), np.arange(positions.size)))
 
 
 def _merged(positions: np.ndarray, shape: list[int]) -> bool:
