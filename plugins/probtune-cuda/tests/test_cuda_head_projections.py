@@ -200,3 +200,55 @@ def test_a_classifier_reading_a_flattened_map_is_left(tmp_path):
     onnx.save(make_model(graph), tmp_path / "c.onnx")
     fused = fuse(load_model(tmp_path / "c.onnx"), resolve_target("cuda-sm90"))
     assert not rewrite_counts(fused).get("head-projections")
+
+
+def _split_attention(path, axis: int = 2, extra_reader: bool = False):
+    """GPT-2's attention on 5 tokens of 8 features in 2 heads: one product to 24 features and a bias, split three
+    ways into queries, keys and values (``axis`` 1 splits the tokens instead; ``extra_reader`` also returns the
+    product's sum before the split)."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal((8, 24)).astype(np.float32), "w"),
+               numpy_helper.from_array(rng.standard_normal(24).astype(np.float32), "b"),
+               numpy_helper.from_array(np.array([5, 8]), "tokens"), numpy_helper.from_array(np.array([1, 5, 24]), "qkv"),
+               numpy_helper.from_array(np.array([1, 5, 2, 4]), "heads"),
+               numpy_helper.from_array(np.array([8, 8, 8] if axis == 2 else [1, 2, 2]), "parts")]
+    node = helper.make_node
+    nodes = [node("Reshape", ["x", "tokens"], ["x2"]), node("MatMul", ["x2", "w"], ["p"]), node("Add", ["p", "b"], ["h"]),
+             node("Reshape", ["h", "qkv"], ["h3"]), node("Split", ["h3", "parts"], ["q", "k", "v"], axis=axis)]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 5, 4] if axis == 2 else [1, 5, 24])]
+    if axis == 2:
+        for name, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+            nodes += [node("Reshape", [name, "heads"], [name + "4"]), node("Transpose", [name + "4"], [name + "t"], perm=perm)]
+        nodes += [node("MatMul", ["qt", "kt"], ["s"]), node("Softmax", ["s"], ["a"]), node("MatMul", ["a", "vt"], ["y"])]
+    else:
+        nodes += [node("Concat", ["v", "k", "q"], ["y"], axis=1)]
+    if extra_reader:
+        outputs.append(helper.make_tensor_value_info("h", TensorProto.FLOAT, [5, 24]))
+    graph = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 5, 8])],
+                              outputs, weights)
+    onnx.save(make_model(graph), path)
+    return load_model(path)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_product_split_three_ways_is_written_per_head(tmp_path, precision):
+    """Each part of the split is traced as the range of columns it takes: one product per head and part, no split
+    and no transpose left."""
+    model = _split_attention(tmp_path / "a.onnx")
+    converted = dataclasses.replace(model, mod=convert_precision(model.mod, precision))
+    fused = fuse(converted, resolve_target("cuda-sm90"))
+    assert rewrite_counts(fused)["head-projections"] == 3
+    names = [t.name for t in extract_tasks(fused)]
+    assert not [name for name in names if "split" in name or "transpose" in name]
+    host = resolve_target("host")
+    check_outputs(model, untuned_runner(fuse(converted, host, rewrites=["head-projections"]), host), precision=precision)
+
+
+@pytest.mark.parametrize("axis, extra_reader", [(1, False), (2, True)])
+def test_a_split_of_tokens_or_of_a_product_read_elsewhere_is_left(tmp_path, axis, extra_reader):
+    """Tokens split apart are no heads; a product the model also returns is kept, and not computed again per head."""
+    model = _split_attention(tmp_path / "a.onnx", axis=axis, extra_reader=extra_reader)
+    host = resolve_target("host")
+    fused = fuse(model, host, rewrites=["head-projections"])
+    assert not rewrite_counts(fused).get("head-projections")
+    check_outputs(model, untuned_runner(fused, host))

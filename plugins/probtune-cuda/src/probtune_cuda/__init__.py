@@ -36,7 +36,6 @@ from probtune_cuda.reindex import TRANSFORM_TO_INTRINSIC
 from probtune_cuda.row_kernel import GPURowKernel
 from probtune_cuda.sink_reshapes import SinkReshapes
 from probtune_cuda.software_pipeline import RewriteSoftwarePipeline
-from probtune_cuda.split_projections import SplitProjections
 from probtune_cuda.targets import make_targets
 from probtune_cuda.tensor_core import TensorCoreTiling
 from probtune_cuda.thread_binding import GPUAutoBind, GPUCrossThreadReduction
@@ -58,7 +57,6 @@ __all__ = [
     "RewriteTensorize",
     "RewriteUnboundBlock",
     "SinkReshapes",
-    "SplitProjections",
     "TensorCoreTiling",
     "VerifyGPUCode",
     "VerifyRegisterTile",
@@ -80,7 +78,6 @@ def probtune_register_instructions(register: Callable[[Any], None]) -> None:
 @hookimpl
 def probtune_register_graph_rewrites(register: Callable[[Any], None]) -> None:
     register(CumsumProduct())
-    register(SplitProjections())
     register(HeadProjections())
     register(SinkReshapes())
 

@@ -33,15 +33,11 @@ from tvm import relax, te
 from tvm.ir.expr import Constant
 
 from probtune.plugin import TargetSpec, static_shape, variable_uses
-from probtune_cuda.index_trace import is_move, moved, split_bounds
+from probtune_cuda.index_trace import is_move, moved, op_name, split_bounds
 
 __all__ = ["HeadProjections"]
 
 _ELEMENTWISE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
-
-
-def _name(call: Any) -> str:
-    return str(getattr(getattr(call, "op", None), "name", ""))
 
 
 def _uses(mod: tvm.IRModule) -> Counter[relax.Expr]:
@@ -93,9 +89,9 @@ class _HeadProjections(relax.PyExprMutator):  # type: ignore[misc]
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if _name(call) == "relax.matmul":
+        if op_name(call) == "relax.matmul":
             return self.merged_heads(call)
-        if _name(call) == "relax.astype" or (_name(call) in _ELEMENTWISE and isinstance(call.args[1], Constant)):
+        if op_name(call) == "relax.astype" or (op_name(call) in _ELEMENTWISE and isinstance(call.args[1], Constant)):
             return self.before_swap(call)
         shape = static_shape(call.ty.shape) if is_move(call) else None
         chain = self.chain(call) if shape is not None and len(shape) == 4 else None
@@ -114,13 +110,13 @@ class _HeadProjections(relax.PyExprMutator):  # type: ignore[misc]
         steps, value, shared = [call], call.args[0], False
         while (bound := self.maker(value)) is not None:
             shared = shared or self.uses[value] != 1 or not isinstance(self.lookup_binding(value), relax.Call)
-            if _name(bound) == "relax.matmul":
+            if op_name(bound) == "relax.matmul":
                 weight = bound.args[1]
                 if not isinstance(weight, Constant) or weight.value.numpy().ndim != 2 or static_shape(bound.ty.shape) is None:
                     return None
                 return _Chain(bound, value, steps, shared)
-            movable = is_move(bound) or _name(bound) == "relax.astype"
-            if not movable and not (_name(bound) in _ELEMENTWISE and isinstance(bound.args[1], Constant)):
+            movable = is_move(bound) or op_name(bound) == "relax.astype"
+            if not movable and not (op_name(bound) in _ELEMENTWISE and isinstance(bound.args[1], Constant)):
                 return None
             steps.insert(0, bound)
             value = bound.args[0]
@@ -136,7 +132,7 @@ class _HeadProjections(relax.PyExprMutator):  # type: ignore[misc]
         chain can trace); None for anything else."""
         part: Any = self.lookup_binding(value) if isinstance(value, relax.Var) else None
         split: Any = self.binding(part.tuple_value) if isinstance(part, relax.TupleGetItem) else None
-        shape = static_shape(split.args[0].ty.shape) if _name(split) == "relax.split" else None
+        shape = static_shape(split.args[0].ty.shape) if op_name(split) == "relax.split" else None
         if split is None or shape is None:
             return None
         axis = int(split.attrs.axis) % len(shape)
@@ -162,7 +158,7 @@ class _HeadProjections(relax.PyExprMutator):  # type: ignore[misc]
             if is_move(step):
                 continue
             value = self.builder_.emit(value)
-            if _name(step) == "relax.astype":
+            if op_name(step) == "relax.astype":
                 value = relax.op.astype(value, step.attrs.dtype)
                 continue
             operand = _per_head(step.args[1], chain.positions(index), chain.weight.shape[1], low, heads, width)
@@ -180,10 +176,10 @@ class _HeadProjections(relax.PyExprMutator):  # type: ignore[misc]
         before the swap, so that the swap is folded into the product that reads it (TVM's ``FuseTransposeMatmul``
         takes a transpose read directly)."""
         swap: Any = self.binding(call.args[0])
-        if _name(swap) != "relax.permute_dims" or swap.attrs.axes is None or [int(a) for a in swap.attrs.axes] != [
+        if op_name(swap) != "relax.permute_dims" or swap.attrs.axes is None or [int(a) for a in swap.attrs.axes] != [
                 0, 1, 3, 2] or not (swap.args[0] in self.swapped or self.uses[call.args[0]] == 1):
             return call
-        if _name(call) != "relax.astype" and call.args[1].value.numpy().size != 1:
+        if op_name(call) != "relax.astype" and call.args[1].value.numpy().size != 1:
             return call
         value = self.builder_.emit(relax.Call(call.op, [swap.args[0], *call.args[1:]], call.attrs))
         self.swapped.add(value)
@@ -196,7 +192,7 @@ class _HeadProjections(relax.PyExprMutator):  # type: ignore[misc]
         steps: list[relax.Call] = []
         value = x
         while (bound := self.binding(value)) is not None and self.uses[value] == 1 and (
-                is_move(bound) or _name(bound) == "relax.astype"):
+                is_move(bound) or op_name(bound) == "relax.astype"):
             steps.insert(0, bound)
             value = bound.args[0]
         shape, rows = static_shape(getattr(value.ty, "shape", None)), static_shape(x.ty.shape)
@@ -211,7 +207,7 @@ class _HeadProjections(relax.PyExprMutator):  # type: ignore[misc]
             return call
         heads = value
         for step in steps:
-            if _name(step) == "relax.astype":
+            if op_name(step) == "relax.astype":
                 heads = self.builder_.emit(relax.op.astype(heads, step.attrs.dtype))
         if str(heads.ty.dtype) != str(w.dtype):
             return call

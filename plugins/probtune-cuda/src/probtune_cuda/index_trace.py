@@ -19,21 +19,22 @@ from tvm.ir.expr import Constant
 
 from probtune.plugin import static_shape
 
-__all__ = ["MOVES", "is_move", "moved", "split_bounds"]
+__all__ = ["MOVES", "is_move", "moved", "op_name", "split_bounds"]
 
 MOVES = ("relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze", "relax.take")
 """The operators that only move values, each element of the result a copy of one of the input's."""
 
 
-def _name(call: relax.Expr) -> str:
+def op_name(call: object) -> str:
+    """The name of the operator ``call`` calls ("" for anything that is not a call of one)."""
     return str(getattr(getattr(call, "op", None), "name", ""))
 
 
 def is_move(call: relax.Expr) -> bool:
     """Whether ``call`` is one of ``MOVES`` with a static result (a take's indices constant)."""
-    if _name(call) not in MOVES or static_shape(getattr(call.ty, "shape", None)) is None:
+    if op_name(call) not in MOVES or static_shape(getattr(call.ty, "shape", None)) is None:
         return False
-    return _name(call) != "relax.take" or isinstance(call.args[1], Constant)
+    return op_name(call) != "relax.take" or isinstance(call.args[1], Constant)
 
 
 def moved(calls: list[relax.Call], shape: list[int]) -> np.ndarray:
@@ -45,7 +46,7 @@ def moved(calls: list[relax.Call], shape: list[int]) -> np.ndarray:
 
 
 def _apply(call: relax.Call, numbers: np.ndarray) -> np.ndarray:
-    name, attrs = _name(call), call.attrs
+    name, attrs = op_name(call), call.attrs
     if name == "relax.reshape":
         return numbers.reshape(static_shape(call.ty.shape))
     if name == "relax.permute_dims":

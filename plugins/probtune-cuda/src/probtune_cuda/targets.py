@@ -59,9 +59,8 @@ DEFAULT_LAYOUTS = {"relax.nn.conv2d": ("NHWC", "HWIO")}
 """A model's convolutions run channels-last: the channels are a matmul's reduction, contiguous for the tensor cores'
 operand tiles (NCHW would gather them with strided scalar copies)."""
 
-DEFAULT_GRAPH_REWRITES = ("cumsum-product", "split-projections", "head-projections", "sink-reshapes")
-"""Cumulative sums become products (a model bundle runs no library scan); a product split along its features becomes
-one product per part (a decoder's queries, keys and values); attention's projections write each head's
+DEFAULT_GRAPH_REWRITES = ("cumsum-product", "head-projections", "sink-reshapes")
+"""Cumulative sums become products (a model bundle runs no library scan); attention's projections write each head's
 queries, keys and values where attention reads them (no transposes); and a model's reshapes are done after the
 elementwise operators that follow them, so that those run in the epilogue of the matrix product before (a
 transformer's bias, residual add and GELU around its 2-D products)."""
