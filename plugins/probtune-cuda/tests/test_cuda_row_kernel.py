@@ -98,3 +98,25 @@ def test_a_row_too_wide_for_shared_memory_is_left_to_the_other_bindings():
     space = generate_space(resolve_workload("softmax", "4,65536"), SM90, seed=0)
     assert not any(inst.kind == "compute_at" for inst in space.trace.instructions)
     assert any(inst.kind == "compute_at" for inst in generate_space(resolve_workload("softmax", "4,32768"), SM90).trace.instructions)
+
+
+def _layer_norm_and_cast(rows: int, columns: int) -> Workload:
+    """A layer norm that returns its values and their float16 cast (:mod:`probtune.model.cast_outputs`)."""
+    x = te.placeholder((rows, columns), "float32", name="X")
+    gamma, beta = (te.placeholder((columns,), "float32", name=n) for n in ("gamma", "beta"))
+    values = topi.nn.layer_norm(x, gamma, beta, axis=[1])
+    cast = te.compute(values.shape, lambda i, j: values[i, j].astype("float16"), name="cast")
+    return Workload.from_module(te.create_prim_func([x, gamma, beta, values, cast]), name="layer_norm_cast")
+
+
+@pytest.mark.parametrize("shape", [(128, 768), (48, 1500)])
+def test_a_layer_norm_that_also_returns_its_cast_is_one_kernel(shape):
+    """TVM cannot compute the values' block at the cast's rows (it writes an output): the values' rows are bound
+    instead, and each value is cast where it is computed, by the thread that computed it."""
+    _, candidate = _first_draw(_layer_norm_and_cast(*shape))
+    assert _kernel_count(_kernels(candidate.mod)) == 1
+    assert _extents(candidate.mod, "blockIdx.x") == {shape[0]}
+    script = candidate.mod.script()
+    values_loop = script.index('T.sblock("T_layer_norm")')
+    cast_block = script.index('T.sblock("cast")')
+    assert values_loop < cast_block and "thread_binding" not in script[values_loop:cast_block]

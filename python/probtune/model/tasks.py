@@ -11,7 +11,7 @@ and no task.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import tvm
 import tvm_ffi
@@ -20,6 +20,7 @@ from tvm import relax
 from probtune.errors import ModelCompileError, WorkloadShapeError, summary, warn_caller
 from probtune.interfaces import GraphRewrite, TargetSpec
 from probtune.measure.constant_layouts import LAYOUT_FREE_ATTR
+from probtune.model.cast_outputs import CAST_OUTPUTS, join_cast_outputs
 from probtune.model.concat_in_place import CONCAT_IN_PLACE_ATTR, concatenations_in_place
 from probtune.model.concatenation import split_concatenations
 from probtune.model.importer import Model
@@ -43,7 +44,9 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
     The pipeline legalizes (:mod:`probtune.model.legalize` first, for what the
     layout pass makes that TVM does not lower), names the variables apart
     (:mod:`probtune.model.variable_names`), folds the transposed weights
-    into constants, and fuses operators and TIR; then it folds the fused calls
+    into constants, joins a narrowing cast of a tensor that something else
+    reads to its producer (:mod:`probtune.model.cast_outputs`), and fuses
+    operators and TIR; then it folds the fused calls
     that read only constants (a GRU's recurrent weights split, concatenated
     and transposed), which the first folding missed. The fused module records what
     each rewrite changed, and whether the target writes concatenations in place.
@@ -52,19 +55,37 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
     mod, counts = apply_graph_rewrites(convert_layouts(integer, target.layouts), target, rewrites)
     if quantized:
         counts = {INTEGER_OPERATORS: quantized, **counts}
-    try:
-        with tvm.target.Target(target.tvm_target):
-            fused = relax.get_pipeline("zero")(unique_variable_names(legalize(mod)))
-            fused = relax.transform.FoldConstant()(fused)
-    except Exception as exc:  # noqa: BLE001 - TVM's legalization or fusion refused an operator of the model
-        raise ModelCompileError(
-            f"TVM cannot lower the model for target {target.name!r}: {summary(exc)}. Nothing was tuned; replace "
-            "the operator it names in the model (or report it)"
-        ) from None
+    with tvm.target.Target(target.tvm_target):
+        fused, joined = join_cast_outputs(_lowered(lambda: _annotated(unique_variable_names(legalize(mod))), target))
+        fused = _lowered(lambda: relax.transform.FoldConstant()(_fused(fused)), target)
+    if joined:
+        counts = {**counts, CAST_OUTPUTS: joined}
     fused, _ = split_concatenations(fused)
     if target.concat_in_place:
         fused = fused.with_attr(CONCAT_IN_PLACE_ATTR, True)
     return fused.with_attr(REWRITES_ATTR, counts) if counts else fused
+
+
+def _lowered(step: Callable[[], tvm.IRModule], target: TargetSpec) -> tvm.IRModule:
+    """``step()``, a ModelCompileError where TVM's legalization or fusion refuses an operator of the model."""
+    try:
+        return step()
+    except Exception as exc:  # noqa: BLE001 - TVM refused an operator of the model
+        raise ModelCompileError(
+            f"TVM cannot lower the model for target {target.name!r}: {summary(exc)}. Nothing was tuned; replace "
+            "the operator it names in the model (or report it)"
+        ) from None
+
+
+def _annotated(mod: tvm.IRModule) -> tvm.IRModule:
+    """The first half of TVM's "zero" pipeline: operators legalized, their PrimFuncs' patterns annotated."""
+    steps = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant()]
+    return tvm.transform.Sequential(steps)(mod)
+
+
+def _fused(mod: tvm.IRModule) -> tvm.IRModule:
+    """The second half of TVM's "zero" pipeline: operators fused into groups, each group one PrimFunc."""
+    return tvm.transform.Sequential([relax.transform.FuseOps(), relax.transform.FuseTIR()])(mod)
 
 
 def _on_integers(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:

@@ -171,15 +171,19 @@ def elementwise_consumer(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV)
     consumer = raw.get(consumers[0])
     if not is_spatial(consumer):
         return None
-    reads = [read for read in consumer.reads if read.source.same_as(output)]
+    return str(consumer.name_hint) if reads_element_for_element(consumer, output) else None
+
+
+def reads_element_for_element(consumer: s_tir.SBlock, buffer: tirx.Var) -> bool:
+    """Whether ``consumer`` reads ``buffer`` once, at the element its own iteration writes."""
+    reads = [read for read in consumer.reads if read.source.same_as(buffer)]
     own = [iv.var for iv in consumer.iter_vars]
     if len(reads) != 1 or len(reads[0].region) != len(own):
-        return None
-    point = all(
+        return False
+    return all(
         isinstance(r.extent, tirx.IntImm) and int(r.extent) == 1 and r.min.same_as(var)
         for r, var in zip(reads[0].region, own)
     )
-    return str(consumer.name_hint) if point else None
 
 
 def _inputs_read_elsewhere(raw: s_tir.Schedule, sblock: s_tir.SBlock) -> bool:

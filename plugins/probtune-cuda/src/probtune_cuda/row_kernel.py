@@ -11,6 +11,11 @@ to warp shuffles), a spatial producer's elements spread over the same
 threads. TVM MetaSchedule's cross-thread reduction rule does the same for a
 reduction with a fusible consumer.
 
+A function that returns a row's values and their cast as well (a layer norm
+and its float16 copy, :mod:`probtune.model.cast_outputs`) binds the rows of the
+values' block, which TVM cannot compute at another as it writes an output,
+and computes the cast of each value where it is computed.
+
 It applies where every producer reduces or computes whole rows of the last
 block and none would be computed more than once; whether TVM allows the
 compute-at steps is decided on a copy of the program, as ``auto-inline``
@@ -38,6 +43,7 @@ from probtune.plugin import (
     loop_kinds,
 )
 from probtune_cuda.limits import block_limit
+from probtune_cuda.multi_level_tiling import reads_element_for_element
 from probtune_cuda.thread_binding import unbound
 
 __all__ = ["GPURowKernel"]
@@ -45,10 +51,13 @@ __all__ = ["GPURowKernel"]
 
 @dataclass(frozen=True)
 class _Plan:
-    """The last block's leading ``rows`` loops index rows; ``producers`` are computed per row, consumers first."""
+    """The ``last`` block's leading ``rows`` loops index rows; ``producers`` are computed per row, consumers first,
+    and ``tails`` (a cast of the last block's output) after it."""
 
+    last: str
     rows: int
     producers: tuple[str, ...]
+    tails: tuple[str, ...] = ()
 
 
 def _producers(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> list[s_tir.schedule.SBlockRV] | None:
@@ -79,11 +88,27 @@ def _row_loops(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int | Non
     return first
 
 
+def _tail_of(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> s_tir.schedule.SBlockRV | None:
+    """The block's only producer where that writes an output of the function and the block, its only consumer,
+    reads it element for element (a cast of it); None otherwise."""
+    producers = raw.get_producers(block)
+    if len(producers) != 1 or len(raw.get_consumers(producers[0])) != 1 or not _writes_output(raw, producers[0]):
+        return None
+    source, reader = raw.get(producers[0]), raw.get(block)
+    cast = is_spatial(source) and is_spatial(reader) and reads_element_for_element(reader, source.writes[0].source)
+    return producers[0] if cast and unbound(raw, producers[0]) else None
+
+
 def _plan(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> _Plan | None:
     """The row structure of ``block`` and its producers, if it has one: a spatial last block, at least one row
-    reduction among its producers, all of them indexing the same number of leading row loops."""
+    reduction among its producers, all of them indexing the same number of leading row loops. A block that casts
+    an output of the function (:func:`_tail_of`) is a tail of that output's block, which is then the last."""
     if not unbound(raw, block) or raw.get_consumers(block):
         return None
+    tails: tuple[str, ...] = ()
+    values = _tail_of(raw, block)
+    if values is not None:
+        block, tails = values, (raw.get(block).name_hint,)
     kinds = loop_kinds(raw, block, list(raw.get_loops(block)))
     producers = _producers(raw, block)
     if not producers or any(kind != SPATIAL for kind in kinds):
@@ -94,7 +119,13 @@ def _plan(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> _Plan | None:
     (row_count,) = rows
     if row_count is None or not 0 < row_count < len(kinds):  # None for mypy: excluded above
         return None
-    return _Plan(row_count, tuple(raw.get(p).name_hint for p in producers))
+    return _Plan(raw.get(block).name_hint, row_count, tuple(raw.get(p).name_hint for p in producers), tails)
+
+
+def _writes_output(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """Whether the block writes one of the function's outputs (a second output: a value and its cast)."""
+    written = raw.get(block).writes[0].source
+    return any(param.same_as(written) for param in raw.mod["main"].params)
 
 
 def _iterations(sch: Schedule, block: BlockRV) -> int | None:
@@ -103,18 +134,20 @@ def _iterations(sch: Schedule, block: BlockRV) -> int | None:
     return None if None in extents else math.prod(e for e in extents if e is not None)
 
 
-def _spread(sch: Schedule, loops: Sequence[LoopRV], threads: ExprRV | int) -> None:
-    """Fuse ``loops`` and spread them over ``threads`` threads of the block."""
+def _spread(sch: Schedule, loops: Sequence[LoopRV], threads: ExprRV | int) -> LoopRV:
+    """Fuse ``loops`` and spread them over ``threads`` threads of the block; the loop over the threads."""
     _, lanes = sch.split(sch.fuse(*loops), [None, threads])
     sch.bind(lanes, "threadIdx.x")
+    return lanes
 
 
-def _row_kernel(sch: Schedule, last: BlockRV, plan: _Plan, threads: ExprRV | int) -> LoopRV:
+def _row_kernel(sch: Schedule, plan: _Plan, threads: ExprRV | int) -> LoopRV:
     """Bind the last block's rows to thread blocks and its columns to ``threads`` threads, then compute each
-    producer at the row loop in shared memory, its columns (or its reduced loops) over the same threads."""
-    loops = sch.get_loops(last)
+    producer at the row loop in shared memory, its columns (or its reduced loops) over the same threads, and each
+    tail of the last block at each of its elements."""
+    loops = sch.get_loops(sch.get_sblock(plan.last))
     row = sch.fuse(*loops[: plan.rows])
-    _spread(sch, loops[plan.rows :], threads)
+    lanes = _spread(sch, loops[plan.rows :], threads)
     for name in plan.producers:
         producer = sch.get_sblock(name)
         sch.compute_at(producer, row)
@@ -123,16 +156,18 @@ def _row_kernel(sch: Schedule, last: BlockRV, plan: _Plan, threads: ExprRV | int
         kinds = loop_kinds(sch.tvm, sch.resolve(producer), [sch.resolve(loop) for loop in inner])
         reduced = [loop for loop, kind in zip(inner, kinds) if kind == REDUCTION]
         _spread(sch, reduced or inner, threads)
+    for name in plan.tails:
+        sch.reverse_compute_at(sch.get_sblock(name), lanes)
     sch.bind(row, "blockIdx.x")
     return row
 
 
-def _fuses(trial: Schedule, last: str, plan: _Plan, threads: int, rows: int, per_row: dict[str, int]) -> bool:
+def _fuses(trial: Schedule, plan: _Plan, threads: int, rows: int, per_row: dict[str, int]) -> bool:
     """Whether the row kernel is legal on ``trial`` (a copy of the program) and each producer, computed per row,
     runs its body no more often than its ``per_row`` columns of each of the ``rows`` rows need (the last split
     of ``threads`` rounded up)."""
     try:
-        _row_kernel(trial, trial.get_sblock(last), plan, threads)
+        _row_kernel(trial, plan, threads)
     except (RuntimeError, ValueError):  # TVM refused a step: the producers are not computed per row
         return False
     for name in plan.producers:
@@ -161,9 +196,8 @@ class GPURowKernel:
         plan = _plan(sch.tvm, sch.resolve(block))
         if plan is None:
             return
-        last = sch.get(block).name_hint
         trial = Schedule(sch.mod, instructions=ctx.instructions)
-        shape = _per_row(trial, last, plan)
+        shape = _per_row(trial, plan)
         if shape is None:
             return
         rows, columns, per_row = shape
@@ -171,9 +205,9 @@ class GPURowKernel:
             return
         limit = block_limit(ctx.target.tvm_target, "max_threads_per_block")
         choices = _thread_choices([columns, *per_row.values()], self.thread_extents, limit)
-        if not choices or not _fuses(trial, last, plan, choices[0], rows, per_row):
+        if not choices or not _fuses(trial, plan, choices[0], rows, per_row):
             return
-        _row_kernel(sch, block, plan, sch.sample_uniform(choices))
+        _row_kernel(sch, plan, sch.sample_uniform(choices))
 
 
 def _shared_bytes(trial: Schedule, per_row: dict[str, int]) -> int:
@@ -186,10 +220,10 @@ def _shared_bytes(trial: Schedule, per_row: dict[str, int]) -> int:
     return total
 
 
-def _per_row(trial: Schedule, last: str, plan: _Plan) -> tuple[int, int, dict[str, int]] | None:
+def _per_row(trial: Schedule, plan: _Plan) -> tuple[int, int, dict[str, int]] | None:
     """The last block's rows and columns per row, and each producer's body runs per row; None where an extent is
     symbolic or a producer's work is not a whole number per row."""
-    extents = [trial.loop_extent(loop) for loop in trial.get_loops(trial.get_sblock(last))]
+    extents = [trial.loop_extent(loop) for loop in trial.get_loops(trial.get_sblock(plan.last))]
     runs = {name: _iterations(trial, trial.get_sblock(name)) for name in plan.producers}
     known = [e for e in extents if e is not None]
     counted = {name: n for name, n in runs.items() if n is not None}
