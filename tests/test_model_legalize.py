@@ -82,3 +82,21 @@ def test_a_power_by_a_small_integer_constant_is_a_product_and_matches_onnxruntim
     if products:
         assert "Detected pow" not in capfd.readouterr().err
     check_outputs(model, untuned_runner(fused, host))
+
+
+def test_a_gather_clamps_a_computed_index_out_of_range():
+    """An ONNX Gather's take ("fast": TVM reads whatever memory an index points to, and TOPI warns at each call) is
+    lowered with its indices clamped to the table, by the lowering TVM's passes look up (constant folding's too)."""
+    table = np.arange(12, dtype="float32").reshape(4, 3)
+    index = relax.Var("i", relax.TensorType((3,), "int64"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [index]):
+        with builder.dataflow():
+            shifted = builder.emit(relax.op.add(index, relax.const(2, "int64")))
+            out = builder.emit_output(relax.op.take(relax.const(table), shifted, axis=0, mode="fast"))
+        builder.emit_func_output(out)
+    lowered = relax.transform.LegalizeOps()(builder.get())
+    assert "T.min" in lowered["take"].script() and "T.max" in lowered["take"].script()
+    vm = relax.VirtualMachine(tvm.compile(lowered, target="llvm"), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(np.array([0, 1, 5], dtype="int64"))).numpy()
+    np.testing.assert_array_equal(got, table[[2, 3, 3]])

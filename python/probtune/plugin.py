@@ -8,7 +8,8 @@ variables, a plugin's own schedule instruction is an :class:`InstructionKind`;
 the TIR analysis (:mod:`probtune.schedule.analysis`) reads programs; :class:`AutoUnroll` is
 a space module every target's space shares; a task scheduler or a search
 strategy reads :class:`TaskProgress` or starts from :class:`SearchStart`; a graph rewrite edits a
-Relax module with :func:`mutated` (counting reads with :func:`variable_uses`); a cost model finds the registered feature
+Relax module with :func:`mutated` (counting reads with :func:`variable_uses`; :data:`ELEMENTWISE_UNARY` and
+:data:`ELEMENTWISE_BINARY` name the operators a layout change commutes with); a cost model finds the registered feature
 extractors with :func:`get_registry`; errors say what failed. The rest of the
 kernel may change without notice: the built-in plugins import nothing else
 (``tests/test_plugin_sdk.py``). Each name is imported on first use.
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
     )
     from probtune.measure.constant_layouts import layout_free_params
     from probtune.model.concat_in_place import variable_uses
-    from probtune.model.transposes import mutated, static_shape
+    from probtune.model.transposes import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, mutated, static_shape
     from probtune.plugins import get_registry
     from probtune.schedule.analysis import (
         OTHER,
@@ -107,7 +108,7 @@ _FROM = {
     "probtune.task.task_scheduler": ["TaskProgress", "TaskScheduler"],
     "probtune.measure.constant_layouts": ["layout_free_params"],
     "probtune.model.concat_in_place": ["variable_uses"],
-    "probtune.model.transposes": ["mutated", "static_shape"],
+    "probtune.model.transposes": ["ELEMENTWISE_BINARY", "ELEMENTWISE_UNARY", "mutated", "static_shape"],
     "probtune.plugins": ["get_registry"],
     "probtune.defaults": ["MAX_PRODUCT_POWER", "TARGET_PRECISIONS"],
     "probtune.errors": [
@@ -118,6 +119,8 @@ _FROM = {
 _SOURCE_OF = {name: module for module, names in _FROM.items() for name in names}
 
 __all__ = [
+    "ELEMENTWISE_BINARY",
+    "ELEMENTWISE_UNARY",
     "MAX_PRODUCT_POWER",
     "NOT_REPLAYABLE",
     "OTHER",

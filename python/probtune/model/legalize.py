@@ -8,7 +8,9 @@ inference batch norm with constant statistics becomes a multiply-add with a
 scale and shift computed once, where TVM's takes a square root and a division
 per element. A bilinear upsampling is computed along the width first, for the
 input's rows only, then along the height (:func:`bilinear_upsampling`). A power
-by a small integer constant (a tanh-GELU's cube) is a product of its base.
+by a small integer constant (a tanh-GELU's cube) is a product of its base. A
+gather clamps its indices (:func:`_take`, registered as TVM's own lowering,
+which constant folding uses too).
 """
 
 from __future__ import annotations
@@ -198,6 +200,17 @@ def _power(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
                           name="power")
 
     return bb.call_te(product, call.args[0], primfunc_name_hint="power")
+
+
+def _take(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """A gather whose indices TVM would read unchecked ("fast", an ONNX Gather's) with each index clamped to the
+    table instead: a computed index out of range reads an edge row rather than any memory (a model's own inputs are
+    checked before the call, :mod:`probtune.model.index_bounds`), and TOPI warns at every such call site."""
+    mode = "clip" if str(call.attrs.mode) == "fast" else str(call.attrs.mode)
+    return bb.call_te(topi.take, call.args[0], call.args[1], call.attrs.axis, mode=mode, primfunc_name_hint="take")
+
+
+tvm.ir.register_op_attr("relax.take", "FLegalize", _take, level=11)  # over TVM's (level 10): FoldConstant uses it too
 
 
 LEGALIZATIONS: dict[str, Callable[[relax.BlockBuilder, relax.Call], relax.Expr]] = {

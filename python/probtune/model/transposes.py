@@ -24,14 +24,16 @@ from tvm import relax
 from probtune.model.concat_in_place import variable_uses
 from probtune.model.legalize import TWO_PASS_LAYOUTS, in_two_passes
 
-__all__ = ["fold_transposes", "mutated", "reshape_groups", "static_shape", "transposed_elements"]
+__all__ = ["ELEMENTWISE_BINARY", "ELEMENTWISE_UNARY", "fold_transposes", "mutated", "reshape_groups", "static_shape", "transposed_elements"]
 
-_ELEMENTWISE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum")
-"""Binary elementwise operators a transpose of their operands is carried past."""
+ELEMENTWISE_BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum",
+                      "relax.minimum", "relax.power")
+"""Elementwise operators of two tensors: a transpose or reshape of both operands is one of their result."""
 
-_UNARY = ("relax.nn.relu", "relax.sigmoid", "relax.tanh", "relax.nn.silu", "relax.nn.gelu", "relax.nn.gelu_tanh",
-          "relax.exp", "relax.sqrt", "relax.negative", "relax.abs", "relax.erf")
-"""Elementwise operators of one tensor (and no axis attribute) a transpose is carried past."""
+ELEMENTWISE_UNARY = ("relax.astype", "relax.nn.relu", "relax.sigmoid", "relax.tanh", "relax.nn.silu", "relax.nn.gelu",
+                     "relax.nn.gelu_tanh", "relax.exp", "relax.sqrt", "relax.rsqrt", "relax.negative", "relax.abs",
+                     "relax.erf", "relax.clip")
+"""Elementwise operators of one tensor with no axis attribute: they commute with a transpose or reshape."""
 
 Groups = list[tuple[list[int], list[int]]]
 
@@ -135,9 +137,9 @@ class _FoldTransposes(relax.PyExprMutator):  # type: ignore[misc]
         super().__init__(mod)
         self.permute = tvm.ir.Op.get("relax.permute_dims")
         self.split = split
-        self.rules = {"relax.permute_dims": self.join, **{name: self.carry for name in _ELEMENTWISE}}
+        self.rules = {"relax.permute_dims": self.join, **{name: self.carry for name in ELEMENTWISE_BINARY}}
         if wide:
-            self.rules.update({name: self.carry_unary for name in _UNARY})
+            self.rules.update({name: self.carry_unary for name in ELEMENTWISE_UNARY})
             self.rules.update({"relax.strided_slice": self.carry_slice, "relax.concat": self.carry_concat,
                                "relax.reshape": self.carry_reshape})
         if resized:

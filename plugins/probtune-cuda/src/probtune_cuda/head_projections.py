@@ -32,13 +32,10 @@ import tvm
 from tvm import relax, te
 from tvm.ir.expr import Constant
 
-from probtune.plugin import TargetSpec, static_shape, variable_uses
+from probtune.plugin import ELEMENTWISE_BINARY, TargetSpec, static_shape, variable_uses
 from probtune_cuda.index_trace import is_move, moved, op_name, split_bounds
 
 __all__ = ["HeadProjections"]
-
-_ELEMENTWISE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
-
 
 def _uses(mod: tvm.IRModule) -> Counter[relax.Expr]:
     """How many times each variable of ``mod``'s Relax functions is read (by a binding, or as a result)."""
@@ -91,7 +88,7 @@ class _HeadProjections(relax.PyExprMutator):  # type: ignore[misc]
         call = super().visit_call_(call)
         if op_name(call) == "relax.matmul":
             return self.merged_heads(call)
-        if op_name(call) == "relax.astype" or (op_name(call) in _ELEMENTWISE and isinstance(call.args[1], Constant)):
+        if op_name(call) == "relax.astype" or (op_name(call) in ELEMENTWISE_BINARY and isinstance(call.args[1], Constant)):
             return self.before_swap(call)
         shape = static_shape(call.ty.shape) if is_move(call) else None
         chain = self.chain(call) if shape is not None and len(shape) == 4 else None
@@ -116,7 +113,7 @@ class _HeadProjections(relax.PyExprMutator):  # type: ignore[misc]
                     return None
                 return _Chain(bound, value, steps, shared)
             movable = is_move(bound) or op_name(bound) == "relax.astype"
-            if not movable and not (op_name(bound) in _ELEMENTWISE and isinstance(bound.args[1], Constant)):
+            if not movable and not (op_name(bound) in ELEMENTWISE_BINARY and isinstance(bound.args[1], Constant)):
                 return None
             steps.insert(0, bound)
             value = bound.args[0]

@@ -21,18 +21,9 @@ import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
 
-from probtune.plugin import TargetSpec, mutated, static_shape
+from probtune.plugin import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, TargetSpec, mutated, static_shape
 
 __all__ = ["SinkReshapes"]
-
-_BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum",
-           "relax.power")
-"""Binary elementwise operators a reshape of their operands is carried past."""
-
-_UNARY = ("relax.astype", "relax.nn.relu", "relax.sigmoid", "relax.tanh", "relax.nn.silu", "relax.nn.gelu",
-          "relax.nn.gelu_tanh", "relax.exp", "relax.sqrt", "relax.rsqrt", "relax.negative", "relax.abs", "relax.erf",
-          "relax.clip")
-"""Elementwise operators of one tensor (with no axis attribute) a reshape is carried past."""
 
 
 @relax.expr_functor.mutator
@@ -59,9 +50,9 @@ class _SinkReshapes(relax.PyExprMutator):  # type: ignore[misc]
             return call
         if name == "relax.reshape":
             return self.join(call)
-        if name in _UNARY:
+        if name in ELEMENTWISE_UNARY:
             return self.carry_unary(call)
-        if name in _BINARY:
+        if name in ELEMENTWISE_BINARY:
             return self.carry_binary(call)
         return call
 
