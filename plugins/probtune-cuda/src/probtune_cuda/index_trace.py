@@ -38,8 +38,10 @@ def is_move(call: relax.Expr) -> bool:
 
 
 def moved(calls: list[relax.Call], shape: list[int]) -> np.ndarray:
-    """The element numbers of a tensor of ``shape`` after ``calls`` (each one of ``MOVES``), first applied first."""
-    numbers = np.arange(math.prod(shape)).reshape(shape)
+    """The element numbers of a tensor of ``shape`` after ``calls`` (each one of ``MOVES``), first applied first;
+    32-bit where they fit (half the memory of a long sequence's products)."""
+    count = math.prod(shape)
+    numbers = np.arange(count, dtype=np.int32 if count <= np.iinfo(np.int32).max else np.int64).reshape(shape)
     for call in calls:
         numbers = _apply(call, numbers)
     return numbers
