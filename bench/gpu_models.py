@@ -78,8 +78,9 @@ def _prepare(args: argparse.Namespace) -> int:
             model, fused, model_tasks, programs, tuned = _model(name, batch, spec, args.database, args.seed)
             result = write_model_bundle(fused, programs, spec, root / "models" / slug, name=f"{name}:{batch}",
                                         inputs=model.inputs, tolerance=Tolerance(*TOLERANCES["fp16"]), seed=args.seed)
-        except ProbtuneError as exc:  # a model that does not import, compile or bundle: named, the others go on
-            written["models"][slug] = {"error": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - a model that does not import, compile or bundle (or a bug it
+            # meets): named with its error, the others go on
+            written["models"][slug] = {"error": str(exc) if isinstance(exc, ProbtuneError) else f"{type(exc).__name__}: {exc}"}
             print(f"{slug}: {exc}", flush=True)
             continue
         written["models"][slug] = {"functions": result.functions, "launches": result.launches, "tasks": len(model_tasks),

@@ -229,3 +229,19 @@ def test_the_staged_output_reuses_the_operands_shared_memory(sm90):
     operands = 2 * buffers * (extents["A_shared.dyn"] + extents["B_shared.dyn"])  # float16 tiles
     output = 4 * extents["C_shared.dyn"]  # float32 accumulators
     assert shared_memory_bytes(raw) == max(operands, output) < operands + output
+
+
+
+def test_a_grouped_convolutions_copies_are_sized_by_their_largest_window(sm90):
+    """RegNet's grouped 3x3 convolution (8 channels a group, NHWC, float16): a tile of output channels reads a window
+    of input channels that starts where its group does, so a copy's extent is an expression of the tile's loops.
+    The priors bound it over their ranges (``int()`` of it failed every draw, and stopped the model's bundle)."""
+    from probtune.model.compile import default_program
+
+    data = te.placeholder((1, 14, 14, 208), "float16", name="data")
+    kernel = te.placeholder((3, 3, 8, 208), "float16", name="kernel")
+    out = topi.nn.group_conv2d_nhwc(data, kernel, 1, 1, 1, 26, "float32")
+    space = generate_space(Workload.from_module(te.create_prim_func([data, kernel, out]), name="grouped"), sm90, seed=0)
+    program = default_program(space, 0, sm90)
+    assert program is not None
+    compile_for(program, sm90)

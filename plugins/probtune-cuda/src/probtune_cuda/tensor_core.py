@@ -501,8 +501,20 @@ def lane_registers(raw: s_tir.Schedule) -> int:
                 fragments = int(loops[-2].extent) * int(loops[-1].extent) * (2 if buffers > NO_PIPELINE else 1)
                 total += fragments * itemsize * math.prod(int(r.extent) for r in sblock.writes[0].region) // lanes // 4
             elif scope.startswith("shared") and buffers == REGISTER_STAGED and COOPERATIVE_FETCH_KEY in sblock.annotations:
-                total += -(-int(loops[-1].extent) * itemsize // threads) // 4
+                total += -(-largest_extent(loops) * itemsize // threads) // 4
     return total
+
+
+def largest_extent(loops: list[tirx.For]) -> int:
+    """The innermost loop's extent, or where that depends on the loops around it (a copy of a grouped convolution's
+    channel window, whose start follows the output channel's tile), its largest value over their ranges."""
+    extent = loops[-1].extent
+    if isinstance(extent, tirx.IntImm):
+        return int(extent)
+    analyzer = tvm.sym.Analyzer()
+    for loop in loops[:-1]:
+        analyzer.bind(loop.loop_var, tvm.ir.Range.from_min_extent(loop.min, loop.extent))
+    return int(analyzer.const_int_bound(extent).max_value)
 
 
 def shared_memory_bytes(raw: s_tir.Schedule) -> int:
@@ -519,7 +531,7 @@ def shared_memory_bytes(raw: s_tir.Schedule) -> int:
         loops = [raw.get(loop) for loop in raw.get_loops(block_rv)]
         if COOPERATIVE_FETCH_KEY not in sblock.annotations or not loops:
             continue
-        elements, buffers = int(loops[-1].extent), max(loop_buffers(loop) for loop in loops)
+        elements, buffers = largest_extent(loops), max(loop_buffers(loop) for loop in loops)
         for region, is_write in [(r, True) for r in sblock.writes] + [(r, False) for r in sblock.reads]:
             if str(region.source.scope()).startswith("shared"):
                 size = elements * tvm.DataType(str(region.source.dtype)).bits // 8
