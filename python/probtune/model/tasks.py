@@ -26,6 +26,7 @@ from probtune.model.concatenation import split_concatenations
 from probtune.model.importer import Model
 from probtune.model.layouts import convert_layouts
 from probtune.model.legalize import legalize
+from probtune.model.part_reads import PART_READS, read_parts_in_products
 from probtune.model.prepack import constant_arguments
 from probtune.model.quantized import INTEGER_OPERATORS, integer_operators
 from probtune.model.rewrites import REWRITES_ATTR, apply_graph_rewrites
@@ -45,8 +46,9 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
     layout pass makes that TVM does not lower), names the variables apart
     (:mod:`probtune.model.variable_names`), folds the transposed weights
     into constants, joins a narrowing cast of a tensor that something else
-    reads to its producer (:mod:`probtune.model.cast_outputs`), and fuses
-    operators and TIR; then it folds the fused calls
+    reads to its producer (:mod:`probtune.model.cast_outputs`), fuses
+    operators, has products take the parts of a stacked tensor they read
+    themselves (:mod:`probtune.model.part_reads`), and fuses TIR; then it folds the fused calls
     that read only constants (a GRU's recurrent weights split, concatenated
     and transposed), which the first folding missed. The fused module records what
     each rewrite changed, and whether the target writes concatenations in place.
@@ -56,10 +58,10 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
     if quantized:
         counts = {INTEGER_OPERATORS: quantized, **counts}
     with tvm.target.Target(target.tvm_target):
-        fused, joined = join_cast_outputs(_lowered(lambda: _annotated(unique_variable_names(legalize(mod))), target))
-        fused = _lowered(lambda: relax.transform.FoldConstant()(_fused(fused)), target)
-    if joined:
-        counts = {**counts, CAST_OUTPUTS: joined}
+        annotated, joined = join_cast_outputs(_lowered(lambda: _annotated(unique_variable_names(legalize(mod))), target))
+        grouped, reading = read_parts_in_products(_lowered(lambda: relax.transform.FuseOps()(annotated), target))
+        fused = _lowered(lambda: relax.transform.FoldConstant()(relax.transform.FuseTIR()(grouped)), target)
+    counts = {**counts, **{name: n for name, n in ((CAST_OUTPUTS, joined), (PART_READS, reading)) if n}}
     fused, _ = split_concatenations(fused)
     if target.concat_in_place:
         fused = fused.with_attr(CONCAT_IN_PLACE_ATTR, True)
@@ -78,14 +80,10 @@ def _lowered(step: Callable[[], tvm.IRModule], target: TargetSpec) -> tvm.IRModu
 
 
 def _annotated(mod: tvm.IRModule) -> tvm.IRModule:
-    """The first half of TVM's "zero" pipeline: operators legalized, their PrimFuncs' patterns annotated."""
+    """The first steps of TVM's "zero" pipeline: operators legalized, their PrimFuncs' patterns annotated (FuseOps
+    and FuseTIR follow)."""
     steps = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant()]
     return tvm.transform.Sequential(steps)(mod)
-
-
-def _fused(mod: tvm.IRModule) -> tvm.IRModule:
-    """The second half of TVM's "zero" pipeline: operators fused into groups, each group one PrimFunc."""
-    return tvm.transform.Sequential([relax.transform.FuseOps(), relax.transform.FuseTIR()])(mod)
 
 
 def _on_integers(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:

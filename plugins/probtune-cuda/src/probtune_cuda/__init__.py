@@ -24,6 +24,7 @@ from probtune_cuda.head_projections import HeadProjections
 from probtune_cuda.instructions import PAD_EINSUM
 from probtune_cuda.mma import RewriteMMASync
 from probtune_cuda.multi_level_tiling import GPUMultiLevelTiling
+from probtune_cuda.packed_projections import PackedProjections
 from probtune_cuda.postprocs import (
     RewriteCooperativeFetch,
     RewriteGPUReductionBlock,
@@ -49,6 +50,7 @@ __all__ = [
     "GPUMultiLevelTiling",
     "GPURowKernel",
     "HeadProjections",
+    "PackedProjections",
     "RewriteCooperativeFetch",
     "RewriteGPUReductionBlock",
     "RewriteGPUUnroll",
@@ -80,6 +82,7 @@ def probtune_register_graph_rewrites(register: Callable[[Any], None]) -> None:
     register(CumsumProduct())
     register(HeadProjections())
     register(SinkReshapes())
+    register(PackedProjections())
 
 
 @hookimpl

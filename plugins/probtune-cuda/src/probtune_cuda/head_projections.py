@@ -37,6 +37,7 @@ from probtune_cuda.index_trace import is_move, moved, op_name, split_bounds
 
 __all__ = ["HeadProjections"]
 
+
 def _uses(mod: tvm.IRModule) -> Counter[relax.Expr]:
     """How many times each variable of ``mod``'s Relax functions is read (by a binding, or as a result)."""
     uses: Counter[relax.Expr] = Counter()

@@ -59,7 +59,7 @@ DEFAULT_LAYOUTS = {"relax.nn.conv2d": ("NHWC", "HWIO")}
 """A model's convolutions run channels-last: the channels are a matmul's reduction, contiguous for the tensor cores'
 operand tiles (NCHW would gather them with strided scalar copies)."""
 
-DEFAULT_GRAPH_REWRITES = ("cumsum-product", "head-projections", "sink-reshapes")
+DEFAULT_GRAPH_REWRITES = ("cumsum-product", "head-projections", "sink-reshapes", "packed-projections")
 """Cumulative sums become products (a model bundle runs no library scan); attention's projections write each head's
 queries, keys and values where attention reads them (no transposes); and a model's reshapes are done after the
 elementwise operators that follow them, so that those run in the epilogue of the matrix product before (a
