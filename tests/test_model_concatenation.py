@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 import pytest
@@ -150,3 +152,15 @@ def test_a_dense_blocks_concatenations_are_split_and_its_batch_norms_are_a_multi
         programs.update({name: program for name in task.functions})
     executable, _, _ = compile_model(fused, programs, host)
     check_outputs(model, CompiledModel(executable, model.inputs, host.num_cores))
+
+
+def test_a_target_that_splits_no_concatenation_keeps_each_one_loop_nest(dense_block_onnx):
+    """A GPU would launch one kernel per input's loop nest (CUDA targets set ``split_concatenations`` False): the
+    concatenation stays TVM's one nest, its tests per element in one kernel, and computes the same values."""
+    host = resolve_target("host")
+    model = load_model(dense_block_onnx)
+    kept = dataclasses.replace(host, split_concatenations=False)
+    fused = fuse(model, kept)
+    concatenations = [task for task in extract_tasks(fused) if "concatenate" in task.name]
+    assert concatenations and all("if_then_else" in task.workload.mod.script() for task in concatenations)
+    check_outputs(model, untuned_runner(fused, host))

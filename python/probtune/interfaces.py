@@ -123,6 +123,10 @@ class TargetSpec:
     """Whether a model's concatenations are written by their producers, each into its stretch of the result
     (:mod:`probtune.model.concat_in_place`): the target's code must run a program whose output is a strided view
     into another tensor (TVM's LLVM code does; a launch table naming only whole buffers does not)."""
+    split_concatenations: bool = True
+    """Whether a function that concatenates many inputs is written as one loop nest per input
+    (:mod:`probtune.model.concatenation`): a CPU then copies each stretch without a test per element; on a GPU each
+    nest would be a kernel of its own (a DenseNet block's 7 to 25), where one kernel's tests cost less."""
 
     @property
     def num_cores(self) -> int:

@@ -50,7 +50,8 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
     operators, has products take the parts of a stacked tensor they read
     themselves (:mod:`probtune.model.part_reads`), and fuses TIR; then it folds the fused calls
     that read only constants (a GRU's recurrent weights split, concatenated
-    and transposed), which the first folding missed. The fused module records what
+    and transposed), which the first folding missed, and splits concatenations
+    where the target asks (:mod:`probtune.model.concatenation`). The fused module records what
     each rewrite changed, and whether the target writes concatenations in place.
     """
     integer, quantized = _on_integers(model.mod)
@@ -62,7 +63,8 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
         grouped, reading = read_parts_in_products(_lowered(lambda: relax.transform.FuseOps()(annotated), target))
         fused = _lowered(lambda: relax.transform.FoldConstant()(relax.transform.FuseTIR()(grouped)), target)
     counts = {**counts, **{name: n for name, n in ((CAST_OUTPUTS, joined), (PART_READS, reading)) if n}}
-    fused, _ = split_concatenations(fused)
+    if target.split_concatenations:
+        fused, _ = split_concatenations(fused)
     if target.concat_in_place:
         fused = fused.with_attr(CONCAT_IN_PLACE_ATTR, True)
     return fused.with_attr(REWRITES_ATTR, counts) if counts else fused

@@ -90,6 +90,7 @@ def cuda_target(name: str, description: str, arch: str, max_shared_memory_per_bl
         mutators=DEFAULT_MUTATORS,
         layouts=DEFAULT_LAYOUTS,
         graph_rewrites=DEFAULT_GRAPH_REWRITES,
+        split_concatenations=False,
         compiler=NVRTCCompiler(),
         runs_here=CUDARequirement(),
     )
