@@ -191,3 +191,37 @@ def test_an_fp16_model_matches_onnxruntime_within_fp16s_tolerance(fixture, reque
     assert any(_dtype(c) == "float16" for c in _calls(converted.mod) if isinstance(c.ty, relax.TensorType))
     report = check_outputs(model, untuned_runner(fuse(converted, host), host), precision="fp16")
     assert report.max_rel_error > 1e-5  # float16's rounding shows: the products did not run in float32
+
+
+def _split_products(other_reader: bool):
+    """``relu(x)`` split in two halves along its columns, each multiplied by a weight (and the second half also
+    returned when ``other_reader``): MixNet's mixed convolutions split their input this way."""
+    x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    rng = np.random.default_rng(0)
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            halves = builder.emit(relax.op.split(builder.emit(relax.op.nn.relu(x)), 2, axis=1))
+            first, second = (builder.emit(relax.TupleGetItem(halves, i)) for i in range(2))
+            products = [builder.emit(relax.op.matmul(half, relax.const(rng.standard_normal((4, 3)).astype("float32"))))
+                        for half in (first, second)]
+            summed = relax.op.add(*products)
+            out = builder.emit_output(relax.Tuple([summed, second]) if other_reader else summed)
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+@pytest.mark.parametrize("other_reader", [False, True])
+def test_a_tensor_split_into_products_operands_is_cast_once_before_the_split(other_reader):
+    """``relu(x)`` is cast once and split in float16 (a cast per part before, a task each). A part that something else
+    reads as well is, as any product's operand, read from that copy widened."""
+    mod = _split_products(other_reader)
+    calls = _calls(convert_precision(mod, "fp16"))
+    casts = [c for c in calls if str(c.op.name) == "relax.astype" and str(c.attrs.dtype) == "float16"]
+    splits = [c for c in calls if str(c.op.name) == "relax.split"]
+    assert len(casts) == 1 and "float16" in [_dtype(c.args[0]) for c in splits]
+    x = np.random.default_rng(1).standard_normal((4, 8)).astype("float32")
+    host = resolve_target("host")
+    expected = untuned_runner(mod, host)(x)[0]
+    got = untuned_runner(relax.transform.LegalizeOps()(convert_precision(mod, "fp16")), host)(x)[0]
+    np.testing.assert_allclose(got, expected, rtol=2e-2, atol=2e-2 * np.abs(expected).max())

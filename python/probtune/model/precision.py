@@ -9,9 +9,10 @@ depthwise convolution, which sums no channels, reads its input in the
 narrow type and keeps its weight in float32. A tensor that a product reads
 is stored once, in the narrow type, and its other readers (a residual
 connection) read that and widen it, so that its producer's task writes one
-output and no task of its own casts it; one that reshapes and transposes
-alone make from a tensor that nothing else reads (attention's queries, keys
-and values) is made from that tensor stored narrow. A tensor that something
+output and no task of its own casts it; one that reshapes, transposes and
+splits alone make from a tensor that nothing else reads (attention's queries,
+keys and values; MixNet's channel groups) is made from that tensor stored
+narrow. A tensor that something
 else reads through no product stays float32 for that reader: a layer norm's
 output that the residual connection also reads is cast by a task of its own
 rather than rounding the residual stream, which deep models carry to their
@@ -108,28 +109,51 @@ def _product_operands(func: relax.Function) -> Counter[relax.Expr]:
     return operands
 
 
-def _layout_sources(func: relax.Function, operands: Counter[relax.Expr]) -> dict[relax.Expr, relax.Call]:
-    """The reshape or transpose making each product operand, and each variable such calls make it from, out of another
-    float32 variable the function computes that nothing else reads: narrowed before them, that variable's producer
-    stores it narrow and the reshapes and transposes move narrow values. A variable something else reads (a residual
+def _moved_from(value: relax.Expr, bound: dict[relax.Expr, relax.Expr]) -> relax.Expr | None:
+    """The float32 variable the function computes that ``value`` only moves: a reshape's, a transpose's or a split's
+    input, or the split a part of it is taken from; None for anything else."""
+    if isinstance(value, relax.TupleGetItem):
+        split = bound.get(value.tuple_value)
+        splits = isinstance(split, relax.Call) and _op(split) == "relax.split" and _moved_from(split, bound) is not None
+        return value.tuple_value if splits else None
+    if not isinstance(value, relax.Call) or _op(value) not in (*_LAYOUT_OPS, "relax.split"):
+        return None
+    return value.args[0] if value.args[0] in bound and _float32(value.args[0]) else None
+
+
+def _layout_sources(func: relax.Function, operands: Counter[relax.Expr]) -> dict[relax.Expr, relax.Expr]:
+    """The reshape, transpose or split part making each product operand, and each variable such steps make it from,
+    out of another float32 variable the function computes that nothing else reads: narrowed before them, that
+    variable's producer stores it narrow and the steps move narrow values. A variable something else reads (a residual
     connection) stays float32 for that reader, and so does a parameter (no task of the function would store its
     copy)."""
     bindings = [b for block in func.body.blocks for b in block.bindings]
     bound, uses = {b.var: b.value for b in bindings}, variable_uses(func, bindings)
-    layouts = {var: value for var, value in bound.items()
-               if isinstance(value, relax.Call) and str(getattr(value.op, "name", "")) in _LAYOUT_OPS
-               and value.args[0] in bound and _float32(value.args[0])}
+    layouts = {var: (value, source) for var, value in bound.items()
+               if (source := _moved_from(value, bound)) is not None}
     narrowed, sources = set(operands), {}
     changed = True
     while changed:
         changed = False
-        for source in {value.args[0] for var, value in layouts.items() if var in narrowed} - narrowed:
-            readers = [var for var, value in layouts.items() if var in narrowed and value.args[0].same_as(source)]
+        for source in {source for var, (_, source) in layouts.items() if var in narrowed} - narrowed:
+            readers = [var for var, (_, made) in layouts.items() if var in narrowed and made.same_as(source)]
             if len(readers) + operands[source] == uses[source]:
-                sources.update({var: layouts[var] for var in readers})
+                sources.update({var: layouts[var][0] for var in readers})
                 narrowed.add(source)
                 changed = True
-    return sources
+    # a split whose parts are narrowed splits its input's narrow copy, also where the input itself stays float32
+    splits = {var: value for var, (value, _) in layouts.items()
+              if var in narrowed and isinstance(value, relax.Call) and _op(value) == "relax.split"}
+    return {**splits, **sources}
+
+
+def _op(call: relax.Call) -> str:
+    return str(getattr(call.op, "name", ""))
+
+
+def _source(step: relax.Expr) -> relax.Expr:
+    """What a reshape, transpose, split or split part (a step of ``_layout_sources``) reads."""
+    return step.tuple_value if isinstance(step, relax.TupleGetItem) else step.args[0]
 
 
 def _narrow_products(mod: tvm.IRModule, dtype: str) -> tvm.IRModule:
@@ -139,7 +163,7 @@ def _narrow_products(mod: tvm.IRModule, dtype: str) -> tvm.IRModule:
         if isinstance(func, relax.Function):
             operands = _product_operands(func)
             mutator.sources = _layout_sources(func, operands)
-            mutator.operands = set(operands) | {call.args[0] for call in mutator.sources.values()}
+            mutator.operands = set(operands) | {_source(step) for step in mutator.sources.values()}
             mutator.builder_.update_func(gvar, mutator.visit_expr(func))
     return relax.transform.DeadCodeElimination()(mutator.builder_.get())  # the float32 views narrowed copies replace
 
@@ -153,7 +177,7 @@ class _NarrowProducts(relax.PyExprMutator):  # type: ignore[misc]
         super().__init__(mod)
         self.dtype = dtype
         self.operands: set[relax.Expr] = set()  # the function's variables stored narrow: products read them
-        self.sources: dict[relax.Expr, relax.Call] = {}  # such a variable -> the reshape or transpose making it
+        self.sources: dict[relax.Expr, relax.Expr] = {}  # such a variable -> the reshape, transpose or part making it
         self.copies: dict[relax.Expr, relax.Expr] = {}  # operand variable -> its one narrow copy
 
     def visit_dataflow_block_(self, block: relax.DataflowBlock) -> relax.BindingBlock:
@@ -188,9 +212,11 @@ class _NarrowProducts(relax.PyExprMutator):  # type: ignore[misc]
         if old not in self.operands:
             return self.builder_.emit(relax.op.astype(arg, self.dtype))
         if old not in self.copies and old in self.sources:
-            call = self.sources[old]
-            source = self.narrowed(call.args[0], self.visit_expr(call.args[0]))
-            self.copies[old] = self.builder_.emit(relax.Call(call.op, [source, *call.args[1:]], call.attrs))
+            step = self.sources[old]
+            source = self.narrowed(_source(step), self.visit_expr(_source(step)))
+            moved = (relax.TupleGetItem(source, step.index) if isinstance(step, relax.TupleGetItem)
+                     else relax.Call(step.op, [source, *step.args[1:]], step.attrs))
+            self.copies[old] = self.builder_.emit(moved)
         if old not in self.copies:
             self.copies[old] = self.builder_.emit(relax.op.astype(arg, self.dtype))
         return self.copies[old]
