@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import tvm
 import tvm_ffi
-from tvm import relax, s_tir, tirx
+from tvm import relax, tirx
 
 from probtune.model.concat_in_place import variable_uses
-from probtune.schedule.analysis import iter_stmts
+from probtune.schedule.analysis import only_store
 
 __all__ = ["CAST_OUTPUTS", "join_cast_outputs"]
 
@@ -63,10 +63,9 @@ def _narrowing_cast(func: tirx.PrimFunc) -> bool:
     source, result = func.params
     if str(source.dtype) != "float32" or str(result.dtype) not in _NARROW or list(source.shape) != list(result.shape):
         return False
-    inner = [s.block for s in iter_stmts(func.body) if isinstance(s, s_tir.SBlockRealize) and s.block.name_hint != "root"]
-    if len(inner) != 1 or not isinstance(inner[0].body, tirx.BufferStore):
+    store = only_store(func)
+    if store is None:
         return False
-    store = inner[0].body
     cast = store.value
     return (
         store.buffer.same_as(result) and isinstance(cast, tvm.ir.prim.expr.Cast)

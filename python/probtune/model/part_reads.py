@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import tvm
 import tvm_ffi
-from tvm import relax, s_tir, tirx
+from tvm import relax, tirx
 
 from probtune.model.concat_in_place import variable_uses
-from probtune.schedule.analysis import iter_stmts
+from probtune.schedule.analysis import only_store
 
 __all__ = ["PART_READS", "is_part", "read_parts_in_products"]
 
@@ -37,10 +37,9 @@ def is_part(func: tirx.PrimFunc) -> bool:
     source, result = func.params
     if len(source.shape) != len(result.shape) + 1 or str(source.dtype) != str(result.dtype):
         return False
-    blocks = [s.block for s in iter_stmts(func.body) if isinstance(s, s_tir.SBlockRealize) and s.block.name_hint != "root"]
-    if len(blocks) != 1 or not isinstance(blocks[0].body, tirx.BufferStore):
+    store = only_store(func)
+    if store is None:
         return False
-    store = blocks[0].body
     load = store.value
     if not (store.buffer.same_as(result) and isinstance(load, tvm.ir.expr.TensorLoad) and load.source.same_as(source)):
         return False

@@ -25,6 +25,7 @@ __all__ = [
     "iter_stmts",
     "loop_kinds",
     "nested_sblocks",
+    "only_store",
     "realize_of",
     "reuses_data",
     "root_tile",
@@ -256,3 +257,9 @@ def reuses_data(block: s_tir.SBlock) -> bool:
         if any(not any(var.same_as(u) for u in used) for var in spatial):
             return True
     return False
+
+
+def only_store(func: tirx.PrimFunc) -> tirx.BufferStore | None:
+    """The store of a function that is one block storing one value per iteration (a cast, a copy); None otherwise."""
+    blocks = [s.block for s in iter_stmts(func.body) if isinstance(s, s_tir.SBlockRealize) and s.block.name_hint != "root"]
+    return blocks[0].body if len(blocks) == 1 and isinstance(blocks[0].body, tirx.BufferStore) else None
