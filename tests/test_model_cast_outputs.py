@@ -82,3 +82,18 @@ def test_a_joined_model_computes_what_the_unjoined_one_does(encoder_onnx, monkey
     for a, b in zip(joined_run(*inputs), apart_run(*inputs)):
         np.testing.assert_array_equal(a, b)
     check_outputs(model, joined_run, precision="fp16")
+
+
+def test_a_join_that_fails_is_named_and_the_model_fuses_without_it(encoder_onnx, monkeypatch):
+    """The join only saves a task: where it raises, fusion warns with its name and goes on with the casts as calls."""
+    model = load_model(encoder_onnx)
+    converted = dataclasses.replace(model, mod=convert_precision(model.mod, "fp16"))
+
+    def broken(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
+        raise tvm.error.InternalError("a broken join")
+
+    monkeypatch.setattr(tasks, "join_cast_outputs", broken)
+    with pytest.warns(UserWarning, match="'cast-outputs' failed and was left out.*a broken join"):
+        fused = tasks.fuse(converted, resolve_target("cuda-sm90"))
+    assert CAST_OUTPUTS not in rewrite_counts(fused)
+    assert "fused_layer_norm_cast" not in [task.name for task in tasks.extract_tasks(fused)]

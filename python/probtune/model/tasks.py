@@ -59,8 +59,10 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
     if quantized:
         counts = {INTEGER_OPERATORS: quantized, **counts}
     with tvm.target.Target(target.tvm_target):
-        annotated, joined = join_cast_outputs(_lowered(lambda: _annotated(unique_variable_names(legalize(mod))), target))
-        grouped, reading = read_parts_in_products(_lowered(lambda: relax.transform.FuseOps()(annotated), target))
+        annotated = _lowered(lambda: _annotated(unique_variable_names(legalize(mod))), target)
+        annotated, joined = _optional(join_cast_outputs, CAST_OUTPUTS, annotated)
+        grouped = _lowered(lambda: relax.transform.FuseOps()(annotated), target)
+        grouped, reading = _optional(read_parts_in_products, PART_READS, grouped)
         fused = _lowered(lambda: relax.transform.FoldConstant()(relax.transform.FuseTIR()(grouped)), target)
     counts = {**counts, **{name: n for name, n in ((CAST_OUTPUTS, joined), (PART_READS, reading)) if n}}
     if target.split_concatenations:
@@ -79,6 +81,18 @@ def _lowered(step: Callable[[], tvm.IRModule], target: TargetSpec) -> tvm.IRModu
             f"TVM cannot lower the model for target {target.name!r}: {summary(exc)}. Nothing was tuned; replace "
             "the operator it names in the model (or report it)"
         ) from None
+
+
+def _optional(step: Callable[[tvm.IRModule], tuple[tvm.IRModule, int]], name: str, mod: tvm.IRModule
+              ) -> tuple[tvm.IRModule, int]:
+    """``step(mod)``; where it raises, ``mod`` as it was with a warning that names the step: each such step only
+    saves work (a task or a copy), so the model compiles right without it."""
+    try:
+        return step(mod)
+    except Exception as exc:  # noqa: BLE001 - an optional fusion step failed: the model is still right without it
+        warn_caller(f"fusion step {name!r} failed and was left out ({summary(exc)}); the model is compiled without "
+                    "it (please report this)")
+        return mod, 0
 
 
 def _annotated(mod: tvm.IRModule) -> tvm.IRModule:
