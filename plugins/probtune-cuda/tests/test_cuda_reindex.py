@@ -83,3 +83,19 @@ def test_the_tiling_lays_the_filters_out_as_they_are_stored(name, trans_b):
     space = generate_space(resolve_workload(name, "1,16,16,16,32,3,3,1,1", "float16"), resolve_target("cuda-sm90"))
     [transform] = [inst for inst in space.trace.instructions if inst.kind == "transform_to_intrinsic"]
     assert transform.attrs["intrinsic"] == wmma_compute(trans_b)
+
+
+def test_a_split_reductions_partial_products_become_a_batched_matmul(host):
+    """After rfactor a part reads ``A[i, p * 32 + k]``: its operands are copied into ``[p, i, k]`` and ``[p, k, j]``."""
+    workload = resolve_workload("matmul", "32,48,128", "float16")
+    raw = s_tir.Schedule(workload.mod)
+    *_, k = raw.get_loops(raw.get_sblock("C"))
+    part, _ = raw.split(k, [4, None])
+    partials = raw.rfactor(part, 0)
+    loops = raw.get_loops(partials)
+    raw.reorder(loops[2], *loops[:2])
+    assert intrinsic_layout(raw, partials, wmma_compute()) is not None
+    store, a, b = transform_to_intrinsic(raw, partials, wmma_compute())
+    assert block_extents(raw, "C_rf") == [4, 32, 48, 32]
+    assert [block_extents(raw, str(raw.get(copy).name_hint)) for copy in (store, a, b)] == [[4, 32, 48], [4, 32, 32], [4, 32, 48]]
+    assert_program_correct(workload, raw.mod, host)

@@ -40,8 +40,9 @@ def intrinsic_layout(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, int
     """The block's iteration space as the intrinsic's (batch..., i, j, k), with the reduction fused into ``k``.
 
     None where TVM finds no mapping, or where the block already iterates as
-    the intrinsic does (each of ``i``, ``j`` and ``k`` one of its loops:
-    a matmul, dense or batch matmul needs no transform).
+    the intrinsic does (each of ``i``, ``j`` and ``k`` one of its loops and
+    each buffer indexed by them: a matmul, dense or batch matmul needs no
+    transform).
     """
     found = _layout_and_mapping(raw, block_rv, intrinsic)
     return None if found is None else found[0]
@@ -67,10 +68,17 @@ def _layout_and_mapping(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, 
     batch = [index for index in outer if not any(index.same_as(w) for w in window)]
     if not all(isinstance(index, tirx.Var) for index in batch):
         return None
-    if not window and all(isinstance(index, tirx.Var) for index in (i, j, k)):
+    if not window and all(isinstance(index, tirx.Var) for index in (i, j, k)) and _plain(sblock):
         return None
     analyzer = tvm.sym.Analyzer()
     return tirx.IndexMap(initial, [*batch, *(analyzer.simplify(index) for index in (i, j, k))], None), info
+
+
+def _plain(sblock: Any) -> bool:
+    """Whether each of the block's buffers is indexed by its iterators or constants alone (not ``A[i, p * 768 + k]``,
+    as a split reduction reads its operands)."""
+    regions = [*sblock.reads, *sblock.writes]
+    return all(isinstance(r.min, (tirx.Var, tirx.IntImm)) for region in regions for r in region.region)
 
 
 def transform_to_intrinsic(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, intrinsic: str) -> list[Any]:

@@ -69,8 +69,11 @@ DEFAULT_MUTATORS = {"tile_size": 0.9, "categorical": 0.1}
 """Mutators by probability, after TVM MetaSchedule's CUDA defaults (tile sizes 0.9; unroll and fetch widths share 0.1)."""
 
 
-def cuda_target(name: str, description: str, arch: str, max_shared_memory_per_block: int, **limits: Any) -> TargetSpec:
-    """A CUDA target for ``arch`` (e.g. ``sm_80``) with explicit per-block limits and the GPU space."""
+def cuda_target(
+    name: str, description: str, arch: str, max_shared_memory_per_block: int, multiprocessors: int = 0, **limits: Any
+) -> TargetSpec:
+    """A CUDA target for ``arch`` (e.g. ``sm_80``) with explicit per-block limits and the GPU space; ``multiprocessors``
+    (attribute of that name; 0: unknown) tells the space how many thread blocks fill the GPU."""
     tvm_target = {
         "kind": "cuda",
         "arch": arch,
@@ -91,6 +94,7 @@ def cuda_target(name: str, description: str, arch: str, max_shared_memory_per_bl
         layouts=DEFAULT_LAYOUTS,
         graph_rewrites=DEFAULT_GRAPH_REWRITES,
         split_concatenations=False,
+        attrs={"multiprocessors": multiprocessors},
         compiler=NVRTCCompiler(),
         runs_here=CUDARequirement(),
     )
@@ -98,6 +102,6 @@ def cuda_target(name: str, description: str, arch: str, max_shared_memory_per_bl
 
 def make_targets() -> list[TargetSpec]:
     return [
-        cuda_target("cuda-sm90", "NVIDIA Hopper (H100/H200 class), sm_90, 227 KB shared memory per block", "sm_90", 232448),
-        cuda_target("cuda-sm80", "NVIDIA Ampere (A100 class), sm_80, 163 KB shared memory per block", "sm_80", 166912),
+        cuda_target("cuda-sm90", "NVIDIA Hopper (H100/H200 class), sm_90, 227 KB shared memory per block", "sm_90", 232448, 132),
+        cuda_target("cuda-sm80", "NVIDIA Ampere (A100 class), sm_80, 163 KB shared memory per block", "sm_80", 166912, 108),
     ]

@@ -62,6 +62,7 @@ from probtune_cuda.mma import INSTRUCTION_KEY, TILE_K_KEY, WMMA_TILE, instructio
 from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY, SHARED, elementwise_consumer
 from probtune_cuda.reindex import TRANSFORM_TO_INTRINSIC, contiguous_widths, transform_to_intrinsic
 from probtune_cuda.software_pipeline import NO_PIPELINE, PIPELINE_KEY, REGISTER_STAGED, loop_buffers, pipeline_choices
+from probtune_cuda.split_reduction import bind_partial_sums, split_choices
 
 __all__ = [
     "WMMA_MIN_ARCH",
@@ -275,6 +276,10 @@ class TensorCoreTiling:
         if found is None:
             return
         plan, copies = found
+        if split := self._split_reduction(sch, block, plan, ctx):
+            block, plan, more = split
+            copies |= more
+        whole = 1 if split else 0  # the parts of a split reduction: each a thread block of its own
         arch = compute_capability(ctx.target.tvm_target)
         k = self._tile_k(sch, block, plan, arch)
         outer = self._tensor_tiles(sch, block, plan, k)
@@ -282,7 +287,7 @@ class TensorCoreTiling:
             sch.annotate(outer, INSTRUCTION_KEY, sch.sample_uniform(instructions))
         if not isinstance(k, int):
             sch.annotate(outer, TILE_K_KEY, k)
-        grid, warps, r_outer, r_middle = self._tile(sch, outer)
+        grid, warps, r_outer, r_middle = self._tile(sch, outer, whole)
         sch.annotate(r_outer, PIPELINE_KEY, sch.sample_uniform(pipeline_choices(arch)))
         b_tile = (TILE, k) if plan.trans_b else (k, TILE)
         for operand, scope, intrinsic, tile in ((plan.operand_a, "wmma.matrix_a", plan.group.load_a, (TILE, k)),
@@ -290,6 +295,41 @@ class TensorCoreTiling:
             fragment = (scope, intrinsic, tile)
             self._read_through_fragments(sch, outer, operand, plan.in_dtype, fragment, (r_outer, r_middle), copies)
         self._write_through_shared(sch, outer, plan, grid, warps)  # after: inlining a pad once the output is trimmed fails
+
+    def _split_reduction(
+        self, sch: Schedule, block: BlockRV, plan: WMMAPlan, ctx: SpaceContext
+    ) -> tuple[BlockRV, WMMAPlan, set[str]] | None:
+        """Split-K where the product wants it (:mod:`probtune_cuda.split_reduction`): the block of partial products,
+        its plan and its copies; None where the product is computed whole.
+
+        The split is tried first on a scratch schedule, so that nothing is recorded where WMMA could not compute the
+        partial products.
+        """
+        extents = [int(sch.get(loop).extent) for loop in sch.get_loops(block)]
+        choices = split_choices(extents, plan.tile_loops, ctx, TILE)
+        if not choices:
+            return None
+        trial = Schedule(sch.mod, instructions=ctx.instructions)
+        if self._partials(trial, trial.get_sblock(str(sch.get(block).name_hint)), plan, choices[0], ctx) is None:
+            return None
+        found = self._partials(sch, block, plan, sch.sample_uniform(choices), ctx)
+        if found is None:
+            raise RuntimeError(f"split-K of block {sch.get(block).name_hint!r} worked on a scratch schedule only")
+        return found
+
+    def _partials(
+        self, sch: Schedule, block: BlockRV, plan: WMMAPlan, parts: int | ExprRV, ctx: SpaceContext
+    ) -> tuple[BlockRV, WMMAPlan, set[str]] | None:
+        """Split the block's reduction into ``parts`` (``rfactor``) and sum the partials in a kernel of their own; the
+        partial products' block brought into WMMA's shape, its plan and copies (None where WMMA cannot compute it)."""
+        position = plan.tile_loops[2]
+        part, _ = sch.split(sch.get_loops(block)[position], [parts, None])
+        partials = sch.rfactor(part, 0)
+        loops = sch.get_loops(partials)
+        sch.reorder(loops[position], *loops[:position])  # the parts as the outermost loop, as rfactor's block iterates
+        bind_partial_sums(sch, block)
+        found = self._plan(sch, partials, ctx)
+        return None if found is None else (partials, *found)
 
     @staticmethod
     def _tile_k(sch: Schedule, block: BlockRV, plan: WMMAPlan, arch: int) -> int | ExprRV:
@@ -381,13 +421,16 @@ class TensorCoreTiling:
         sch.annotate(outer, WARP_EXECUTION_KEY, 1)
         return outer
 
-    def _tile(self, sch: Schedule, outer: BlockRV) -> tuple[LoopRV, LoopRV, LoopRV, LoopRV]:
-        """Tile the outer block ``SSRRSRS``; the loops bound to blocks and to warps, and the outer two reduction tiles."""
+    def _tile(self, sch: Schedule, outer: BlockRV, whole: int = 0) -> tuple[LoopRV, LoopRV, LoopRV, LoopRV]:
+        """Tile the outer block ``SSRRSRS``; the loops bound to blocks and to warps, and the outer two reduction tiles.
+
+        The first ``whole`` loops are not tiled: they only number thread blocks.
+        """
         loops = sch.get_loops(outer)
         kinds = loop_kinds(sch.tvm, sch.resolve(outer), [sch.resolve(loop) for loop in loops])
-        spatial: list[list[LoopRV]] = [[] for _ in range(self.spatial_levels)]
+        spatial: list[list[LoopRV]] = [loops[:whole]] + [[] for _ in range(self.spatial_levels - 1)]
         reduction: list[list[LoopRV]] = [[] for _ in range(self.reduction_levels)]
-        for loop, kind in zip(loops, kinds):
+        for loop, kind in zip(loops[whole:], kinds[whole:]):
             levels, bound = (spatial, self.max_block_tiles) if kind == SPATIAL else (reduction, self.max_reduction_tiles)
             factors = sch.sample_perfect_tile(loop, len(levels), self.max_innermost_factor, max_inner_product=bound)
             for level, piece in zip(levels, sch.split(loop, factors)):
