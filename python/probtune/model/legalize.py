@@ -21,11 +21,13 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tvm
 from tvm import relax, te, tirx, topi
+from tvm.ir.expr import Constant
 from tvm.topi.image.resize import get_inx
 
 from probtune.defaults import MAX_PRODUCT_POWER
 
-__all__ = ["LEGALIZATIONS", "SEPARABLE_MODES", "TWO_PASS_LAYOUTS", "bilinear_upsampling", "conv2d_transpose_nhwc",
+__all__ = ["LEGALIZATIONS", "SEPARABLE_MODES", "TWO_PASS_LAYOUTS", "batch_norm_affine", "bilinear_upsampling",
+           "conv2d_transpose_nhwc",
            "in_two_passes", "legalize", "small_integer_exponent"]
 
 SEPARABLE_MODES = ("half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel")
@@ -87,26 +89,37 @@ def _conv2d_transpose(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     return bb.call_te(compute, call.args[0], call.args[1], primfunc_name_hint="conv2d_transpose")
 
 
-def _batch_norm(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-    """An inference batch norm with constant statistics as one multiply-add per element.
-
-    The scale ``gamma / sqrt(var + eps)`` and shift ``beta - mean * scale`` are
-    computed once here, in float64, instead of a square root and a division
-    per element in every call (a convolution's batch norm is already folded
-    into its weights by the exporter; one after a concatenation or a pooling
-    is not). Any other form as TVM lowers it.
-    """
-    data, gamma, beta, mean, var = call.args
-    stats = (gamma, beta, mean, var)
-    if call.attrs.training or not all(isinstance(arg, tvm.ir.expr.Constant) for arg in stats):
-        return relax.transform.legalize_ops.nn._nn_batch_norm(bb, call)
-    dtype, axis, rank = str(data.ty.dtype), int(call.attrs.axis), len(data.ty.shape)
-    g, b, m, v = (arg.value.numpy().astype("float64") for arg in stats)
-    scale = g / np.sqrt(v + float(call.attrs.epsilon)) if call.attrs.scale else 1.0 / np.sqrt(v + float(call.attrs.epsilon))
+def batch_norm_affine(call: relax.Call) -> tuple[np.ndarray, np.ndarray] | None:
+    """The scale and shift (float64, shaped to broadcast over the data) of an inference batch norm whose statistics
+    are constants; None for a training one or one whose statistics are computed."""
+    _, gamma, beta, mean, var = call.args
+    if call.attrs.training or not all(isinstance(arg, Constant) for arg in (gamma, beta, mean, var)):
+        return None
+    g, b, m, v = (arg.value.numpy().astype("float64") for arg in (gamma, beta, mean, var))
+    eps = float(call.attrs.epsilon)
+    scale = g / np.sqrt(v + eps) if call.attrs.scale else 1.0 / np.sqrt(v + eps)
     shift = (b if call.attrs.center else 0.0) - m * scale
+    rank = len(call.args[0].ty.shape)
     shape = [1] * rank
-    shape[axis % rank] = -1
-    scale_c, shift_c = (relax.const(x.astype(dtype).reshape(shape), dtype) for x in (scale, shift))
+    shape[int(call.attrs.axis) % rank] = -1
+    return np.broadcast_to(scale, m.shape).reshape(shape), np.broadcast_to(shift, m.shape).reshape(shape)
+
+
+def _batch_norm(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """An inference batch norm with constant statistics as one multiply-add per element, its scale and shift
+    computed once (:func:`batch_norm_affine`) instead of a square root and a division per
+    element in every call; any other form as TVM lowers it.
+
+    Most such norms are already a multiply and an add before fusion
+    (:mod:`probtune.model.batch_norms`); this lowers those whose statistics
+    outputs are read too.
+    """
+    found = batch_norm_affine(call)
+    if found is None:
+        return relax.transform.legalize_ops.nn._nn_batch_norm(bb, call)
+    data, _, _, mean, var = call.args
+    dtype = str(data.ty.dtype)
+    scale_c, shift_c = (relax.const(x.astype(dtype), dtype) for x in found)
     normalized = bb.call_te(lambda x, s, t: topi.add(topi.multiply(x, s), t), data, scale_c, shift_c,
                             primfunc_name_hint="batch_norm")
     return relax.Tuple([normalized, mean, var])

@@ -20,6 +20,7 @@ from tvm import relax
 from probtune.errors import ModelCompileError, WorkloadShapeError, summary, warn_caller
 from probtune.interfaces import GraphRewrite, TargetSpec
 from probtune.measure.constant_layouts import LAYOUT_FREE_ATTR
+from probtune.model.batch_norms import AFFINE_BATCH_NORMS, affine_batch_norms
 from probtune.model.cast_outputs import CAST_OUTPUTS, join_cast_outputs
 from probtune.model.concat_in_place import CONCAT_IN_PLACE_ATTR, concatenations_in_place
 from probtune.model.concatenation import split_concatenations
@@ -39,7 +40,8 @@ __all__ = ["extract_tasks", "fuse"]
 
 def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite] | None = None) -> tvm.IRModule:
     """The model with its quantized operators on integers (:mod:`probtune.model.quantized`), in the target's
-    layouts (:mod:`probtune.model.layouts`), through its graph rewrites (or ``rewrites``;
+    layouts (:mod:`probtune.model.layouts`), its batch norms a multiply and an add
+    (:mod:`probtune.model.batch_norms`), through its graph rewrites (or ``rewrites``;
     :mod:`probtune.model.rewrites`), legalized and fused by TVM's "zero" pipeline.
 
     The pipeline legalizes (:mod:`probtune.model.legalize` first, for what the
@@ -55,9 +57,9 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
     each rewrite changed, and whether the target writes concatenations in place.
     """
     integer, quantized = _on_integers(model.mod)
-    mod, counts = apply_graph_rewrites(convert_layouts(integer, target.layouts), target, rewrites)
-    if quantized:
-        counts = {INTEGER_OPERATORS: quantized, **counts}
+    affine, normalized = affine_batch_norms(convert_layouts(integer, target.layouts))
+    mod, counts = apply_graph_rewrites(affine, target, rewrites)
+    counts = {name: n for name, n in ((INTEGER_OPERATORS, quantized), (AFFINE_BATCH_NORMS, normalized)) if n} | counts
     with tvm.target.Target(target.tvm_target):
         annotated = _lowered(lambda: _annotated(unique_variable_names(legalize(mod))), target)
         annotated, joined = _optional(join_cast_outputs, CAST_OUTPUTS, annotated)
