@@ -56,21 +56,25 @@ def test_a_target_that_does_not_count_its_multiprocessors_splits_nothing(sm90):
     assert resolve_target("cuda-sm80").attrs["multiprocessors"] == 108
 
 
-def test_a_split_product_runs_its_parts_on_the_tensor_cores_then_sums_them_with_the_epilogue(sm90):
+@pytest.mark.parametrize(("name", "shape", "outputs", "epilogue"),
+                         [("matmul", "128,768,3072", 128 * 768, "(half)"), ("dense_bias_gelu", "64,256,2048", 64 * 256, "erff(")])
+def test_a_split_product_runs_its_parts_on_the_tensor_cores_then_sums_them_with_the_epilogue(sm90, name, shape, outputs, epilogue):
     """Two kernels: the parts' partial products (each part its own thread blocks) into a float32 scratch buffer, then
-    one thread per output summing them and rounding to float16, the only kernel writing the output."""
-    space = generate_space(resolve_workload("matmul", "128,768,3072", "float16"), sm90, seed=0)
+    one thread per output summing them and finishing the epilogue, the only kernel writing the output."""
+    space = generate_space(resolve_workload(name, shape, "float16"), sm90, seed=0)
     kinds = [inst.kind for inst in space.trace.instructions]
     assert kinds.count("rfactor") == 1 and kinds.count("transform_to_intrinsic") == 1
     found = valid_samples(space, 3, tries=30)
     assert len(found) == 3
+    output = len(space.workload.prim_func.params) - 1
     for candidate in found:
-        parts = next(n for n in range(2, MAX_PARTS + 1) if f"C_rf = T.sblock_alloc_buffer(({n}, 128, 768))" in candidate.mod.script())
         source = compile_for(candidate.mod, sm90).mod.imports[0].inspect_source()
         assert multiplies_on_tensor_cores(source)
-        assert len(set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", source))) == 2
+        kernels = [part for part in re.split(r"extern \"C\" __global__", source)[1:] if "{" in part]  # definitions
+        assert len(kernels) == 2 and epilogue in kernels[1] and epilogue not in kernels[0]
         (partial, summed), (scratch,) = kernel_launches(candidate.mod, sm90.tvm_target)
-        assert (scratch.dtype, scratch.elements) == ("float32", parts * 128 * 768)
-        assert partial.grid[0] % parts == 0 and {"param": 2} not in partial.args
-        assert {"scratch": scratch.name} in summed.args and {"param": 2} in summed.args
+        parts = scratch.elements // outputs
+        assert scratch.dtype == "float32" and 2 <= parts <= MAX_PARTS and scratch.elements == parts * outputs
+        assert partial.grid[0] % parts == 0 and {"param": output} not in partial.args
+        assert {"scratch": scratch.name} in summed.args and {"param": output} in summed.args
         assert tvm_ffi.structural_equal(space.program(candidate.trace), candidate.mod)
