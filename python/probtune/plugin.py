@@ -9,7 +9,8 @@ the TIR analysis (:mod:`probtune.schedule.analysis`) reads programs; :class:`Aut
 a space module every target's space shares; a task scheduler or a search
 strategy reads :class:`TaskProgress` or starts from :class:`SearchStart`; a graph rewrite edits a
 Relax module with :func:`mutated` (counting reads with :func:`variable_uses`; :data:`ELEMENTWISE_UNARY` and
-:data:`ELEMENTWISE_BINARY` name the operators a layout change commutes with); a cost model finds the registered feature
+:data:`ELEMENTWISE_BINARY` name the operators a layout change commutes with; :func:`split_bounds` where a split
+cuts); a cost model finds the registered feature
 extractors with :func:`get_registry`; errors say what failed. The rest of the
 kernel may change without notice: the built-in plugins import nothing else
 (``tests/test_plugin_sdk.py``). Each name is imported on first use.
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
     )
     from probtune.measure.constant_layouts import layout_free_params
     from probtune.model.concat_in_place import variable_uses
+    from probtune.model.split_parts import split_bounds
     from probtune.model.transposes import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, mutated, static_shape
     from probtune.plugins import get_registry
     from probtune.schedule.analysis import (
@@ -108,6 +110,7 @@ _FROM = {
     "probtune.task.task_scheduler": ["TaskProgress", "TaskScheduler"],
     "probtune.measure.constant_layouts": ["layout_free_params"],
     "probtune.model.concat_in_place": ["variable_uses"],
+    "probtune.model.split_parts": ["split_bounds"],
     "probtune.model.transposes": ["ELEMENTWISE_BINARY", "ELEMENTWISE_UNARY", "mutated", "static_shape"],
     "probtune.plugins": ["get_registry"],
     "probtune.defaults": ["MAX_PRODUCT_POWER", "TARGET_PRECISIONS"],
@@ -184,6 +187,7 @@ __all__ = [
     "reuses_data",
     "root_tile",
     "sblock_names",
+    "split_bounds",
     "static_shape",
     "thread_tag",
     "variable_ids",

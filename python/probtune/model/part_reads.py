@@ -8,7 +8,7 @@ each copy would be a task (a kernel) of its own. After FuseOps and before
 FuseTIR, each product's call that reads a part is made a primitive function of
 the stacked tensor that takes the part first: FuseTIR makes it one PrimFunc,
 whose space inlines the copy into the product's reads. Only a copy of one
-index of the leading axis (:func:`is_part`) is moved, only where products
+index of the leading axis or of a slice (:func:`is_part`) is moved, only where products
 alone read it, so that no other operator is computed twice.
 """
 
@@ -31,11 +31,12 @@ _PRODUCT = 4
 
 
 def is_part(func: tirx.PrimFunc) -> bool:
-    """Whether ``func`` is one block copying ``source[c, i...]`` to ``result[i...]`` for a constant ``c``."""
+    """Whether ``func`` is one block copying a part of its source to ``result[i...]``: ``source[c, i...]`` for a
+    constant ``c`` (one index of a stacked axis), or ``source[i + c...]`` for constants ``c`` (a slice)."""
     if len(func.params) != 2:
         return False
     source, result = func.params
-    if len(source.shape) != len(result.shape) + 1 or str(source.dtype) != str(result.dtype):
+    if str(source.dtype) != str(result.dtype) or len(source.shape) not in (len(result.shape), len(result.shape) + 1):
         return False
     store = only_store(func)
     if store is None:
@@ -43,9 +44,17 @@ def is_part(func: tirx.PrimFunc) -> bool:
     load = store.value
     if not (store.buffer.same_as(result) and isinstance(load, tvm.ir.expr.TensorLoad) and load.source.same_as(source)):
         return False
-    first, *rest = load.indices
-    return isinstance(first, tirx.IntImm) and len(rest) == len(store.indices) and all(
-        tvm_ffi.structural_equal(a, b) for a, b in zip(rest, store.indices))
+    indices = list(load.indices)
+    if len(indices) > len(store.indices) and not isinstance(indices.pop(0), tirx.IntImm):
+        return False
+    return all(_offset(index, var) for index, var in zip(indices, store.indices))
+
+
+def _offset(index: tirx.PrimExpr, var: tirx.PrimExpr) -> bool:
+    """Whether ``index`` is ``var`` or ``var`` plus a constant."""
+    if tvm_ffi.structural_equal(index, var):
+        return True
+    return isinstance(index, tirx.Add) and isinstance(index.b, tirx.IntImm) and tvm_ffi.structural_equal(index.a, var)
 
 
 def _callee(mod: tvm.IRModule, value: relax.Expr) -> tuple[tvm.ir.GlobalVar, list[relax.Expr]] | None:

@@ -31,6 +31,7 @@ from probtune.model.part_reads import PART_READS, read_parts_in_products
 from probtune.model.prepack import constant_arguments
 from probtune.model.quantized import INTEGER_OPERATORS, integer_operators
 from probtune.model.rewrites import REWRITES_ATTR, apply_graph_rewrites
+from probtune.model.split_parts import SLICED_SPLITS, slice_splits
 from probtune.model.variable_names import unique_variable_names
 from probtune.task.task import Task
 from probtune.workloads.workload import Workload
@@ -42,7 +43,8 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
     """The model with its quantized operators on integers (:mod:`probtune.model.quantized`), in the target's
     layouts (:mod:`probtune.model.layouts`), its batch norms a multiply and an add
     (:mod:`probtune.model.batch_norms`), through its graph rewrites (or ``rewrites``;
-    :mod:`probtune.model.rewrites`), legalized and fused by TVM's "zero" pipeline.
+    :mod:`probtune.model.rewrites`), the parts of its splits made slices (:mod:`probtune.model.split_parts`),
+    legalized and fused by TVM's "zero" pipeline.
 
     The pipeline legalizes (:mod:`probtune.model.legalize` first, for what the
     layout pass makes that TVM does not lower), names the variables apart
@@ -58,8 +60,10 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
     """
     integer, quantized = _on_integers(model.mod)
     affine, normalized = affine_batch_norms(convert_layouts(integer, target.layouts))
-    mod, counts = apply_graph_rewrites(affine, target, rewrites)
-    counts = {name: n for name, n in ((INTEGER_OPERATORS, quantized), (AFFINE_BATCH_NORMS, normalized)) if n} | counts
+    rewritten, counts = apply_graph_rewrites(affine, target, rewrites)
+    mod, splits = slice_splits(rewritten)
+    made = ((INTEGER_OPERATORS, quantized), (AFFINE_BATCH_NORMS, normalized), (SLICED_SPLITS, splits))
+    counts = {name: n for name, n in made if n} | counts
     with tvm.target.Target(target.tvm_target):
         annotated = _lowered(lambda: _annotated(unique_variable_names(legalize(mod))), target)
         annotated, joined = _optional(join_cast_outputs, CAST_OUTPUTS, annotated)

@@ -32,8 +32,8 @@ import tvm
 from tvm import relax, te
 from tvm.ir.expr import Constant
 
-from probtune.plugin import ELEMENTWISE_BINARY, TargetSpec, static_shape, variable_uses
-from probtune_cuda.index_trace import is_move, moved, op_name, split_bounds
+from probtune.plugin import ELEMENTWISE_BINARY, TargetSpec, split_bounds, static_shape, variable_uses
+from probtune_cuda.index_trace import is_move, moved, op_name
 
 __all__ = ["HeadProjections"]
 
@@ -130,11 +130,11 @@ class _HeadProjections(relax.PyExprMutator):  # type: ignore[misc]
         chain can trace); None for anything else."""
         part: Any = self.lookup_binding(value) if isinstance(value, relax.Var) else None
         split: Any = self.binding(part.tuple_value) if isinstance(part, relax.TupleGetItem) else None
-        shape = static_shape(split.args[0].ty.shape) if op_name(split) == "relax.split" else None
-        if split is None or shape is None:
+        found = split_bounds(split) if split is not None and op_name(split) == "relax.split" else None
+        if found is None:
             return None
-        axis = int(split.attrs.axis) % len(shape)
-        low, high = split_bounds(split, shape[axis])[int(part.index)]
+        axis, bounds = found
+        low, high = bounds[int(part.index)]
         take = relax.op.take(split.args[0], relax.const(np.arange(low, high, dtype="int64")), axis=axis)
         return self.builder_.normalize(take)
 

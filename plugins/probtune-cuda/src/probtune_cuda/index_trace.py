@@ -10,7 +10,6 @@ where a hand-written transformer slices and reshapes).
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -19,7 +18,7 @@ from tvm.ir.expr import Constant
 
 from probtune.plugin import static_shape
 
-__all__ = ["MOVES", "is_move", "moved", "op_name", "split_bounds"]
+__all__ = ["MOVES", "is_move", "moved", "op_name"]
 
 MOVES = ("relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze", "relax.take")
 """The operators that only move values, each element of the result a copy of one of the input's."""
@@ -58,13 +57,3 @@ def _apply(call: relax.Call, numbers: np.ndarray) -> np.ndarray:
     if name == "relax.squeeze":
         return np.squeeze(numbers, None if attrs.axis is None else tuple(int(a) for a in attrs.axis))
     return np.take(numbers, call.args[1].value.numpy(), axis=None if attrs.axis is None else int(attrs.axis))
-
-
-def split_bounds(split: relax.Call, length: int) -> list[tuple[int, int]]:
-    """Each part's range along the axis a ``relax.split`` of an axis of ``length`` cuts."""
-    sections = split.attrs.indices_or_sections
-    if isinstance(sections, int) or hasattr(sections, "value"):
-        cuts = [length * i // int(sections) for i in range(1, int(sections))]
-    else:
-        cuts = [int(c) for c in sections]
-    return list(itertools.pairwise([0, *cuts, length]))
