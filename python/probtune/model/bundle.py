@@ -10,7 +10,8 @@ Weights too large to carry travel as seeds: before
 anything is compiled, each floating-point constant of at least
 ``SEEDED_ELEMENTS`` elements is replaced by seeded values with its own mean
 and deviation, so the bundle checks the model with those weights, against
-TVM's untuned CPU build of the same module (not onnxruntime, which holds the
+a CPU build of the same module with default programs
+(:mod:`probtune.model.host_reference`; not onnxruntime, which holds the
 original weights).
 """
 
@@ -32,8 +33,8 @@ from probtune.errors import ModelCompileError, TuningConfigError, summary
 from probtune.interfaces import DeviceCode, TargetSpec
 from probtune.measure import bundle_runtimes, run_model_bundle
 from probtune.measure.bundle import carry_runtimes, device_code_of, new_folder, write_device_code
-from probtune.model.check import outputs_to_numpy
 from probtune.model.compile import out_of_place_if_refused, place_programs
+from probtune.model.host_reference import host_outputs
 from probtune.model.importer import InputSpec
 from probtune.model.plan import ModelPlan, plan_model
 
@@ -85,7 +86,7 @@ def write_model_bundle(
     device_code, kind = coded
     seeded_mod, seeded = seed_constants(fused, seed, seeded_elements)
     arrays = [spec.random(np.random.default_rng(seed)) for spec in inputs]
-    expected = _untuned_outputs(seeded_mod, arrays)
+    expected = host_outputs(seeded_mod, arrays, seed)
     def build(in_place: bool) -> tuple[ModelPlan, dict[str, DeviceCode]]:
         mod, _, _ = place_programs(seeded_mod, programs, target, prepack=False, in_place=in_place)
         plan, codes = plan_model(mod, target.tvm_target), {}
@@ -114,7 +115,7 @@ def write_model_bundle(
     manifest = {
         "format": run_model_bundle.FORMAT, "model": name, "target": target.name, "tvm_target": target.tvm_target,
         "plan": plan.to_json(), "functions": functions, "reference": "reference.npz",
-        "reference_from": "TVM's untuned CPU build of the same module, with the same constants",
+        "reference_from": "this module with the same constants, built for the CPU with default programs",
         "constants": {"file": "constants.npz", "seeded": by_seed},
         "tolerance": {"rtol": tolerance.rtol, "atol_scale": tolerance.atol_scale}, "runtimes": runtimes,
     }
@@ -170,10 +171,3 @@ def _split_constants(plan: ModelPlan, seeded: Mapping[str, dict[str, Any]]) -> t
         else:
             carried[tensor] = array
     return carried, by_seed
-
-
-def _untuned_outputs(mod: tvm.IRModule, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """``mod`` (fused, unscheduled) built by TVM for this CPU and run on ``inputs``: the bundle's reference."""
-    executable = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}))
-    vm = relax.VirtualMachine(executable, tvm.cpu())
-    return outputs_to_numpy(vm["main"](*[tvm.runtime.tensor(np.asarray(a, order="C")) for a in inputs]))
