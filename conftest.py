@@ -5,6 +5,8 @@ Small workloads that compile fast on a 2-core machine.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 import tvm
@@ -146,3 +148,20 @@ def untuned_runner(fused: tvm.IRModule, target):
         return [r.numpy() for r in result] if isinstance(result, tvm.ir.Array) else [result.numpy()]
 
     return run
+
+
+@dataclass
+class AnnotatedOrNot:
+    """A module that forks: the block as it is, and a sketch where it carries an annotation."""
+
+    name: str = "annotated-or-not"
+
+    def apply(self, sch, block, ctx):
+        fork = sch.fork()
+        fork.annotate(block, "probtune.test_sketch", 1)
+        return [fork]
+
+
+def annotated(trace) -> bool:
+    """Whether ``trace`` is of :class:`AnnotatedOrNot`'s second sketch."""
+    return any(inst.kind == "annotate" and inst.attrs.get("ann_key") == "probtune.test_sketch" for inst in trace.instructions)

@@ -101,13 +101,14 @@ def _summary(outcomes):
     ]
 
 
-def _here_and_in_a_helper(serial_space, helped_space):
+def _here_and_in_a_helper(serial_space, helped_space, jobs=None):
     """The same jobs realized in this process (in ``serial_space``) and by one helper (in ``helped_space``)."""
-    serial = Realizer(serial_space, XGBCostModel(), workers=0).realize(_jobs(serial_space))
+    jobs = jobs or _jobs
+    serial = Realizer(serial_space, XGBCostModel(), workers=0).realize(jobs(serial_space))
     with_helpers = Realizer(helped_space, XGBCostModel(), workers=1)
     try:
         assert with_helpers.workers == 1
-        return serial, with_helpers.realize(_jobs(helped_space))
+        return serial, with_helpers.realize(jobs(helped_space))
     finally:
         with_helpers.close()
 
@@ -289,3 +290,20 @@ def test_a_helper_is_sent_its_next_chunk_only_after_it_answered_the_last(host, m
         realizer.close()
     assert owed, "no chunk went to the helper"
     assert _summary(outcomes) == _summary(Realizer(space, XGBCostModel()).realize(_jobs(space, count=24)))
+
+
+def test_a_helper_draws_from_every_sketch_of_the_space(host):
+    from conftest import AnnotatedOrNot, annotated
+    from probtune_cpu.multi_level_tiling import MultiLevelTiling
+
+    def space():
+        return generate_space(resolve_workload("matmul", "64,64,64", "float32"), host,
+                              modules=[AnnotatedOrNot(), MultiLevelTiling()])
+
+    def jobs(space):
+        return [(space.undecided(Rng(seed)), Rng(seed)) for seed in range(8)]
+
+    serial_space, helped_space = space(), space()
+    serial, helped = _here_and_in_a_helper(serial_space, helped_space, jobs)
+    assert _summary(helped) == _summary(serial)
+    assert {annotated(o.trace) for o in serial if isinstance(o, Realized)} == {False, True}

@@ -41,6 +41,21 @@ def test_every_step_is_recorded(matmul_mod):
     assert i_tiles[0] * i_tiles[1] * i_tiles[2] == 64 and i_tiles[2] <= 8
 
 
+def test_a_fork_goes_on_apart_from_where_its_schedule_was(matmul_mod):
+    sch = Schedule(matmul_mod, rng=Rng(1))
+    block = sch.get_sblock("C")
+    i, _, _ = sch.get_loops(block)
+    before = sch.mod
+    fork = sch.fork()
+    fork.split(i, [None, 8])  # random variables made before the fork hold in it
+    sch.parallel(i)
+    assert len(fork.get_loops(block)) == 4 and len(sch.get_loops(block)) == 3
+    assert [inst.kind for inst in fork.trace.instructions][2:] == ["split", "get_loops"]
+    assert [inst.kind for inst in sch.trace.instructions][2:] == ["parallel", "get_loops"]
+    assert tvm_ffi.structural_equal(Schedule.replay(matmul_mod, fork.trace).mod, fork.mod)
+    assert "T.parallel" not in fork.mod.script() and not tvm_ffi.structural_equal(before, fork.mod)
+
+
 def test_replay_gives_structurally_equal_program(matmul_mod):
     sch = Schedule(matmul_mod, rng=Rng(7))
     tile_matmul(sch)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 import tvm_ffi
 
-from conftest import assert_samples_correct, matmul_module
+from conftest import AnnotatedOrNot, annotated, assert_samples_correct, matmul_module
 from probtune import Rng, generate_space
 from probtune.errors import PluginError
 from probtune.search.search_strategy import RandomSearch
@@ -125,3 +125,24 @@ def test_priors_weigh_a_draw_once_the_modules_that_have_one_are_applied(host):
     assert "sample_perfect_tile" not in kinds[space.prior_end :]  # multi-level tiling has a prior, and is done
     assert "sample_compute_location" in kinds[space.prior_end :]  # the padding's location is drawn only for kept draws
     assert generate_space(spec.instantiate(spec.small_shape, "float32"), host, modules=["auto-inline"]).prior_end == 0
+
+
+
+def test_a_module_that_forks_gives_sketches_that_the_later_modules_and_draws_both_go_through(host):
+    workload = Workload.from_module(matmul_module(64, 64, 64))
+    space = generate_space(workload, host, modules=[AnnotatedOrNot(), MultiLevelTiling()])
+    assert [annotated(sketch.trace) for sketch in space.sketches] == [False, True]
+    for sketch in space.sketches:  # each sketch tiled, its own prior end after its last tile
+        kinds = [inst.kind for inst in sketch.trace.instructions]
+        assert kinds.count("sample_perfect_tile") == 3 and "sample_perfect_tile" not in kinds[sketch.prior_end :]
+        assert sketch.prior_end > max(i for i, kind in enumerate(kinds) if kind == "sample_perfect_tile")
+    drawn = [space.draw(Rng(seed)) for seed in range(12)]
+    assert {annotated(sch.trace) for sch, _ in drawn} == {False, True}
+    for sch, rejected in drawn:
+        assert rejected is None and tvm_ffi.structural_equal(space.program(sch.trace), sch.mod)
+    assert [space.draw(Rng(seed))[0].trace for seed in range(12)] == [sch.trace for sch, _ in drawn]  # deterministic
+
+
+def test_a_space_without_forks_has_one_sketch(host):
+    space = generate_space(Workload.from_module(matmul_module(32, 32, 32)), host)
+    assert not space.alternatives and [s.trace for s in space.sketches] == [space.trace]

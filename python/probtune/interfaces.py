@@ -161,12 +161,20 @@ class SpaceModule(Protocol):
     Optional: ``after_blocks = True`` applies the module in a second pass,
     once every block went through the other modules (a module that binds
     what no other took must see the program's final structure).
+
+    A choice of structure that a sampled value cannot express (a reduction
+    split or not, say: a trace's steps cannot depend on its decisions) is
+    made by forking: ``apply`` returns the other structures, each built on
+    its own :meth:`Schedule.fork <probtune.schedule.schedule.Schedule.fork>`
+    of ``sch`` taken before the change, and each becomes a sketch of the
+    space, drawn as often as ``sch``'s.
     """
 
     name: str
 
-    def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
-        """Transform ``block`` through ``sch`` (recorded in its trace); do nothing if it does not apply."""
+    def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> Sequence[Schedule] | None:
+        """Transform ``block`` through ``sch`` (recorded in its trace); do nothing if it does not apply. Returns the
+        forks that hold the other structures, if any."""
         ...
 
 

@@ -56,12 +56,31 @@ def test_a_target_that_does_not_count_its_multiprocessors_splits_nothing(sm90):
     assert resolve_target("cuda-sm80").attrs["multiprocessors"] == 108
 
 
+def split_sketch(space):
+    """The space's split-K sketch alone: the product computed whole is the first, the split one its only alternative."""
+    assert [sum(i.kind == "rfactor" for i in sketch.trace.instructions) for sketch in space.sketches] == [0, 1]
+    (split,) = space.alternatives
+    return dataclasses.replace(space, trace=split.trace, prior_end=split.prior_end, alternatives=[])
+
+
+def test_the_search_draws_a_splittable_product_both_whole_and_split(sm90):
+    """Split-K is a sketch beside the whole product, not a rule: fresh draws take each, and the measurements choose."""
+    space = generate_space(resolve_workload("matmul", "128,768,3072", "float16"), sm90, seed=0)
+    found = valid_samples(space, 12, tries=60)
+    split = [any(i.kind == "rfactor" for i in candidate.trace.instructions) for candidate in found]
+    assert len(found) == 12 and any(split) and not all(split)
+    for candidate in found:
+        assert tvm_ffi.structural_equal(space.program(candidate.trace), candidate.mod)
+        assert len(kernel_launches(candidate.mod, sm90.tvm_target)[0]) == (2 if any(
+            i.kind == "rfactor" for i in candidate.trace.instructions) else 1)
+
+
 @pytest.mark.parametrize(("name", "shape", "outputs", "epilogue"),
                          [("matmul", "128,768,3072", 128 * 768, "(half)"), ("dense_bias_gelu", "64,256,2048", 64 * 256, "erff(")])
 def test_a_split_product_runs_its_parts_on_the_tensor_cores_then_sums_them_with_the_epilogue(sm90, name, shape, outputs, epilogue):
     """Two kernels: the parts' partial products (each part its own thread blocks) into a float32 scratch buffer, then
     one thread per output summing them and finishing the epilogue, the only kernel writing the output."""
-    space = generate_space(resolve_workload(name, shape, "float16"), sm90, seed=0)
+    space = split_sketch(generate_space(resolve_workload(name, shape, "float16"), sm90, seed=0))
     kinds = [inst.kind for inst in space.trace.instructions]
     assert kinds.count("rfactor") == 1 and kinds.count("transform_to_intrinsic") == 1
     found = valid_samples(space, 3, tries=30)

@@ -282,6 +282,18 @@ class Schedule:
         self._values: dict[int, Any] = {}
         self._next_id = 0
 
+    def fork(self) -> Schedule:
+        """An independent copy, as far as it went: the same program, trace and random variables, a forked generator."""
+        other = Schedule.__new__(Schedule)
+        other._sch = _TVMSchedule.__new__(_TVMSchedule)  # type: ignore[call-overload]
+        other._sch.__move_handle_from__(self._sch.copy())  # the copy keeps the random variables' bindings
+        other._plugin_kinds = self._plugin_kinds
+        other._rng = self._rng.fork()
+        other._trace = self._trace.copy()
+        other._values = dict(self._values)
+        other._next_id = self._next_id
+        return other
+
     # ---- reading ---------------------------------------------------------------
     @property
     def mod(self) -> tvm.IRModule:

@@ -25,7 +25,7 @@ from probtune.interfaces import CostModel, SpaceContext, SpaceModule, TargetSpec
 from probtune.measure._process import WorkerProcess, WorkerStartError
 from probtune.measure.builder import LocalBuilder
 from probtune.schedule.schedule import InstructionKind, Schedule
-from probtune.space.design_space import REPLAY_FAILED, DesignSpace, program_hash
+from probtune.space.design_space import REPLAY_FAILED, DesignSpace, Sketch, program_hash
 from probtune.workloads.workload import Workload
 
 __all__ = ["REPLAY_FAILED", "Realized", "Realizer", "Rejected"]
@@ -288,6 +288,7 @@ class _HelperSetup:
     prior_end: int
     validators: list[Validator]
     program_features: ProgramFeatures
+    alternatives: list[Sketch]
 
     @classmethod
     def pickled(cls, space: DesignSpace, program_features: ProgramFeatures) -> bytes | None:
@@ -304,6 +305,7 @@ class _HelperSetup:
             space.prior_end,
             list(space.validators),
             program_features,
+            list(space.alternatives),
         )
         try:
             return pickle.dumps(setup)
@@ -366,5 +368,6 @@ def _helper_space(setup_bytes: bytes) -> tuple[DesignSpace, ProgramFeatures]:
     setup: _HelperSetup = pickle.loads(setup_bytes)
     work = Workload(mod=tvm.ir.load_json(setup.mod_json), reference=None, **setup.workload)
     context = SpaceContext(work, setup.target, setup.context_options, setup.instructions)
-    space = DesignSpace(context, setup.trace, setup.modules, setup.validators, prior_end=setup.prior_end)
+    space = DesignSpace(context, setup.trace, setup.modules, setup.validators, prior_end=setup.prior_end,
+                        alternatives=setup.alternatives)
     return space, setup.program_features

@@ -305,9 +305,9 @@ class EvolutionarySearch:
 
     def _fresh_samples(self, count: int) -> list[Trace]:
         """Traces of ``count`` random points of the space (fewer: some are rejected), each from its own generator."""
-        undecided = self.space.trace.with_decisions({})
         samples = []
-        for outcome in self._realizer.realize([(undecided, self.rng.fork()) for _ in range(count)]):
+        jobs = [(self.space.undecided(self.rng), self.rng.fork()) for _ in range(count)]
+        for outcome in self._realizer.realize(jobs):
             if isinstance(outcome, Realized):
                 key = outcome.trace.decision_hash()
                 if key not in self._scored:

@@ -23,7 +23,7 @@ from probtune.interfaces import SpaceContext, SpaceModule, Validator
 from probtune.schedule.schedule import Schedule
 from probtune.workloads.workload import Workload
 
-__all__ = ["MAX_DRAWS", "REPLAY_FAILED", "Candidate", "DesignSpace", "Rejection", "program_hash"]
+__all__ = ["MAX_DRAWS", "REPLAY_FAILED", "Candidate", "DesignSpace", "Rejection", "Sketch", "program_hash"]
 
 REPLAY_FAILED = "replay"
 """The rejection count of traces that cannot be replayed at all (a mutation made a later decision illegal)."""
@@ -68,9 +68,19 @@ class Rejection:
         return f"{self.validator}: {self.reason}"
 
 
+@dataclass(frozen=True)
+class Sketch:
+    """One structure of a space's programs: a trace whose sampling instructions are the free choices."""
+
+    trace: Trace
+    prior_end: int = 0
+    """Instructions of ``trace`` after which the modules' priors can weigh a draw: the last one a module with a prior made."""
+
+
 @dataclass
 class DesignSpace:
-    """A workload's space of programs: a trace whose sampling instructions are the free choices."""
+    """A workload's space of programs: a trace whose sampling instructions are the free choices, and the alternative
+    sketches a module forked (a product computed whole or with its reduction split, say), drawn as often each."""
 
     context: SpaceContext
     trace: Trace
@@ -79,6 +89,27 @@ class DesignSpace:
     rejections: Counter[str] = field(default_factory=Counter)
     prior_end: int = 0
     """Instructions of ``trace`` after which the modules' priors can weigh a draw: the last one a module with a prior made."""
+    alternatives: list[Sketch] = field(default_factory=list)
+
+    @property
+    def sketches(self) -> list[Sketch]:
+        """Every structure of the space: ``trace`` first, then the alternatives."""
+        return [Sketch(self.trace, self.prior_end), *self.alternatives]
+
+    def undecided(self, rng: Rng) -> Trace:
+        """A sketch picked uniformly, its decisions left to be drawn."""
+        sketches = self.sketches
+        return sketches[rng.randint(0, len(sketches)) if len(sketches) > 1 else 0].trace.with_decisions({})
+
+    def _prior_end_of(self, trace: Trace) -> int | None:
+        """The prior end of the sketch whose instructions ``trace`` has, or None if it follows none."""
+        if not self.alternatives:
+            return self.prior_end
+        instructions = trace.instructions
+        for sketch in self.sketches:
+            if len(sketch.trace) == len(trace) and sketch.trace.instructions == instructions:
+                return sketch.prior_end
+        return None
 
     @property
     def workload(self) -> Workload:
@@ -99,7 +130,8 @@ class DesignSpace:
         return sch, self.finish(sch.tvm)
 
     def draw(self, rng: Rng, trace: Trace | None = None) -> tuple[Schedule, Rejection | None]:
-        """A random point of the space: the decisions ``trace`` lacks (default: all) drawn from ``rng``, then finished.
+        """A random point of the space: the decisions ``trace`` lacks (default: all, of a sketch picked uniformly)
+        drawn from ``rng``, then finished.
 
         A module with a ``prior`` (see :class:`~probtune.interfaces.SpaceModule`)
         weighs each draw once it is replayed up to ``prior_end``: the draw is
@@ -110,9 +142,9 @@ class DesignSpace:
         programs that are fast more often, while mutations still reach the
         whole space.
         """
-        undecided = self.trace.with_decisions({}) if trace is None else trace
+        undecided = self.undecided(rng) if trace is None else trace
         priors = [prior for module in self.modules if callable(prior := getattr(module, "prior", None))]
-        until = self.prior_end if priors else None
+        until = self._prior_end_of(undecided) if priors else None
         for attempt in range(1, MAX_DRAWS + 1):
             sch = Schedule.replay(self.workload.mod, undecided, rng=rng, until=until, instructions=self.context.instructions)
             if not priors or attempt == MAX_DRAWS or rng.random() < math.prod(p(sch.tvm, self.context) for p in priors):

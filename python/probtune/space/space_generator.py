@@ -11,7 +11,7 @@ from probtune.interfaces import GraphRewrite, SpaceContext, SpaceModule, TargetS
 from probtune.plugins import get_registry
 from probtune.schedule.analysis import block_names
 from probtune.schedule.schedule import PRIMITIVES, InstructionKind, Schedule
-from probtune.space.design_space import MAX_DRAWS, REPLAY_FAILED, Candidate, DesignSpace, Rejection, program_hash
+from probtune.space.design_space import MAX_DRAWS, REPLAY_FAILED, Candidate, DesignSpace, Rejection, Sketch, program_hash
 from probtune.workloads.workload import Workload
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "Candidate",
     "DesignSpace",
     "Rejection",
+    "Sketch",
     "generate_space",
     "plugin_instructions",
     "program_hash",
@@ -75,19 +76,27 @@ def generate_space(
     """Apply each module to each block, consumers before producers, and keep the recorded trace.
 
     Modules marked ``after_blocks`` (see :class:`~probtune.interfaces.SpaceModule`)
-    run in a second pass, once every block went through the others.
+    run in a second pass, once every block went through the others. A module
+    that forks (returns other schedules) makes each fork a sketch of its own,
+    which goes through the steps after that one as the first does.
     """
     context = SpaceContext(workload=workload, target=target, instructions=plugin_instructions())
     chosen = resolve_modules(target, modules)
-    sch = Schedule(workload.mod, rng=Rng(seed), instructions=context.instructions)
-    prior_end = 0
     late = [module for module in chosen if getattr(module, "after_blocks", False)]
-    for group in ([module for module in chosen if module not in late], late):
-        for name in reversed(block_names(workload.prim_func)):
-            for module in group:
-                if name not in block_names(sch.mod["main"]):
-                    break  # an earlier module inlined it
-                module.apply(sch, sch.get_sblock(name), context)
-                if callable(getattr(module, "prior", None)):
-                    prior_end = len(sch.trace)
-    return DesignSpace(context, sch.trace, chosen, resolve_validators(target, validators), prior_end=prior_end)
+    steps = [(name, module) for group in ([module for module in chosen if module not in late], late)
+             for name in reversed(block_names(workload.prim_func)) for module in group]
+    pending = [(Schedule(workload.mod, rng=Rng(seed), instructions=context.instructions), 0, 0)]
+    sketches: list[Sketch] = []
+    while pending:
+        sch, start, prior_end = pending.pop(0)
+        for index, (name, module) in enumerate(steps[start:], start):
+            if name not in block_names(sch.mod["main"]):
+                continue  # an earlier module inlined it
+            forks = module.apply(sch, sch.get_sblock(name), context) or []
+            weighs = callable(getattr(module, "prior", None))
+            prior_end = len(sch.trace) if weighs else prior_end
+            pending.extend((fork, index + 1, len(fork.trace) if weighs else prior_end) for fork in forks)
+        sketches.append(Sketch(sch.trace, prior_end))
+    first, *alternatives = sketches
+    return DesignSpace(context, first.trace, chosen, resolve_validators(target, validators), prior_end=first.prior_end,
+                       alternatives=alternatives)

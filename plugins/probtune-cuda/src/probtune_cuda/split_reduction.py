@@ -9,12 +9,13 @@ thread blocks, computed on the tensor cores like any batched product; a
 second kernel sums each output's partials and finishes the product's
 epilogue (bias, residual, activation, cast) on the way.
 
-Whether a product is split depends only on its shape and the target: its
-tiles of ``TILE_EDGE`` square would leave more than half the target's
+Whether a product may be split depends only on its shape and the target:
+its tiles of ``TILE_EDGE`` square would leave more than half the target's
 multiprocessors idle, and its reduction is longer than either output side
-and than ``MIN_DEPTH``. The number of parts is sampled (2 to
-``MAX_PARTS``); a product split is split in every program of its space,
-since a trace's steps cannot depend on a sampled value.
+and than ``MIN_DEPTH``. Such a product's space has two sketches, the
+product computed whole and split (a trace's steps cannot depend on a
+sampled value), so the measurements choose; the number of parts is sampled
+(2 to ``MAX_PARTS``).
 """
 
 from __future__ import annotations

@@ -271,15 +271,20 @@ class TensorCoreTiling:
         misses += threads_per_block(sch) > block_limit(limits, "max_threads_per_block")
         return float(self.off_tile_weight**misses)
 
-    def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
+    def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> list[Schedule] | None:
         found = self._plan(sch, block, ctx)
         if found is None:
-            return
+            return None
         plan, copies = found
-        if split := self._split_reduction(sch, block, plan, ctx):
-            block, plan, more = split
-            copies |= more
-        whole = 1 if split else 0  # the parts of a split reduction: each a thread block of its own
+        forks = [fork for fork in [self._split_reduction(sch, block, plan, copies, ctx)] if fork is not None]
+        self._tensorize(sch, block, plan, copies, ctx)
+        return forks
+
+    def _tensorize(
+        self, sch: Schedule, block: BlockRV, plan: WMMAPlan, copies: set[str], ctx: SpaceContext, whole: int = 0
+    ) -> None:
+        """Tile the planned block over warps and thread blocks and compute its tiles on the tensor cores; its first
+        ``whole`` loops only number thread blocks."""
         arch = compute_capability(ctx.target.tvm_target)
         k = self._tile_k(sch, block, plan, arch)
         outer = self._tensor_tiles(sch, block, plan, k)
@@ -297,25 +302,26 @@ class TensorCoreTiling:
         self._write_through_shared(sch, outer, plan, grid, warps)  # after: inlining a pad once the output is trimmed fails
 
     def _split_reduction(
-        self, sch: Schedule, block: BlockRV, plan: WMMAPlan, ctx: SpaceContext
-    ) -> tuple[BlockRV, WMMAPlan, set[str]] | None:
-        """Split-K where the product wants it (:mod:`probtune_cuda.split_reduction`): the block of partial products,
-        its plan and its copies; None where the product is computed whole.
+        self, sch: Schedule, block: BlockRV, plan: WMMAPlan, copies: set[str], ctx: SpaceContext
+    ) -> Schedule | None:
+        """Split-K where the product may want it (:mod:`probtune_cuda.split_reduction`): a fork of ``sch`` whose
+        partial products are tensorized, each part's tiles thread blocks of their own; None where the product is only
+        computed whole, or WMMA cannot compute its parts.
 
-        The split is tried first on a scratch schedule, so that nothing is recorded where WMMA could not compute the
-        partial products.
+        A fork, so that the search still has the product computed whole: a trace's steps cannot depend on the number
+        of parts it samples.
         """
         extents = [int(sch.get(loop).extent) for loop in sch.get_loops(block)]
         choices = split_choices(extents, plan.tile_loops, ctx, TILE)
         if not choices:
             return None
-        trial = Schedule(sch.mod, instructions=ctx.instructions)
-        if self._partials(trial, trial.get_sblock(str(sch.get(block).name_hint)), plan, choices[0], ctx) is None:
-            return None
-        found = self._partials(sch, block, plan, sch.sample_uniform(choices), ctx)
+        fork = sch.fork()
+        found = self._partials(fork, block, plan, fork.sample_uniform(choices), ctx)
         if found is None:
-            raise RuntimeError(f"split-K of block {sch.get(block).name_hint!r} worked on a scratch schedule only")
-        return found
+            return None
+        partials, split_plan, more = found
+        self._tensorize(fork, partials, split_plan, copies | more, ctx, whole=1)
+        return fork
 
     def _partials(
         self, sch: Schedule, block: BlockRV, plan: WMMAPlan, parts: int | ExprRV, ctx: SpaceContext
