@@ -10,7 +10,8 @@ a space module every target's space shares; a task scheduler or a search
 strategy reads :class:`TaskProgress` or starts from :class:`SearchStart`; a graph rewrite edits a
 Relax module with :func:`mutated` (counting reads with :func:`variable_uses`; :data:`ELEMENTWISE_UNARY` and
 :data:`ELEMENTWISE_BINARY` name the operators a layout change commutes with; :func:`split_bounds` where a split
-cuts); a cost model finds the registered feature
+cuts); :func:`import_parsed` imports a TVM module that parses TVMScript as it loads (tensor intrinsics);
+a cost model finds the registered feature
 extractors with :func:`get_registry`; errors say what failed. The rest of the
 kernel may change without notice: the built-in plugins import nothing else
 (``tests/test_plugin_sdk.py``). Each name is imported on first use.
@@ -84,6 +85,7 @@ if TYPE_CHECKING:
         variable_ids,
     )
     from probtune.schedule.schedule import BlockRV, ExprRV, InstructionKind, LoopRV, Schedule
+    from probtune.schedule.script_imports import import_parsed
     from probtune.search.search_strategy import SearchStrategy
     from probtune.search.strategies import SearchStart, StrategyKind
     from probtune.space.design_space import Candidate
@@ -98,6 +100,7 @@ _FROM = {
         "OnnxConverter", "Runner", "RunnerFactory", "SpaceContext", "SpaceModule", "TargetSpec", "Validator",
     ],
     "probtune.schedule.schedule": ["BlockRV", "ExprRV", "InstructionKind", "LoopRV", "Schedule"],
+    "probtune.schedule.script_imports": ["import_parsed"],
     "probtune.schedule.analysis": [
         "OTHER", "REDUCTION", "SPATIAL", "as_list", "at_root", "block_names", "child_stmts", "contiguous_along",
         "find_realize", "identity", "indexing_dims", "is_spatial", "iter_stmts", "loop_kinds", "nested_sblocks",
@@ -175,6 +178,7 @@ __all__ = [
     "get_registry",
     "hookimpl",
     "identity",
+    "import_parsed",
     "indexing_dims",
     "is_spatial",
     "iter_stmts",

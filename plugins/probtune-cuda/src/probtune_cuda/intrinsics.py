@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from probtune.plugin import import_parsed
+
 __all__ = ["TENSORIZE_INIT_KEY", "TENSORIZE_KEY", "WARP_EXECUTION_KEY", "load_tensor_intrinsics"]
 
 TENSORIZE_KEY = "meta_schedule.auto_tensorize"
@@ -26,8 +28,10 @@ def load_tensor_intrinsics() -> Any:
     ``get_mma_intrin_group`` returns their names): they are registered here,
     from TVM's own generators.
     """
-    import tvm.s_tir.tensor_intrin.cuda as cuda_intrinsics
     from tvm.s_tir import TensorIntrin
+
+    import_parsed("tvm.s_tir.tensor_intrin")  # every target's, as MetaSchedule's postprocessors import them
+    cuda_intrinsics = import_parsed("tvm.s_tir.tensor_intrin.cuda")
 
     missing = {
         "mma_ldmatrix_i8_a_dyn": lambda: cuda_intrinsics.get_ldmatrix_intrin(32, "int8", "A", False, "shared.dyn"),

@@ -41,6 +41,7 @@ _TVM_FETCH_KEY = "meta_schedule.cooperative_fetch"  # what TVM's RewriteCooperat
 @functools.lru_cache(maxsize=64)
 def _postproc(kind: str, target_json: str) -> Any:
     """TVM's postprocessor ``kind``, initialised for the target (it reads the thread and memory limits from it)."""
+    load_tensor_intrinsics()  # before the tune context, which imports them too, at full cost
     postproc = getattr(ms.postproc, kind)()
     postproc._initialize_with_tune_context(ms.TuneContext(target=tvm.target.Target(json.loads(target_json))))
     return postproc

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from tvm import s_tir
 
+from probtune.plugin import import_parsed
 from probtune_x86.dot_channels import PadDotChannels
 from probtune_x86.dot_product import DotInstruction, DotPlan, DotProductTiling, RewriteDotLayout, dot_plan
 
@@ -44,7 +45,8 @@ VNNI_LAYOUT_KEY = "probtune_x86.vnni_layout"
 def register_vnni_intrinsic() -> str:
     """Register the intrinsic (TVM's own description; ``vpdpbusd`` as this LLVM declares it, on bytes) once."""
     from tvm.s_tir import TensorIntrin
-    from tvm.s_tir.tensor_intrin.x86 import dot_product_16x4_u8i8i32_desc
+
+    dot_product_16x4_u8i8i32_desc = import_parsed("tvm.s_tir.tensor_intrin.x86").dot_product_16x4_u8i8i32_desc
     from tvm.script import tirx as T
 
     @T.prim_func(s_tir=True)
