@@ -105,11 +105,8 @@ class DesignSpace:
         """The prior end of the sketch whose instructions ``trace`` has, or None if it follows none."""
         if not self.alternatives:
             return self.prior_end
-        instructions = trace.instructions
-        for sketch in self.sketches:
-            if len(sketch.trace) == len(trace) and sketch.trace.instructions == instructions:
-                return sketch.prior_end
-        return None
+        structure = trace.structure_hash()
+        return next((s.prior_end for s in self.sketches if s.trace.structure_hash() == structure), None)
 
     @property
     def workload(self) -> Workload:
