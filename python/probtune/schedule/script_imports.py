@@ -3,9 +3,9 @@
 TVMScript's ``prim_func`` decorator calls :func:`inspect.stack` for every
 function it parses, for the caller's frames and the line of each. The
 standard version also looks up the module of each frame, scanning every
-loaded module for a frame of the import machinery; with TVM loaded, importing
-its tensor intrinsics took tens of seconds that way, in every process that
-needs them. While such an import runs, :func:`inspect.stack` gives the same
+loaded module for a frame of the import machinery; with TVM loaded, that
+lookup, not the parsing, is most of the time importing its tensor intrinsics
+takes, in every process that needs them. While such an import runs, :func:`inspect.stack` gives the same
 frames, names and lines from the frames themselves.
 """
 
