@@ -151,7 +151,7 @@ def test_bf16_on_a_target_without_it_is_refused_before_the_first_trial(small_cnn
 @pytest.mark.parametrize("fixture", ["small_cnn_onnx", "encoder_onnx"])
 def test_a_bf16_model_matches_onnxruntime_within_bf16s_tolerance(fixture, request, tmp_path):
     model = load_model(request.getfixturevalue(fixture), SHAPES if fixture == "small_cnn_onnx" else None)
-    compiled = tune_model(model, "host", trials=8, database=tmp_path / "t.db", precision="bf16", **FAST).compile()
+    compiled = tune_model(model, "host", trials=2, database=tmp_path / "t.db", precision="bf16", **FAST).compile()
     check = compiled.check
     assert check.precision == "bf16" and (check.rtol, check.atol_scale) == TOLERANCES["bf16"]
     assert "for bf16" in str(check)
