@@ -30,6 +30,7 @@ from probtune.model.legalize import legalize
 from probtune.model.part_reads import PART_READS, read_parts_in_products
 from probtune.model.prepack import constant_arguments
 from probtune.model.quantized import INTEGER_OPERATORS, integer_operators
+from probtune.model.reduction_inputs import REDUCTION_INPUTS, reduction_inputs
 from probtune.model.rewrites import REWRITES_ATTR, apply_graph_rewrites
 from probtune.model.split_parts import SLICED_SPLITS, slice_splits
 from probtune.model.variable_names import unique_variable_names
@@ -51,7 +52,8 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
     (:mod:`probtune.model.variable_names`), folds the transposed weights
     into constants, joins a narrowing cast of a tensor that something else
     reads to its producer (:mod:`probtune.model.cast_outputs`), fuses
-    operators, has products take the parts of a stacked tensor they read
+    operators, has row reductions compute the elementwise steps only they read
+    (:mod:`probtune.model.reduction_inputs`) and products take the parts of a stacked tensor they read
     themselves (:mod:`probtune.model.part_reads`), and fuses TIR; then it folds the fused calls
     that read only constants (a GRU's recurrent weights split, concatenated
     and transposed), which the first folding missed, and splits concatenations
@@ -68,9 +70,11 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
         annotated = _lowered(lambda: _annotated(unique_variable_names(legalize(mod))), target)
         annotated, joined = _optional(join_cast_outputs, CAST_OUTPUTS, annotated)
         grouped = _lowered(lambda: relax.transform.FuseOps()(annotated), target)
+        grouped, computing = _optional(reduction_inputs, REDUCTION_INPUTS, grouped)
         grouped, reading = _optional(read_parts_in_products, PART_READS, grouped)
         fused = _lowered(lambda: relax.transform.FoldConstant()(relax.transform.FuseTIR()(grouped)), target)
-    counts = {**counts, **{name: n for name, n in ((CAST_OUTPUTS, joined), (PART_READS, reading)) if n}}
+    joins = ((CAST_OUTPUTS, joined), (REDUCTION_INPUTS, computing), (PART_READS, reading))
+    counts = {**counts, **{name: n for name, n in joins if n}}
     if target.split_concatenations:
         fused, _ = split_concatenations(fused)
     if target.concat_in_place:
