@@ -19,7 +19,7 @@ from tvm import relax, s_tir, tirx
 
 from probtune.model.concat_in_place import variable_uses
 from probtune.model.prologues import callee, join_producers, plain_bindings
-from probtune.schedule.analysis import is_spatial, iter_stmts
+from probtune.schedule.analysis import is_spatial, iter_stmts, reuses_data
 
 __all__ = ["REDUCTION_INPUTS", "is_row_reduction", "reduction_inputs"]
 
@@ -35,7 +35,7 @@ def is_row_reduction(mod: tvm.IRModule, gvar: tvm.ir.GlobalVar) -> bool:
     an input whose elements serve several outputs (as a matmul's or a convolution's do)."""
     blocks = _blocks(mod, gvar)
     reductions = [block for block in blocks if not is_spatial(block)]
-    return bool(reductions) and not any(_reuses(block) for block in reductions)
+    return bool(reductions) and not any(reuses_data(block, unit_iterators=False) for block in reductions)
 
 
 def _blocks(mod: tvm.IRModule, gvar: tvm.ir.GlobalVar) -> list[s_tir.SBlock]:
@@ -46,24 +46,6 @@ def _blocks(mod: tvm.IRModule, gvar: tvm.ir.GlobalVar) -> list[s_tir.SBlock]:
         return []
     inner = [callee(mod, b.value) for block in func.body.blocks for b in block.bindings]
     return [block for found in inner if found is not None for block in _blocks(mod, found[0])]
-
-
-def _reuses(block: s_tir.SBlock) -> bool:
-    """Whether a read of ``block`` other than its own output ignores a spatial iterator of more than one value."""
-    spatial = [iv.var for iv in block.iter_vars
-               if int(iv.iter_type) == tirx.IterVar.DataPar and not _is_one(iv.dom.extent)]
-    outputs = [write.source for write in block.writes]
-    for read in block.reads:
-        if any(read.source.same_as(out) for out in outputs):
-            continue
-        used = [var for r in read.region for var in tirx.analysis.undefined_vars(r.min)]
-        if any(not any(var.same_as(u) for u in used) for var in spatial):
-            return True
-    return False
-
-
-def _is_one(extent: tirx.PrimExpr) -> bool:
-    return isinstance(extent, tirx.IntImm) and int(extent) == 1
 
 
 def _elementwise(mod: tvm.IRModule, value: relax.Expr) -> bool:

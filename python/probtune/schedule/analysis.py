@@ -246,9 +246,13 @@ def is_spatial(block: s_tir.SBlock) -> bool:
     return all(int(iv.iter_type) == tirx.IterVar.DataPar for iv in block.iter_vars)
 
 
-def reuses_data(block: s_tir.SBlock) -> bool:
-    """Whether some input read ignores a spatial iterator, so its elements serve several outputs (matmul, conv)."""
-    spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == tirx.IterVar.DataPar]
+def reuses_data(block: s_tir.SBlock, unit_iterators: bool = True) -> bool:
+    """Whether some input read ignores a spatial iterator, so its elements serve several outputs (matmul, conv).
+
+    Without ``unit_iterators``, an iterator of one value does not count: a mean that keeps its reduced axis ignores
+    that axis's iterator, and serves no element twice."""
+    spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == tirx.IterVar.DataPar
+               and (unit_iterators or not (isinstance(iv.dom.extent, tirx.IntImm) and int(iv.dom.extent) == 1))]
     output = block.writes[0].source
     for read in block.reads:
         if read.source.same_as(output):

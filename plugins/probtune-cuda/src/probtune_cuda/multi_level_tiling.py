@@ -200,7 +200,7 @@ def _tileable(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, sblock: s_
     """A block at the root, one output, reducing over some loop, each loop feeding spatial or reduction iterators only,
     whose inputs no other block reads (their shared-memory copies, which TVM makes for every reader, could not be
     computed under the block's loops: RoBERTa's padding mask, counted by a product and multiplied in its epilogue)."""
-    if not at_root(raw, block_rv) or len(sblock.writes) != 1 or not reuses_data(sblock):
+    if not at_root(raw, block_rv) or len(sblock.writes) != 1 or not reuses_data(sblock, unit_iterators=False):
         return False
     if _inputs_read_elsewhere(raw, sblock):
         return False

@@ -78,14 +78,22 @@ def _producers(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> list[s_ti
 
 
 def _row_loops(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int | None:
-    """How many leading loops of a reduction block are spatial with only reduced loops after them; None otherwise."""
-    kinds = loop_kinds(raw, block, list(raw.get_loops(block)))
+    """How many leading loops of a reduction block are spatial with only reduced loops after them, less the loops
+    of one iteration just before those (a mean that keeps its reduced axis); None otherwise."""
+    loops = list(raw.get_loops(block))
+    kinds = loop_kinds(raw, block, loops)
     if REDUCTION not in kinds:
         return None
     first = kinds.index(REDUCTION)
     if any(kind != SPATIAL for kind in kinds[:first]) or any(kind != REDUCTION for kind in kinds[first:]):
         return None
+    while first > 1 and _one(raw.get(loops[first - 1]).extent):
+        first -= 1
     return first
+
+
+def _one(extent: tvm.ir.PrimExpr) -> bool:
+    return isinstance(extent, tvm.tirx.IntImm) and int(extent) == 1
 
 
 def _tail_of(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> s_tir.schedule.SBlockRV | None:
