@@ -23,6 +23,7 @@ import tvm_ffi
 from tvm import relax, tirx
 
 from probtune.model.concat_in_place import variable_uses
+from probtune.model.prologues import op_pattern, single_result_primfunc
 from probtune.schedule.analysis import only_store
 
 __all__ = ["CAST_OUTPUTS", "join_cast_outputs"]
@@ -36,24 +37,12 @@ _INJECTIVE = 2
 """TVM's operator pattern kInjective: kinds up to it (elementwise, broadcast, injective) fuse into their producer."""
 
 
-def _call_tir_callee(mod: tvm.IRModule, value: relax.Expr) -> tvm.ir.GlobalVar | None:
-    """The PrimFunc a plain ``call_tir`` with one tensor result calls, or None."""
-    if not isinstance(value, relax.Call) or not value.op.same_as(tvm.ir.Op.get("relax.call_tir")):
-        return None
-    if len(value.args) != 2 or not isinstance(value.args[1], relax.Tuple) or len(value.ty_args) != 1:
-        return None
-    callee = value.args[0]
-    if not isinstance(callee, tvm.ir.GlobalVar) or not isinstance(mod[callee], tirx.PrimFunc):
-        return None
-    return callee if isinstance(value.ty_args[0], relax.TensorType) else None
-
-
 def _unfused_producer(mod: tvm.IRModule, value: relax.Expr) -> bool:
     """Whether ``value`` is a one-output ``call_tir`` that fusion would not join to its own producer: a reduction or
     a product, not an elementwise, broadcast or injective step (which fuses into the product before it)."""
-    callee = _call_tir_callee(mod, value)
-    pattern = mod[callee].attrs.get("op_pattern") if callee is not None and mod[callee].attrs else None
-    return pattern is not None and int(pattern) > _INJECTIVE
+    callee = single_result_primfunc(mod, value)
+    pattern = op_pattern(mod, callee) if callee is not None else None
+    return pattern is not None and pattern > _INJECTIVE
 
 
 def _narrowing_cast(func: tirx.PrimFunc) -> bool:
@@ -85,7 +74,7 @@ def _joins(mod: tvm.IRModule, func: relax.Function) -> dict[relax.Var, relax.Var
     uses, made = variable_uses(func, bindings), {b.var for b in bindings if _unfused_producer(mod, b.value)}
     joins: dict[relax.Var, relax.VarBinding] = {}
     for binding in bindings:
-        callee = _call_tir_callee(mod, binding.value)
+        callee = single_result_primfunc(mod, binding.value)
         if callee is None or not _narrowing_cast(mod[callee]):
             continue
         (source,) = binding.value.args[1].fields

@@ -19,7 +19,7 @@ import tvm_ffi
 from tvm import relax, tirx
 
 from probtune.model.concat_in_place import variable_uses
-from probtune.model.prologues import callee, join_producers, plain_bindings
+from probtune.model.prologues import callee, join_producers, op_pattern, plain_bindings, primfuncs_of
 from probtune.schedule.analysis import only_store
 
 __all__ = ["PART_READS", "is_part", "read_parts_in_products"]
@@ -60,13 +60,7 @@ def _offset(index: tirx.PrimExpr, var: tirx.PrimExpr) -> bool:
 
 def _is_product(mod: tvm.IRModule, gvar: tvm.ir.GlobalVar) -> bool:
     """Whether ``gvar`` is a product: a PrimFunc of that pattern, or a primitive function calling one."""
-    func = mod[gvar]
-    if isinstance(func, tirx.PrimFunc):
-        return bool(func.attrs) and int(func.attrs.get("op_pattern", -1)) == _PRODUCT
-    if not (func.attrs and func.attrs.get("Primitive")):
-        return False
-    inner = [callee(mod, b.value) for block in func.body.blocks for b in block.bindings]
-    return any(found is not None and _is_product(mod, found[0]) for found in inner)
+    return any(op_pattern(mod, inner) == _PRODUCT for inner in primfuncs_of(mod, gvar))
 
 
 def _parts(mod: tvm.IRModule, func: relax.Function) -> dict[relax.Var, relax.Call]:

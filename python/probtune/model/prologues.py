@@ -17,7 +17,7 @@ from collections.abc import Callable
 import tvm
 from tvm import relax, tirx
 
-__all__ = ["Choose", "Name", "callee", "join_producers", "plain_bindings"]
+__all__ = ["Choose", "Name", "callee", "join_producers", "op_pattern", "plain_bindings", "primfuncs_of", "single_result_primfunc"]
 
 Choose = Callable[[tvm.IRModule, relax.Function], dict[relax.Var, relax.Call]]
 """Picks, in a Relax function of the module, the producers to move: each ``call_tir``'s variable and call."""
@@ -36,6 +36,32 @@ def callee(mod: tvm.IRModule, value: relax.Expr) -> tuple[tvm.ir.GlobalVar, list
         if isinstance(value.args[1], relax.Tuple) and isinstance(mod[value.args[0]], tirx.PrimFunc):
             return value.args[0], list(value.args[1].fields)
     return None
+
+
+def single_result_primfunc(mod: tvm.IRModule, value: relax.Expr) -> tvm.ir.GlobalVar | None:
+    """The PrimFunc a plain ``call_tir`` with one tensor result calls, or None."""
+    found = callee(mod, value)
+    if found is None or not isinstance(mod[found[0]], tirx.PrimFunc) or len(value.ty_args) != 1:
+        return None
+    return found[0] if isinstance(value.ty_args[0], relax.TensorType) else None
+
+
+def primfuncs_of(mod: tvm.IRModule, gvar: tvm.ir.GlobalVar) -> list[tvm.ir.GlobalVar]:
+    """``gvar`` if it is a PrimFunc; the PrimFuncs a primitive function calls (after FuseOps); else none."""
+    func = mod[gvar]
+    if isinstance(func, tirx.PrimFunc):
+        return [gvar]
+    if not (func.attrs and func.attrs.get("Primitive")):
+        return []
+    inner = [callee(mod, b.value) for block in func.body.blocks for b in block.bindings]
+    return [g for found in inner if found is not None for g in primfuncs_of(mod, found[0])]
+
+
+def op_pattern(mod: tvm.IRModule, gvar: tvm.ir.GlobalVar) -> int | None:
+    """The operator pattern TVM annotated ``gvar``'s PrimFunc with (elementwise 0 ... opaque 8), or None."""
+    attrs = mod[gvar].attrs
+    pattern = attrs.get("op_pattern") if attrs else None
+    return None if pattern is None else int(pattern)
 
 
 def plain_bindings(func: relax.Function) -> list[relax.VarBinding]:

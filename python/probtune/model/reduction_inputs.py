@@ -15,11 +15,11 @@ not a matmul or a convolution) is computed inside that reader's function
 from __future__ import annotations
 
 import tvm
-from tvm import relax, s_tir, tirx
+from tvm import relax
 
 from probtune.model.concat_in_place import variable_uses
-from probtune.model.prologues import callee, join_producers, plain_bindings
-from probtune.schedule.analysis import is_spatial, iter_stmts, reuses_data
+from probtune.model.prologues import callee, join_producers, op_pattern, plain_bindings, primfuncs_of, single_result_primfunc
+from probtune.schedule.analysis import is_spatial, program_blocks, reuses_data
 
 __all__ = ["REDUCTION_INPUTS", "is_row_reduction", "reduction_inputs"]
 
@@ -33,28 +33,16 @@ _BROADCAST = 1
 def is_row_reduction(mod: tvm.IRModule, gvar: tvm.ir.GlobalVar) -> bool:
     """Whether ``gvar`` (a PrimFunc, or a primitive function of calls) reduces somewhere, and no reduction of it reads
     an input whose elements serve several outputs (as a matmul's or a convolution's do)."""
-    blocks = _blocks(mod, gvar)
+    blocks = [block for inner in primfuncs_of(mod, gvar) for block in program_blocks(mod[inner])]
     reductions = [block for block in blocks if not is_spatial(block)]
     return bool(reductions) and not any(reuses_data(block, unit_iterators=False) for block in reductions)
 
 
-def _blocks(mod: tvm.IRModule, gvar: tvm.ir.GlobalVar) -> list[s_tir.SBlock]:
-    func = mod[gvar]
-    if isinstance(func, tirx.PrimFunc):
-        return [s.block for s in iter_stmts(func.body) if isinstance(s, s_tir.SBlockRealize) and s.block.name_hint != "root"]
-    if not (func.attrs and func.attrs.get("Primitive")):
-        return []
-    inner = [callee(mod, b.value) for block in func.body.blocks for b in block.bindings]
-    return [block for found in inner if found is not None for block in _blocks(mod, found[0])]
-
-
 def _elementwise(mod: tvm.IRModule, value: relax.Expr) -> bool:
     """Whether ``value`` is a ``call_tir`` of one result to a PrimFunc of an elementwise or broadcast pattern."""
-    found = callee(mod, value)
-    if found is None or not isinstance(mod[found[0]], tirx.PrimFunc) or len(value.ty_args) != 1:
-        return False
-    attrs = mod[found[0]].attrs
-    return bool(attrs) and 0 <= int(attrs.get("op_pattern", -1)) <= _BROADCAST
+    gvar = single_result_primfunc(mod, value)
+    pattern = op_pattern(mod, gvar) if gvar is not None else None
+    return pattern is not None and 0 <= pattern <= _BROADCAST
 
 
 def _inputs(mod: tvm.IRModule, func: relax.Function) -> dict[relax.Var, relax.Call]:
@@ -65,7 +53,9 @@ def _inputs(mod: tvm.IRModule, func: relax.Function) -> dict[relax.Var, relax.Ca
     chosen: dict[relax.Var, relax.Call] = {}
     for binding in bindings:
         found = callee(mod, binding.value)
-        if found is None or binding.var in steps or not is_row_reduction(mod, found[0]):
+        if found is None or binding.var in steps or not any(arg in steps for arg in found[1]):
+            continue
+        if not is_row_reduction(mod, found[0]):
             continue
         for var in dict.fromkeys(arg for arg in found[1] if arg in steps):
             if sum(arg.same_as(var) for arg in found[1]) == uses[var]:

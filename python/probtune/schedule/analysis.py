@@ -20,12 +20,14 @@ __all__ = [
     "find_realize",
     "identity",
     "indexing_dims",
+    "is_one",
     "is_spatial",
     "iter_loads",
     "iter_stmts",
     "loop_kinds",
     "nested_sblocks",
     "only_store",
+    "program_blocks",
     "realize_of",
     "reuses_data",
     "root_tile",
@@ -125,10 +127,19 @@ def iter_loads(expr: tirx.Expr) -> Iterator[TensorLoad]:
                 stack.extend(reversed([c for c in as_list(child) if isinstance(c, tirx.Expr)]))
 
 
+def program_blocks(func: tirx.PrimFunc) -> list[s_tir.SBlock]:
+    """The blocks of ``func`` in program order, without the implicit root block."""
+    return [s.block for s in iter_stmts(func.body) if isinstance(s, s_tir.SBlockRealize) and s.block.name_hint != "root"]
+
+
 def block_names(func: tirx.PrimFunc) -> list[str]:
     """Names of the blocks of ``func`` in program order, without the implicit root block."""
-    return [s.block.name_hint for s in iter_stmts(func.body) if isinstance(s, s_tir.SBlockRealize)
-            and s.block.name_hint != "root"]
+    return [block.name_hint for block in program_blocks(func)]
+
+
+def is_one(extent: tirx.PrimExpr) -> bool:
+    """Whether ``extent`` is the constant 1 (a loop or iterator of one value)."""
+    return isinstance(extent, tirx.IntImm) and int(extent) == 1
 
 
 def sblock_names(sch: s_tir.Schedule) -> list[str]:
@@ -252,7 +263,7 @@ def reuses_data(block: s_tir.SBlock, unit_iterators: bool = True) -> bool:
     Without ``unit_iterators``, an iterator of one value does not count: a mean that keeps its reduced axis ignores
     that axis's iterator, and serves no element twice."""
     spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == tirx.IterVar.DataPar
-               and (unit_iterators or not (isinstance(iv.dom.extent, tirx.IntImm) and int(iv.dom.extent) == 1))]
+               and (unit_iterators or not is_one(iv.dom.extent))]
     output = block.writes[0].source
     for read in block.reads:
         if read.source.same_as(output):
@@ -265,5 +276,5 @@ def reuses_data(block: s_tir.SBlock, unit_iterators: bool = True) -> bool:
 
 def only_store(func: tirx.PrimFunc) -> tirx.BufferStore | None:
     """The store of a function that is one block storing one value per iteration (a cast, a copy); None otherwise."""
-    blocks = [s.block for s in iter_stmts(func.body) if isinstance(s, s_tir.SBlockRealize) and s.block.name_hint != "root"]
+    blocks = program_blocks(func)
     return blocks[0].body if len(blocks) == 1 and isinstance(blocks[0].body, tirx.BufferStore) else None

@@ -39,6 +39,7 @@ from probtune.plugin import (
     LoopRV,
     Schedule,
     SpaceContext,
+    is_one,
     is_spatial,
     loop_kinds,
 )
@@ -87,13 +88,9 @@ def _row_loops(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int | Non
     first = kinds.index(REDUCTION)
     if any(kind != SPATIAL for kind in kinds[:first]) or any(kind != REDUCTION for kind in kinds[first:]):
         return None
-    while first > 1 and _one(raw.get(loops[first - 1]).extent):
+    while first > 1 and is_one(raw.get(loops[first - 1]).extent):
         first -= 1
     return first
-
-
-def _one(extent: tvm.ir.PrimExpr) -> bool:
-    return isinstance(extent, tvm.tirx.IntImm) and int(extent) == 1
 
 
 def _tail_of(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> s_tir.schedule.SBlockRV | None:
