@@ -61,13 +61,13 @@ def _records(path) -> list:
 def test_a_tune_over_rpc_records_what_a_local_one_does(pool, tmp_path):
     with probtune.RPCRunner(pool, KEY, **FAST) as runner:
         assert runner.servers == 2
-        remote = probtune.tune("matmul", trials=32, database=tmp_path / "rpc.db", runner=runner, strategy="random",
+        remote = probtune.tune("matmul", trials=16, database=tmp_path / "rpc.db", runner=runner, strategy="random",
                                **SMALL)
         assert len(runner._sessions) == 2  # the batch was spread over both servers
     with probtune.LocalRunner(**FAST) as runner:
-        local = probtune.tune("matmul", trials=32, database=tmp_path / "local.db", runner=runner, strategy="random",
+        local = probtune.tune("matmul", trials=16, database=tmp_path / "local.db", runner=runner, strategy="random",
                               **SMALL)
-    assert remote.measured == local.measured == 32 and remote.statuses == local.statuses == {"ok": 32}
+    assert remote.measured == local.measured == 16 and remote.statuses == local.statuses == {"ok": 16}
     over_rpc, here = _records(tmp_path / "rpc.db"), _records(tmp_path / "local.db")
     # kept apart by where they were measured: the servers' key, this machine's CPU
     assert {r.target for r in over_rpc} == {f"host@rpc:{KEY}"} and {r.target for r in here} == {host_key()}
@@ -83,20 +83,20 @@ def test_a_server_killed_mid_run_costs_at_most_its_candidate(tmp_path):
         killed = []
 
         def kill_one(outcome) -> None:
-            if outcome.trial == 12 and not killed:
+            if outcome.trial == 4 and not killed:
                 servers[1].terminate()
                 killed.append(outcome.trial)
 
         with probtune.RPCRunner(address, KEY, **FAST) as runner:
-            result = probtune.tune("matmul", trials=32, database=tmp_path / "t.db", runner=runner,
+            result = probtune.tune("matmul", trials=16, database=tmp_path / "t.db", runner=runner,
                                    progress=kill_one, **SMALL)
             assert len(runner._sessions) == 1  # the killed server's session was dropped, the other finished the run
-    assert killed and result.measured == 32
+    assert killed and result.measured == 16
     records = _records(tmp_path / "t.db")
-    assert len(records) == 32  # every trial recorded, none lost
+    assert len(records) == 16  # every trial recorded, none lost
     lost = [r for r in records if r.status == probtune.MeasureStatus.DEVICE_LOST]
     assert len(lost) <= 1 and all("lost" in r.error for r in lost)
-    assert sum(r.status == "ok" for r in records) >= 31
+    assert sum(r.status == "ok" for r in records) >= 15
 
 
 # Sent to the servers' processes by value: a lambda (cloudpickle sends a function of this module by its name).

@@ -168,11 +168,14 @@ def _fused_calls(path):
     return [call for call in values if isinstance(call, relax.Call) and call.op.name == "relax.call_tir"]
 
 
-@pytest.mark.parametrize("op, gates, peepholes, direction",
-                         [("LSTM", 4, False, "forward"), ("LSTM", 4, True, "bidirectional"),
-                          ("GRU", 3, False, "forward"), ("GRU", 3, False, "bidirectional"),
-                          ("RNN", 1, False, "reverse"), ("RNN", 1, False, "bidirectional")])
-@pytest.mark.parametrize("steps", [1, 7, 9])  # one run; runs of 4 and 3; three runs of 3
+_CELLS = [("LSTM", 4, False, "forward"), ("LSTM", 4, True, "bidirectional"), ("GRU", 3, False, "forward"),
+          ("GRU", 3, False, "bidirectional"), ("RNN", 1, False, "reverse"), ("RNN", 1, False, "bidirectional")]
+"""Each cell and direction over 7 steps (runs of 4 and 3); the runs' count does not depend on the cell, so 1 step
+(one run) and 9 (three runs of 3) are checked on the cheapest cell, in both directions that reorder steps."""
+
+
+@pytest.mark.parametrize("op, gates, peepholes, direction, steps",
+                         [(*cell, 7) for cell in _CELLS] + [(*cell, steps) for cell in _CELLS[4:] for steps in (1, 9)])
 def test_a_run_of_recurrent_steps_is_one_call(tmp_path, op, gates, peepholes, direction, steps):
     """An unrolled step costs the VM's cost per call: a run of up to STEPS_PER_KERNEL steps is one call, each
     step's recurrent product and the gates that read their columns of it (a GRU with ``linear_before_reset``, as
