@@ -138,6 +138,20 @@ def host_key(name: str = "host") -> str:
     return f"{name}@{cpu_model()}"
 
 
+def fused_ops(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` legalized, its operator patterns annotated and fused by FuseOps (the joins after fusion read that)."""
+    steps = [tvm.relax.transform.LegalizeOps(), tvm.relax.transform.AnnotateTIROpPattern(), tvm.relax.transform.FuseOps()]
+    return tvm.transform.Sequential(steps)(mod)
+
+
+def called_primfuncs(mod: tvm.IRModule) -> list[str]:
+    """The names of the PrimFuncs ``mod``'s main function calls with ``call_tir``, in order."""
+    calls: list[str] = []
+    tvm.relax.analysis.post_order_visit(mod["main"], lambda e: calls.append(e.args[0].name_hint) if isinstance(
+        e, tvm.relax.Call) and getattr(e.op, "name", "") == "relax.call_tir" else None)
+    return calls
+
+
 def untuned_runner(fused: tvm.IRModule, target):
     """A fused model built by TVM as it is (no tuned programs), as a function of numpy inputs to numpy outputs."""
     executable = tvm.compile(fused, tvm.target.Target(target.tvm_target))

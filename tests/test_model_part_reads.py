@@ -7,6 +7,7 @@ import pytest
 import tvm
 from tvm import relax, te
 
+from conftest import called_primfuncs, fused_ops
 from probtune.model.part_reads import is_part, read_parts_in_products
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -31,11 +32,6 @@ def _stacked_reads(relu_reads_keys: bool) -> tvm.IRModule:
     return builder.get()
 
 
-def _grouped(mod: tvm.IRModule) -> tvm.IRModule:
-    steps = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps()]
-    return tvm.transform.Sequential(steps)(mod)
-
-
 def test_a_copy_of_one_leading_index_is_a_part_and_a_transpose_is_not():
     x = te.placeholder((2, 4, 8), "float32", name="x")
     assert is_part(te.create_prim_func([x, _part(x, 1)]))
@@ -49,14 +45,11 @@ def test_a_copy_of_one_leading_index_is_a_part_and_a_transpose_is_not():
 def test_parts_that_only_a_product_reads_are_taken_in_its_function(relu_reads_keys):
     """Read only by the product, both parts are copied inside its PrimFunc; keys that a ReLU reads too stay a call
     of their own (taking them in both would copy them twice), the queries move."""
-    grouped = _grouped(_stacked_reads(relu_reads_keys))
+    grouped = fused_ops(_stacked_reads(relu_reads_keys))
     rewritten, count = read_parts_in_products(grouped)
     assert count == 1
     fused = relax.transform.FuseTIR()(rewritten)
-    calls = []
-    relax.analysis.post_order_visit(fused["main"], lambda e: calls.append(e.args[0].name_hint) if isinstance(
-        e, relax.Call) and getattr(e.op, "name", "") == "relax.call_tir" else None)
-    assert [name for name in calls if name.startswith("part")] == (["part1"] if relu_reads_keys else [])
+    assert [name for name in called_primfuncs(fused) if name.startswith("part")] == (["part1"] if relu_reads_keys else [])
     x = np.random.default_rng(0).standard_normal((2, 4, 8)).astype("float32")
     vm = relax.VirtualMachine(tvm.compile(fused, target="llvm"), tvm.cpu())
     result = vm["main"](tvm.runtime.tensor(x))
@@ -71,6 +64,6 @@ def test_a_module_without_parts_is_returned_as_it_is():
         with builder.dataflow():
             result = builder.emit_output(relax.op.matmul(x, relax.op.permute_dims(x)))
         builder.emit_func_output(result)
-    grouped = _grouped(builder.get())
+    grouped = fused_ops(builder.get())
     rewritten, count = read_parts_in_products(grouped)
     assert count == 0 and rewritten.same_as(grouped)

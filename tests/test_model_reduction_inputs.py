@@ -12,7 +12,7 @@ import tvm
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
-from conftest import valid_samples
+from conftest import called_primfuncs, fused_ops, valid_samples
 from probtune.model import extract_tasks, fuse, load_model, tune_model
 from probtune.model.reduction_inputs import REDUCTION_INPUTS, is_row_reduction, reduction_inputs
 from probtune.model.rewrites import REWRITES_ATTR
@@ -20,11 +20,6 @@ from probtune.space.space_generator import generate_space
 from probtune.targets import resolve_target
 
 pytestmark = pytest.mark.filterwarnings("ignore")
-
-
-def _grouped(mod: tvm.IRModule) -> tvm.IRModule:
-    steps = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps()]
-    return tvm.transform.Sequential(steps)(mod)
 
 
 def _rms_norm(square_is_an_output: bool) -> tvm.IRModule:
@@ -43,23 +38,16 @@ def _rms_norm(square_is_an_output: bool) -> tvm.IRModule:
     return builder.get()
 
 
-def _called(mod: tvm.IRModule) -> list[str]:
-    calls: list[str] = []
-    relax.analysis.post_order_visit(mod["main"], lambda e: calls.append(e.args[0].name_hint) if isinstance(
-        e, relax.Call) and getattr(e.op, "name", "") == "relax.call_tir" else None)
-    return calls
-
-
 @pytest.mark.parametrize("square_is_an_output", [False, True])
 def test_a_square_only_the_mean_reads_is_computed_in_the_means_function(square_is_an_output):
     """TVM's FuseOps leaves the square a call of its own (a mean has a product's pattern); joined, the norm is one
     call. A square the model also returns stays a call (joining it would compute it twice)."""
-    grouped = _grouped(_rms_norm(square_is_an_output))
-    assert "multiply" in _called(relax.transform.FuseTIR()(grouped))
+    grouped = fused_ops(_rms_norm(square_is_an_output))
+    assert "multiply" in called_primfuncs(relax.transform.FuseTIR()(grouped))
     rewritten, count = reduction_inputs(grouped)
     fused = relax.transform.FuseTIR()(rewritten)
     assert count == (0 if square_is_an_output else 1)
-    assert len(_called(fused)) == (2 if square_is_an_output else 1)
+    assert len(called_primfuncs(fused)) == (2 if square_is_an_output else 1)
     x = np.random.default_rng(0).standard_normal((4, 16)).astype("float32")
     vm = relax.VirtualMachine(tvm.compile(fused, target="llvm"), tvm.cpu())
     result = vm["main"](tvm.runtime.tensor(x))
@@ -75,7 +63,7 @@ def test_a_product_is_no_row_reduction_and_keeps_its_input_apart():
         with builder.dataflow():
             result = builder.emit_output(relax.op.matmul(relax.op.exp(x), x))
         builder.emit_func_output(result)
-    grouped = _grouped(builder.get())
+    grouped = fused_ops(builder.get())
     products = [gv for gv in grouped.get_global_vars() if "matmul" in gv.name_hint]
     assert products and not any(is_row_reduction(grouped, gv) for gv in products)
     rewritten, count = reduction_inputs(grouped)
@@ -108,7 +96,7 @@ def test_an_exported_rms_norm_is_one_task_that_matches_onnxruntime(tmp_path):
     path = _rms_norm_onnx(tmp_path)
     fused = fuse(load_model(path), resolve_target("host"))
     assert dict(fused.attrs[REWRITES_ATTR]).get(REDUCTION_INPUTS) == 1
-    assert not any(name.startswith("power") for name in _called(fused))
+    assert not any(name.startswith("power") for name in called_primfuncs(fused))
     compiled = tune_model(path, trials=0, database=tmp_path / "t.db").compile()
     assert compiled.check.reference == "onnxruntime"
 

@@ -127,6 +127,10 @@ class TargetSpec:
     """Whether a function that concatenates many inputs is written as one loop nest per input
     (:mod:`probtune.model.concatenation`): a CPU then copies each stretch without a test per element; on a GPU each
     nest would be a kernel of its own (a DenseNet block's 7 to 25), where one kernel's tests cost less."""
+    casts_in_product_reads: bool = False
+    """Whether a narrowing cast that only products read is computed by each product as it reads the float32 tensor
+    (:mod:`probtune.model.cast_reads`): the target's product space must copy every operand tile into fast memory (a
+    GPU's shared memory), where the cast costs nothing; a CPU's products read their operands in place."""
 
     @property
     def num_cores(self) -> int:

@@ -76,6 +76,21 @@ def test_the_epilogue_is_finished_on_the_way_out_in_one_kernel(sm90):
     assert "erff(" in source and multiplies_on_tensor_cores(source)
 
 
+def test_an_operand_cast_from_float32_is_cast_on_its_way_into_shared_memory(sm90):
+    """A product that reads a float32 tensor through a cast (probtune.model.cast_reads): the cast is inlined into the
+    copy, which reads at most 16 bytes of float32 at once, so every draw is valid, and one kernel runs."""
+    a, b = te.placeholder((128, 64), "float32", name="A"), te.placeholder((64, 32), "float16", name="B")
+    narrow = te.compute(a.shape, lambda i, j: a[i, j].astype("float16"), name="narrow")
+    k = te.reduce_axis((0, 64), "k")
+    c = te.compute((128, 32), lambda i, j: te.sum(narrow[i, k].astype("float32") * b[k, j].astype("float32"), axis=k))
+    space = generate_space(Workload.from_module(te.create_prim_func([a, b, c]), name="cast_matmul"), sm90, seed=0)
+    assert tensorized(space)
+    assert all(space.sample(Rng(n)) is not None for n in range(24))
+    source = source_of(space.sample(Rng(0)), sm90)
+    assert len(set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", source))) == 1
+    assert set(re.findall(r"\*\((\w+)\*\)\(A_ptr", source)) <= {"float2", "float4"} and multiplies_on_tensor_cores(source)
+
+
 def test_batched_and_transposed_operands_map_onto_wmma(sm90):
     for name, shape in [("batch_matmul", "4,64,64,32"), ("dense_bias_relu", "64,128,64")]:
         space = generate_space(resolve_workload(name, shape, "float16"), sm90, seed=0)

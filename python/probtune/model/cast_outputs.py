@@ -26,7 +26,7 @@ from probtune.model.concat_in_place import variable_uses
 from probtune.model.prologues import op_pattern, single_result_primfunc
 from probtune.schedule.analysis import only_store
 
-__all__ = ["CAST_OUTPUTS", "join_cast_outputs"]
+__all__ = ["CAST_OUTPUTS", "join_cast_outputs", "narrowing_cast"]
 
 CAST_OUTPUTS = "cast-outputs"
 """The name under which the fused module counts the casts joined to their producers."""
@@ -45,7 +45,7 @@ def _unfused_producer(mod: tvm.IRModule, value: relax.Expr) -> bool:
     return pattern is not None and pattern > _INJECTIVE
 
 
-def _narrowing_cast(func: tirx.PrimFunc) -> bool:
+def narrowing_cast(func: tirx.PrimFunc) -> bool:
     """Whether ``func`` is one block that casts its one float32 input, element by element, to float16 or bfloat16."""
     if len(func.params) != 2:
         return False
@@ -75,7 +75,7 @@ def _joins(mod: tvm.IRModule, func: relax.Function) -> dict[relax.Var, relax.Var
     joins: dict[relax.Var, relax.VarBinding] = {}
     for binding in bindings:
         callee = single_result_primfunc(mod, binding.value)
-        if callee is None or not _narrowing_cast(mod[callee]):
+        if callee is None or not narrowing_cast(mod[callee]):
             continue
         (source,) = binding.value.args[1].fields
         if (source in made and source not in joins and uses[source] > 1

@@ -14,6 +14,9 @@ alone read it, so that no other operator is computed twice.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import tvm
 import tvm_ffi
 from tvm import relax, tirx
@@ -22,7 +25,7 @@ from probtune.model.concat_in_place import variable_uses
 from probtune.model.prologues import callee, join_producers, op_pattern, plain_bindings, primfuncs_of
 from probtune.schedule.analysis import only_store
 
-__all__ = ["PART_READS", "is_part", "read_parts_in_products"]
+__all__ = ["PART_READS", "is_part", "only_products_read", "read_parts_in_products"]
 
 PART_READS = "part-reads"
 """The name under which the fused module counts the product calls that take their parts themselves."""
@@ -58,19 +61,25 @@ def _offset(index: tirx.PrimExpr, var: tirx.PrimExpr) -> bool:
     return isinstance(index, tirx.Add) and isinstance(index.b, tirx.IntImm) and tvm_ffi.structural_equal(index.a, var)
 
 
+def _copies_a_part(mod: tvm.IRModule, gvar: tvm.ir.GlobalVar) -> bool:
+    return isinstance(mod[gvar], tirx.PrimFunc) and is_part(mod[gvar])
+
+
 def _is_product(mod: tvm.IRModule, gvar: tvm.ir.GlobalVar) -> bool:
     """Whether ``gvar`` is a product: a PrimFunc of that pattern, or a primitive function calling one."""
     return any(op_pattern(mod, inner) == _PRODUCT for inner in primfuncs_of(mod, gvar))
 
 
-def _parts(mod: tvm.IRModule, func: relax.Function) -> dict[relax.Var, relax.Call]:
-    """Each part (:func:`is_part`) of ``func`` that only products read, with the call that copies it."""
+def only_products_read(mod: tvm.IRModule, func: relax.Function, is_copy: Callable[[tvm.IRModule, tvm.ir.GlobalVar], bool]
+                       ) -> dict[relax.Var, relax.Call]:
+    """Each call in ``func`` of a function that ``is_copy`` accepts whose result only products read, with the call:
+    what :func:`~probtune.model.prologues.join_producers` moves into the products."""
     bindings = plain_bindings(func)
     uses = variable_uses(func, bindings)
     copies = {}
     for binding in bindings:
         found = callee(mod, binding.value)
-        if found is not None and isinstance(mod[found[0]], tirx.PrimFunc) and is_part(mod[found[0]]):
+        if found is not None and is_copy(mod, found[0]):
             copies[binding.var] = binding.value
     read: dict[relax.Var, int] = {}
     for binding in bindings:
@@ -85,4 +94,5 @@ def _parts(mod: tvm.IRModule, func: relax.Function) -> dict[relax.Var, relax.Cal
 
 def read_parts_in_products(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
     """``mod`` (after FuseOps) with each part that only products read taken inside them; how many product calls do."""
-    return join_producers(mod, _parts, lambda reader, _: "fused_part_" + reader.name_hint.removeprefix("fused_"))
+    parts = functools.partial(only_products_read, is_copy=_copies_a_part)
+    return join_producers(mod, parts, lambda reader, _: "fused_part_" + reader.name_hint.removeprefix("fused_"))

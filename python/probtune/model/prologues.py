@@ -20,7 +20,8 @@ from tvm import relax, tirx
 __all__ = ["Choose", "Name", "callee", "join_producers", "op_pattern", "plain_bindings", "primfuncs_of", "single_result_primfunc"]
 
 Choose = Callable[[tvm.IRModule, relax.Function], dict[relax.Var, relax.Call]]
-"""Picks, in a Relax function of the module, the producers to move: each ``call_tir``'s variable and call."""
+"""Picks, in a Relax function of the module, the producers to move: each call's variable and call (a ``call_tir``, or
+a primitive function's call after FuseOps)."""
 
 Name = Callable[[tvm.ir.GlobalVar, list[tvm.ir.GlobalVar]], str]
 """Names the joined function from the reader's function and the producers' (the task's name)."""
@@ -89,7 +90,7 @@ class _JoinProducers(relax.PyExprMutator):  # type: ignore[misc]
             return
         gvar, args = found
         sources = list(dict.fromkeys(
-            source for arg in args for source in (self.producers[arg].args[1].fields if arg in self.producers else [arg])
+            source for arg in args for source in (self._producer(arg)[1] if arg in self.producers else [arg])
         ))
         joined = self._joined(gvar, args, binding.value, sources)
         new = self.builder_.emit(relax.Call(joined, [self.visit_expr(s) for s in sources]), str(binding.var.name))
@@ -106,25 +107,32 @@ class _JoinProducers(relax.PyExprMutator):  # type: ignore[misc]
             with body.dataflow():
                 values = []
                 for arg in args:
-                    producer = self.producers.get(arg)
-                    if producer is None:
+                    if arg not in self.producers:
                         values.append(param_of[arg])
                         continue
-                    inputs = relax.Tuple([param_of[field] for field in producer.args[1].fields])
-                    values.append(body.emit(relax.op.call_tir(producer.args[0], inputs, producer.ty_args[0])))
+                    function, inputs = self._producer(arg)
+                    values.append(self._inlined(body, function, [param_of[i] for i in inputs], self.producers[arg]))
                 result = self._inlined(body, gvar, values, call)
                 out = body.emit_output(result)
             body.emit_func_output(out)
-        producers = [self.producers[arg].args[0] for arg in dict.fromkeys(args) if arg in self.producers]
+        producers = [self._producer(arg)[0] for arg in dict.fromkeys(args) if arg in self.producers]
         return self.builder_.add_func(body.get()["joined"], self.name(gvar, producers))
+
+    def _producer(self, var: relax.Var) -> tuple[tvm.ir.GlobalVar, list[relax.Expr]]:
+        """The function the producer of ``var`` calls, and the tensors it reads."""
+        found = callee(self.mod, self.producers[var])
+        assert found is not None  # a chosen producer is a call of a function
+        return found
 
     def _inlined(self, body: relax.BlockBuilder, gvar: tvm.ir.GlobalVar, values: list[relax.Expr],
                  call: relax.Call) -> relax.Expr:
-        """``gvar`` of ``values`` in ``body``: its ``call_tir``, or a primitive function's bindings."""
+        """``gvar`` of ``values`` in ``body``: its ``call_tir``, or a primitive function's bindings (with variables of
+        their own, so that a function inlined twice binds each once)."""
         func = self.mod[gvar]
         if isinstance(func, tirx.PrimFunc):
             out_ty = list(call.ty_args) if len(call.ty_args) > 1 else call.ty_args[0]
             return body.emit(relax.op.call_tir(gvar, relax.Tuple(values), out_ty))
+        func = relax.utils.copy_with_new_vars(func)
         bound = func.bind_params(dict(zip(func.params, values)))
         for block in bound.body.blocks:
             for binding in block.bindings:
@@ -136,7 +144,7 @@ def join_producers(mod: tvm.IRModule, choose: Choose, name: Name) -> tuple[tvm.I
     """``mod`` (after FuseOps) with the producers ``choose`` picks computed inside the calls that read them, each such
     reader a primitive function that ``name`` names; how many readers were joined.
 
-    ``choose`` must pick only ``call_tir`` bindings of dataflow variables that nothing but other calls read."""
+    ``choose`` must pick only calls (:func:`callee`) bound to dataflow variables that nothing but other calls read."""
     mutator = _JoinProducers(mod, name)
     for gvar, func in mod.functions_items():
         if isinstance(func, relax.Function) and not (func.attrs and func.attrs.get("Primitive")):

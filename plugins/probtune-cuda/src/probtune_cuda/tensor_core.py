@@ -479,15 +479,15 @@ class TensorCoreTiling:
         """Copy an operand's tile to shared memory under the outer reduction tile, then into fragments under the middle one.
 
         The blocks in ``copies`` that produce the operand (a convolution's
-        window gather, a padding's zeros) are inlined into the copy, which
-        reads as many elements at once as the inputs' layouts allow
-        (:func:`~probtune_cuda.reindex.contiguous_widths`).
+        window gather, a padding's zeros, a cast from float32) are inlined
+        into the copy, which reads as many elements at once as the inputs'
+        layouts and widest type allow (:func:`~probtune_cuda.reindex.contiguous_widths`).
         """
         shared = sch.cache_read(outer, operand, SHARED)
         while inlined := [name for name in self._producers(sch, shared) if name in copies]:
             for name in inlined:
                 sch.compute_inline(sch.get_sblock(name))
-        bits = 16 if in_dtype == "float16" else 8
+        bits = max(tvm.DataType(str(region.source.dtype)).bits for region in sch.get(shared).reads)  # a cast's source
         widths = contiguous_widths(sch.tvm, sch.resolve(shared), [n for n in self.vector_load_lens if n * bits <= 128]) or [1]
         sch.compute_at(shared, at[0])
         sch.fuse(*sch.get_loops(shared)[_OUTER_REDUCTION_DEPTH + 1 :])
