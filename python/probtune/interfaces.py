@@ -127,10 +127,10 @@ class TargetSpec:
     """Whether a function that concatenates many inputs is written as one loop nest per input
     (:mod:`probtune.model.concatenation`): a CPU then copies each stretch without a test per element; on a GPU each
     nest would be a kernel of its own (a DenseNet block's 7 to 25), where one kernel's tests cost less."""
-    casts_in_product_reads: bool = False
-    """Whether a narrowing cast that only products read is computed by each product as it reads the float32 tensor
-    (:mod:`probtune.model.cast_reads`): the target's product space must copy every operand tile into fast memory (a
-    GPU's shared memory), where the cast costs nothing; a CPU's products read their operands in place."""
+    copies_in_product_reads: bool = False
+    """Whether a copy that only products read (a float16 cast, a transpose, a slice) is computed by each product as it
+    reads the copy's source (:mod:`probtune.model.copy_reads`): the target's product space must copy every operand tile
+    into fast memory (a GPU's shared memory), where the copy costs nothing; a CPU's products read operands in place."""
 
     @property
     def num_cores(self) -> int:

@@ -77,7 +77,7 @@ def test_the_epilogue_is_finished_on_the_way_out_in_one_kernel(sm90):
 
 
 def test_an_operand_cast_from_float32_is_cast_on_its_way_into_shared_memory(sm90):
-    """A product that reads a float32 tensor through a cast (probtune.model.cast_reads): the cast is inlined into the
+    """A product that reads a float32 tensor through a cast (probtune.model.copy_reads): the cast is inlined into the
     copy, which reads at most 16 bytes of float32 at once, so every draw is valid, and one kernel runs."""
     a, b = te.placeholder((128, 64), "float32", name="A"), te.placeholder((64, 32), "float16", name="B")
     narrow = te.compute(a.shape, lambda i, j: a[i, j].astype("float16"), name="narrow")

@@ -22,9 +22,9 @@ from probtune.interfaces import GraphRewrite, TargetSpec
 from probtune.measure.constant_layouts import LAYOUT_FREE_ATTR
 from probtune.model.batch_norms import AFFINE_BATCH_NORMS, affine_batch_norms
 from probtune.model.cast_outputs import CAST_OUTPUTS, join_cast_outputs
-from probtune.model.cast_reads import CAST_READS, read_casts_in_products
 from probtune.model.concat_in_place import CONCAT_IN_PLACE_ATTR, concatenations_in_place
 from probtune.model.concatenation import split_concatenations
+from probtune.model.copy_reads import COPY_READS, read_copies_in_products
 from probtune.model.importer import Model
 from probtune.model.layouts import convert_layouts
 from probtune.model.legalize import legalize
@@ -55,8 +55,8 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
     reads to its producer (:mod:`probtune.model.cast_outputs`), fuses
     operators, has row reductions compute the elementwise steps only they read
     (:mod:`probtune.model.reduction_inputs`) and products take the parts of a stacked tensor they read
-    themselves (:mod:`probtune.model.part_reads`), and the narrowing casts they alone read where the target asks
-    (:mod:`probtune.model.cast_reads`), and fuses TIR; then it folds the fused calls
+    themselves (:mod:`probtune.model.part_reads`), and the casts and transposes they alone read where the target asks
+    (:mod:`probtune.model.copy_reads`), and fuses TIR; then it folds the fused calls
     that read only constants (a GRU's recurrent weights split, concatenated
     and transposed), which the first folding missed, and splits concatenations
     where the target asks (:mod:`probtune.model.concatenation`). The fused module records what
@@ -74,12 +74,12 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
         grouped = _lowered(lambda: relax.transform.FuseOps()(annotated), target)
         grouped, computing = _optional(reduction_inputs, REDUCTION_INPUTS, grouped)
         grouped, reading = _optional(read_parts_in_products, PART_READS, grouped)
-        if target.casts_in_product_reads:
-            grouped, casting = _optional(read_casts_in_products, CAST_READS, grouped)
+        if target.copies_in_product_reads:
+            grouped, copying = _optional(read_copies_in_products, COPY_READS, grouped)
         else:
-            casting = 0
+            copying = 0
         fused = _lowered(lambda: relax.transform.FoldConstant()(relax.transform.FuseTIR()(grouped)), target)
-    joins = ((CAST_OUTPUTS, joined), (REDUCTION_INPUTS, computing), (PART_READS, reading), (CAST_READS, casting))
+    joins = ((CAST_OUTPUTS, joined), (REDUCTION_INPUTS, computing), (PART_READS, reading), (COPY_READS, copying))
     counts = {**counts, **{name: n for name, n in joins if n}}
     if target.split_concatenations:
         fused, _ = split_concatenations(fused)

@@ -94,7 +94,7 @@ def cuda_target(
         layouts=DEFAULT_LAYOUTS,
         graph_rewrites=DEFAULT_GRAPH_REWRITES,
         split_concatenations=False,
-        casts_in_product_reads=True,
+        copies_in_product_reads=True,
         attrs={"multiprocessors": multiprocessors},
         compiler=NVRTCCompiler(),
         runs_here=CUDARequirement(),

@@ -1,4 +1,4 @@
-"""A narrowing cast that only products read is computed in the products' reads of its float32 source."""
+"""A copy that only products read (a float16 cast, a transpose) is computed in the products' reads of its source."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from tvm import relax
 import probtune.model.tasks as tasks
 from conftest import called_primfuncs, fused_ops, untuned_runner
 from probtune.model import load_model
-from probtune.model.cast_reads import CAST_READS, narrows, read_casts_in_products
 from probtune.model.check import check_outputs
+from probtune.model.copy_reads import COPY_READS, copies, read_copies_in_products
 from probtune.model.precision import convert_precision
 from probtune.model.prologues import callee, plain_bindings
 from probtune.model.rewrites import rewrite_counts
@@ -47,11 +47,11 @@ def _no_norm(relu_reads_cast: bool) -> tvm.IRModule:
 def test_a_cast_that_only_a_product_reads_is_computed_in_the_products_function():
     grouped = fused_ops(_no_norm(relu_reads_cast=False))
     assert "cast" in called_primfuncs(relax.transform.FuseTIR()(grouped))
-    joined, count = read_casts_in_products(grouped)
+    joined, count = read_copies_in_products(grouped)
     assert count == 1
     fused = relax.transform.FuseTIR()(joined)
     assert not [name for name in called_primfuncs(fused) if name.startswith("cast")]
-    (reader,) = [f for gv, f in fused.functions_items() if gv.name_hint.startswith("fused_cast_matmul")]
+    (reader,) = [f for gv, f in fused.functions_items() if gv.name_hint.startswith("fused_copy_matmul")]
     assert [str(p.dtype) for p in reader.params[:1]] == ["float32"]  # it reads y as the residual does
     x = _RNG.standard_normal((8, 16)).astype("float16")
     vm = relax.VirtualMachine(tvm.compile(fused, target="llvm"), tvm.cpu())
@@ -63,11 +63,11 @@ def test_a_cast_that_only_a_product_reads_is_computed_in_the_products_function()
 def test_a_cast_that_something_besides_products_reads_stays_a_call():
     """Computed in the product and again for the ReLU, the cast would be computed twice; it is left as it is."""
     grouped = fused_ops(_no_norm(relu_reads_cast=True))
-    joined, count = read_casts_in_products(grouped)
+    joined, count = read_copies_in_products(grouped)
     assert count == 0 and joined.same_as(grouped)
 
 
-def test_a_cast_fused_with_a_reshape_narrows_and_a_reshape_alone_does_not():
+def test_a_cast_fused_with_a_reshape_is_a_copy_and_a_reshape_alone_is_not():
     x = relax.Var("x", relax.TensorType((1, 8, 16), "float32"))
     builder = relax.BlockBuilder()
     with builder.function("main", [x]):
@@ -80,9 +80,9 @@ def test_a_cast_fused_with_a_reshape_narrows_and_a_reshape_alone_does_not():
     grouped = fused_ops(builder.get())
     calls = [(b.var, found[0]) for b in plain_bindings(grouped["main"]) if (found := callee(grouped, b.value))]
     assert len(calls) == 3  # the cast and reshape fused, the reshape of x, the product
-    (narrowing,) = [var for var, gvar in calls if narrows(grouped, gvar)]
+    (narrowing,) = [var for var, gvar in calls if copies(grouped, gvar)]
     assert str(narrowing.ty.dtype) == "float16"
-    joined, count = read_casts_in_products(grouped)
+    joined, count = read_copies_in_products(grouped)
     assert count == 1
     x_value = _RNG.standard_normal((1, 8, 16)).astype("float32")
     vm = relax.VirtualMachine(tvm.compile(relax.transform.FuseTIR()(joined), target="llvm"), tvm.cpu())
@@ -98,9 +98,9 @@ def test_a_cuda_target_casts_an_encoders_input_in_its_first_product_and_the_bits
     converted = dataclasses.replace(model, mod=convert_precision(model.mod, "fp16"))
     cuda, host = resolve_target("cuda-sm90"), resolve_target("host")
     fused = tasks.fuse(converted, cuda)
-    assert rewrite_counts(fused)[CAST_READS] == 1
-    assert CAST_READS not in rewrite_counts(tasks.fuse(converted, host))
-    monkeypatch.setattr(tasks, "read_casts_in_products", lambda mod: (mod, 0))
+    assert rewrite_counts(fused)[COPY_READS] == 1
+    assert COPY_READS not in rewrite_counts(tasks.fuse(converted, host))
+    monkeypatch.setattr(tasks, "read_copies_in_products", lambda mod: (mod, 0))
     apart = tasks.fuse(converted, cuda)
     assert len(tasks.extract_tasks(apart)) == len(tasks.extract_tasks(fused)) + 1
     inputs = model.random_inputs(0)
@@ -120,7 +120,7 @@ def test_both_operands_cast_by_the_same_function_are_cast_in_the_product():
             a, b = (builder.emit(relax.op.reshape(relax.op.astype(v, "float16"), (16, 16))) for v in (x, y))
             result = builder.emit_output(relax.op.matmul(a, b, "float32"))
         builder.emit_func_output(result)
-    joined, count = read_casts_in_products(fused_ops(builder.get()))
+    joined, count = read_copies_in_products(fused_ops(builder.get()))
     assert count == 1
     fused = relax.transform.FuseTIR()(joined)
     assert len(called_primfuncs(fused)) == 1
@@ -129,3 +129,27 @@ def test_both_operands_cast_by_the_same_function_are_cast_in_the_product():
     result = vm["main"](tvm.runtime.tensor(a_value), tvm.runtime.tensor(b_value)).numpy()
     expected = a_value[0].astype("float16").astype("float32") @ b_value[0].astype("float16").astype("float32")
     np.testing.assert_allclose(result, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_heads_slice_and_transpose_of_a_stacked_product_is_taken_in_the_products_reading_it():
+    """LeViT's attention takes each head's queries and keys out of one stacked product with a strided slice and a
+    transpose: read only by the scores' product, both copies are computed in its function."""
+    x = relax.Var("x", relax.TensorType((1, 8, 2, 16), "float16"))  # tokens, heads, queries and keys stacked
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            q, k = (builder.emit(relax.op.permute_dims(relax.op.strided_slice(x, [3], [start], [start + 8]), [0, 2, 1, 3]))
+                    for start in (0, 8))
+            result = builder.emit_output(relax.op.matmul(q, relax.op.permute_dims(k, [0, 1, 3, 2]), "float32"))
+        builder.emit_func_output(result)
+    grouped = fused_ops(builder.get())
+    assert sum(copies(grouped, found[0]) for b in plain_bindings(grouped["main"]) if (found := callee(grouped, b.value))) == 2
+    joined, count = read_copies_in_products(grouped)
+    assert count == 1
+    fused = relax.transform.FuseTIR()(joined)
+    assert len(called_primfuncs(fused)) == 1
+    x_value = _RNG.standard_normal((1, 8, 2, 16)).astype("float16")
+    vm = relax.VirtualMachine(tvm.compile(fused, target="llvm"), tvm.cpu())
+    heads = x_value.astype("float32").transpose(0, 2, 1, 3)
+    expected = heads[..., :8] @ heads[..., 8:].transpose(0, 1, 3, 2)
+    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x_value)).numpy(), expected, rtol=1e-3, atol=1e-3)
