@@ -62,3 +62,37 @@ def test_blocks_the_tilings_take_are_left_to_them():
     space = generate_space(resolve_workload("matmul", "256,256,256"), resolve_target("cuda-sm90"), seed=0)
     binds = [inst.attrs["thread_axis"] for inst in space.trace.instructions if inst.kind == "bind"]
     assert binds == ["blockIdx.x", "vthread.x", "threadIdx.x"]  # the tiling's own, nothing added
+
+
+def _kernels(source: str) -> set[str]:
+    return set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", source))
+
+
+def test_a_pooling_and_its_cast_are_one_kernel_with_the_window_maximum_in_a_register():
+    """A max pool reduces a 3x3 window in each thread: the float16 cast after it is computed by the same thread (a
+    ResNet stem's pool was a padding, a pooling and a cast kernel), and the padding is read through its condition."""
+    x = te.placeholder((1, 16, 16, 8), "float32", name="x")
+    pooled = topi.nn.pool2d(x, (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), "max", layout="NHWC")
+    cast = te.compute(pooled.shape, lambda *i: pooled(*i).astype("float16"), name="cast")
+    target = resolve_target("cuda-sm90")
+    space = generate_space(Workload.from_module(te.create_prim_func([x, cast]), name="pool_cast"), target, seed=0)
+    assert any(inst.kind == "reverse_compute_at" for inst in space.trace.instructions)
+    for seed in range(6):
+        candidate = space.sample(Rng(seed))
+        assert candidate is not None
+        source = compile_for(candidate.mod, target).mod.imports[0].inspect_source()
+        assert len(_kernels(source)) == 1 and "pool_max_local" in source
+
+
+def test_a_small_mean_its_division_and_cast_are_one_kernel():
+    """A squeeze-excite's mean over a 7x7 map (too short a row to sum across threads): the sum, the division by 49
+    and the cast run in the thread that sums each channel."""
+    x = te.placeholder((1, 7, 7, 64), "float32", name="x")
+    h, w = te.reduce_axis((0, 7), "h"), te.reduce_axis((0, 7), "w")
+    total = te.compute((1, 1, 1, 64), lambda n, i, j, c: te.sum(x[n, h, w, c], axis=[h, w]), name="total")
+    mean = te.compute(total.shape, lambda *i: total(*i) / 49.0, name="mean")
+    cast = te.compute(mean.shape, lambda *i: mean(*i).astype("float16"), name="cast")
+    target = resolve_target("cuda-sm90")
+    space = generate_space(Workload.from_module(te.create_prim_func([x, cast]), name="mean_cast"), target, seed=0)
+    candidate = next(c for c in (space.sample(Rng(seed)) for seed in range(10)) if c is not None)
+    assert len(_kernels(compile_for(candidate.mod, target).mod.imports[0].inspect_source())) == 1

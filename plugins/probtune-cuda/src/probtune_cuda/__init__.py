@@ -21,6 +21,7 @@ from probtune_cuda.bundles import CUPY_RUNTIME
 from probtune_cuda.cumsum_product import CumsumProduct
 from probtune_cuda.features import GPUFeatures
 from probtune_cuda.head_projections import HeadProjections
+from probtune_cuda.inline_padding import GPUInlinePadding
 from probtune_cuda.instructions import PAD_EINSUM
 from probtune_cuda.mma import RewriteMMASync
 from probtune_cuda.multi_level_tiling import GPUMultiLevelTiling
@@ -47,6 +48,7 @@ __all__ = [
     "GPUAutoBind",
     "GPUCrossThreadReduction",
     "GPUFeatures",
+    "GPUInlinePadding",
     "GPUMultiLevelTiling",
     "GPURowKernel",
     "HeadProjections",
@@ -89,6 +91,7 @@ def probtune_register_graph_rewrites(register: Callable[[Any], None]) -> None:
 def probtune_register_space_modules(register: Callable[[Any], None]) -> None:
     register(TensorCoreTiling())
     register(GPUMultiLevelTiling())
+    register(GPUInlinePadding())
     register(GPURowKernel())
     register(GPUCrossThreadReduction())
     register(GPUAutoBind())

@@ -30,15 +30,16 @@ DEFAULT_MODULES = (
     "auto-inline",
     "tensor-core-tiling",
     "gpu-multi-level-tiling",
+    "gpu-inline-padding",
     "gpu-row-kernel",
     "gpu-cross-thread-reduction",
     "gpu-auto-bind",
     "gpu-auto-unroll",
 )
 """Inline elementwise blocks first (so tiling sees a single consumer); tensor cores take the blocks they can compute,
-the thread tiling the other matmul-like ones; a block whose producers reduce rows is computed with them, a row per
-thread block; other row reductions go across threads and the remaining blocks are spread over threads; then sample
-unrolling."""
+the thread tiling the other matmul-like ones; padding left apart is read where it is needed; a block whose producers
+reduce rows is computed with them, a row per thread block; other row reductions go across threads and the remaining
+blocks are spread over threads (a reduction in each thread with its elementwise consumers); then sample unrolling."""
 
 DEFAULT_VALIDATORS = (
     "rewrite-mma-sync",

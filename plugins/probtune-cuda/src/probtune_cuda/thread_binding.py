@@ -5,7 +5,8 @@ reduced loops are innermost (a softmax's row maximum and sum, a layer norm's
 moments) one thread block, and its reduced values to that block's threads:
 TVM lowers the sum across the threads to warp shuffles. ``gpu-auto-bind``
 spreads any other block's leading spatial loops over thread blocks and
-threads. Both sample the number of threads, which the categorical mutator
+threads; where the block reduces in each thread (a pooling window), its
+elementwise consumers are computed in the same threads. Both sample the number of threads, which the categorical mutator
 then changes (MetaSchedule's thread-binding mutation); ``rewrite-unbound-block``
 still binds whatever neither took. Both run after the other modules went
 through every block (``after_blocks``): a tiling may still fold a block
@@ -29,10 +30,12 @@ from probtune.plugin import (
     Schedule,
     SpaceContext,
     at_root,
+    is_spatial,
     loop_kinds,
     thread_tag,
 )
 from probtune_cuda.limits import block_limit
+from probtune_cuda.multi_level_tiling import elementwise_consumer
 
 __all__ = ["GPUAutoBind", "GPUCrossThreadReduction", "unbound"]
 
@@ -95,7 +98,8 @@ class GPUCrossThreadReduction:
 
 @dataclass(frozen=True)
 class GPUAutoBind:
-    """Spread a block's leading spatial loops over thread blocks and a sampled number of threads each."""
+    """Spread a block's leading spatial loops over thread blocks and a sampled number of threads each; a reduction's
+    elementwise consumers follow it into its threads."""
 
     name: str = "gpu-auto-bind"
     thread_extents: tuple[int, ...] = (32, 64, 128, 256, 512, 1024)
@@ -103,7 +107,7 @@ class GPUAutoBind:
 
     def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
         found = _unbound_loops(sch, block)
-        if found is None:
+        if found is None or _follows_a_reduction(sch.tvm, sch.resolve(block)):
             return
         loops, kinds = found
         leading = next((n for n, kind in enumerate(kinds) if kind != SPATIAL), len(kinds))
@@ -113,3 +117,37 @@ class GPUAutoBind:
         grid, lanes = sch.split(sch.fuse(*loops[:leading]), [None, threads])
         sch.bind(grid, "blockIdx.x")
         sch.bind(lanes, "threadIdx.x")
+        if REDUCTION in kinds:
+            _finish_at_threads(sch, block, lanes)
+
+
+def _follows_a_reduction(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV) -> bool:
+    """Whether the block ends a chain of elementwise consumers of an unbound reduction (a cast after a pooling): it is
+    left for the reduction's binding to take (:func:`_finish_at_threads`), which comes later (consumers come first)."""
+    while len(producers := raw.get_producers(block_rv)) == 1 and unbound(raw, producers[0]):
+        if elementwise_consumer(raw, producers[0]) != raw.get(block_rv).name_hint:
+            return False
+        if not is_spatial(raw.get(producers[0])):
+            return True
+        block_rv = producers[0]
+    return False
+
+
+def _finish_at_threads(sch: Schedule, block: BlockRV, lanes: LoopRV) -> None:
+    """Compute the elementwise consumers of a reduction that each thread computes whole (a pooling window's maximum,
+    a small mean) where the thread has the value, kept in a register: a cast or scale after it is then no kernel of
+    its own and no store to memory.
+
+    TVM decides whether a consumer can move (it must read no other block's output computed elsewhere), on a copy of
+    the schedule: a refused move never reaches the trace, and it depends only on the program's structure.
+    """
+    while (name := elementwise_consumer(sch.tvm, sch.resolve(block))) is not None:
+        consumer = sch.get_sblock(name)
+        trial = sch.tvm.copy()
+        try:
+            trial.reverse_compute_at(sch.resolve(consumer), sch.resolve(lanes))
+        except RuntimeError:  # TVM schedule errors
+            return
+        sch.reverse_compute_at(consumer, lanes)
+        sch.set_scope(block, 0, "local")  # only its consumer, in the same thread, reads it
+        block = consumer
