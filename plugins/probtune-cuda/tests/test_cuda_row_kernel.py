@@ -43,10 +43,12 @@ def _extents(mod, axis: str = "threadIdx.x") -> set[int]:
     return {int(n) for n in re.findall(pattern, mod.script())}
 
 
-@pytest.mark.parametrize(("op", "shape"), [("softmax", "64,1024"), ("layer_norm", "128,768"), ("softmax", "48,1500")])
+@pytest.mark.parametrize(("op", "shape"), [("softmax", "64,1024"), ("layer_norm", "128,768"), ("softmax", "48,1500"),
+                                         ("softmax", "128,16")])
 def test_a_softmax_or_a_layer_norm_is_one_kernel_of_row_blocks(op, shape):
     """Its reductions, summed across the threads with warp shuffles, and the values between them are computed in
-    shared memory inside the kernel that writes the output (a row of 1500 takes a thread count dividing none)."""
+    shared memory inside the kernel that writes the output (a row of 1500 takes a thread count dividing none; a row
+    of 16, an attention's over 16 keys, half a warp)."""
     workload = resolve_workload(op, shape)
     _, candidate = _first_draw(workload)
     source = _kernels(candidate.mod)
