@@ -6,8 +6,9 @@ moments) one thread block, and its reduced values to that block's threads:
 TVM lowers the sum across the threads to warp shuffles. ``gpu-auto-bind``
 spreads any other block's leading spatial loops over thread blocks and
 threads; where the block reduces in each thread (a pooling window), its
-elementwise consumers are computed in the same threads. Both sample the number of threads, which the categorical mutator
-then changes (MetaSchedule's thread-binding mutation); ``rewrite-unbound-block``
+elementwise consumers are computed in the same threads. Both sample the
+number of threads, which the categorical mutator then changes
+(MetaSchedule's thread-binding mutation); ``rewrite-unbound-block``
 still binds whatever neither took. Both run after the other modules went
 through every block (``after_blocks``): a tiling may still fold a block
 into its own loops.
