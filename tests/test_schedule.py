@@ -299,3 +299,20 @@ def test_the_language_keeps_its_own_kinds_over_a_plugin_s(matmul_mod):
     sch = Schedule(matmul_mod, instructions={"split": shadow})
     i = sch.get_loops(sch.get_sblock("C"))[0]
     assert len(sch.split(i, [None, 4])) == 2
+
+
+def test_allows_asks_tvm_on_a_copy_and_leaves_the_schedule_as_it_was():
+    from tvm import te
+
+    from probtune.schedule.analysis import allows
+
+    a = te.placeholder((8, 8), "float32", name="A")
+    k = te.reduce_axis((0, 8), "k")
+    total = te.compute((8,), lambda i: te.sum(a[i, k], axis=k), name="total")
+    scaled = te.compute((8,), lambda i: total[i] * 2.0, name="scaled")
+    raw = s_tir.Schedule(te.create_prim_func([a, scaled]))
+    before = raw.mod.script()
+    total_rv, scaled_rv = raw.get_sblock("total"), raw.get_sblock("scaled")
+    assert not allows(raw, lambda trial: trial.compute_inline(total_rv))  # a reduction does not inline
+    assert allows(raw, lambda trial: trial.reverse_compute_at(scaled_rv, trial.get_loops(total_rv)[0]))
+    assert raw.mod.script() == before

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import tvm_ffi
 from tvm import s_tir, tirx
@@ -12,6 +12,7 @@ __all__ = [
     "OTHER",
     "REDUCTION",
     "SPATIAL",
+    "allows",
     "as_list",
     "at_root",
     "block_names",
@@ -125,6 +126,18 @@ def iter_loads(expr: tirx.Expr) -> Iterator[TensorLoad]:
                 stack.append(child)
             elif isinstance(child, tvm_ffi.Array):
                 stack.extend(reversed([c for c in as_list(child) if isinstance(c, tirx.Expr)]))
+
+
+def allows(raw: s_tir.Schedule, primitive: Callable[[s_tir.Schedule], object]) -> bool:
+    """Whether TVM allows ``primitive`` on a throw-away copy of ``raw`` (the copy keeps the random variables valid).
+
+    Legality depends on the program's structure, not on sampled values, so a move asked this way holds on every
+    replay, and a refused one never reaches the trace."""
+    try:
+        primitive(raw.copy())
+    except RuntimeError:  # TVM's schedule errors
+        return False
+    return True
 
 
 def program_blocks(func: tirx.PrimFunc) -> list[s_tir.SBlock]:

@@ -16,14 +16,14 @@ recorded choice holds on every replay.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from probtune.plugin import BlockRV, Schedule, SpaceContext, is_spatial, iter_stmts
+from probtune.plugin import BlockRV, Schedule, SpaceContext, allows, is_spatial, iter_stmts
 from probtune_cpu.output_reuse import loads_of
 
 __all__ = ["AutoInline"]
@@ -91,15 +91,6 @@ def _recomputed_if_inlined(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) 
     return computed > elements
 
 
-def _legal(sch: s_tir.Schedule, primitive: Callable[[s_tir.Schedule], None]) -> bool:
-    """Whether ``primitive`` succeeds on a throw-away copy of ``sch`` (the copy keeps the random variables valid)."""
-    try:
-        primitive(sch.copy())
-    except RuntimeError:  # TVM schedule errors
-        return False
-    return True
-
-
 def _iterations(sblock: s_tir.SBlock, every_iterator: bool = False) -> int | None:
     """How many elements a block writes: the product of its spatial iterators' extents, or of all of them given
     ``every_iterator`` (None if one is symbolic)."""
@@ -152,9 +143,9 @@ class AutoInline:
             and not _read_at_several_places(raw, block_rv)
             and not (self._transcendental(sblock, ctx) and _recomputed_if_inlined(raw, block_rv))
         )
-        if recompute and _legal(raw, lambda s: s.compute_inline(block_rv)):
+        if recompute and allows(raw, lambda s: s.compute_inline(block_rv)):
             sch.compute_inline(block)
-        elif self._sole_consumer(raw, block_rv) and _legal(raw, lambda s: s.reverse_compute_inline(block_rv)):
+        elif self._sole_consumer(raw, block_rv) and allows(raw, lambda s: s.reverse_compute_inline(block_rv)):
             sch.reverse_compute_inline(block)
 
     @staticmethod

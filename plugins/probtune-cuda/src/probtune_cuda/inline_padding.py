@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import s_tir, tirx
 
-from probtune.plugin import BlockRV, Schedule, SpaceContext, at_root, is_spatial
+from probtune.plugin import BlockRV, Schedule, SpaceContext, allows, at_root, is_spatial
 
 __all__ = ["GPUInlinePadding", "is_padding"]
 
@@ -50,9 +50,5 @@ class GPUInlinePadding:
         sblock = raw.get(block_rv)
         if not (at_root(raw, block_rv) and is_spatial(sblock) and len(sblock.writes) == 1 and is_padding(sblock)):
             return
-        trial = raw.copy()  # TVM decides, on the program's structure alone, so the choice holds on every replay
-        try:
-            trial.compute_inline(block_rv)
-        except RuntimeError:  # TVM schedule errors
-            return
-        sch.compute_inline(block)
+        if allows(raw, lambda trial: trial.compute_inline(block_rv)):
+            sch.compute_inline(block)

@@ -30,6 +30,7 @@ from probtune.plugin import (
     LoopRV,
     Schedule,
     SpaceContext,
+    allows,
     at_root,
     is_spatial,
     loop_kinds,
@@ -139,16 +140,20 @@ def _finish_at_threads(sch: Schedule, block: BlockRV, lanes: LoopRV) -> None:
     a small mean) where the thread has the value, kept in a register: a cast or scale after it is then no kernel of
     its own and no store to memory.
 
-    TVM decides whether a consumer can move (it must read no other block's output computed elsewhere), on a copy of
-    the schedule: a refused move never reaches the trace, and it depends only on the program's structure.
+    TVM decides whether a consumer can move (it must read no other block's output computed elsewhere).
     """
     while (name := elementwise_consumer(sch.tvm, sch.resolve(block))) is not None:
         consumer = sch.get_sblock(name)
-        trial = sch.tvm.copy()
-        try:
-            trial.reverse_compute_at(sch.resolve(consumer), sch.resolve(lanes))
-        except RuntimeError:  # TVM schedule errors
+        if not _moved_under(sch, consumer, lanes):
             return
-        sch.reverse_compute_at(consumer, lanes)
         sch.set_scope(block, 0, "local")  # only its consumer, in the same thread, reads it
         block = consumer
+
+
+def _moved_under(sch: Schedule, block: BlockRV, loop: LoopRV) -> bool:
+    """Whether TVM allows computing ``block`` under ``loop``, having done it if so."""
+    moved, at = sch.resolve(block), sch.resolve(loop)
+    if not allows(sch.tvm, lambda trial: trial.reverse_compute_at(moved, at)):
+        return False
+    sch.reverse_compute_at(block, loop)
+    return True
