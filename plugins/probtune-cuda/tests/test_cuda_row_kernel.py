@@ -122,3 +122,22 @@ def test_a_layer_norm_that_also_returns_its_cast_is_one_kernel(shape):
     values_loop = script.index('T.sblock("T_layer_norm")')
     cast_block = script.index('T.sblock("cast")')
     assert values_loop < cast_block and "thread_binding" not in script[values_loop:cast_block]
+
+
+def _mean_over_map_and_cast(shape: tuple[int, ...]) -> Workload:
+    """A float16 map's mean over its height and width, summed in float32 and cast back (a squeeze-excite's pooling)."""
+    x = te.placeholder(shape, "float16", name="X")
+    total = topi.sum(topi.cast(x, "float32"), axis=(2, 3), keepdims=True)
+    mean = topi.cast(topi.divide(total, float(shape[2] * shape[3])), "float16")
+    return Workload.from_module(te.create_prim_func([x, mean]), name="mean_cast")
+
+
+@pytest.mark.parametrize("shape", [(1, 32, 112, 112), (2, 96, 7, 7)])
+def test_a_mean_over_a_feature_map_is_cast_in_the_kernel_that_sums_it(shape):
+    """One value per row: the sum across a row's threads, and the quotient cast by one of them (the others idle
+    behind a predicate), is one kernel, not a sum kernel and a cast kernel."""
+    _, candidate = _first_draw(_mean_over_map_and_cast(shape))
+    source = _kernels(candidate.mod)
+    assert _kernel_count(source) == 1 and "__shfl" in source
+    assert _extents(candidate.mod, "blockIdx.x") == {shape[0] * shape[1]}
+    assert min(_extents(candidate.mod)) > 1

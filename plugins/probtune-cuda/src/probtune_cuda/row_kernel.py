@@ -183,12 +183,13 @@ def _fuses(trial: Schedule, plan: _Plan, threads: int, rows: int, per_row: dict[
 
 
 def _thread_choices(per_row: Sequence[int], choices: Sequence[int], limit: int) -> list[int]:
-    """Thread counts within ``limit`` and the smallest per-row extent, those dividing every extent if any does; for
-    rows shorter than every choice (an attention's 16 keys), the largest power of two within them (part of a warp,
-    which TVM reduces with masked shuffles)."""
-    shortest = min(limit, *per_row)
-    fits = [n for n in choices if n <= shortest] or ([1 << (shortest.bit_length() - 1)] if shortest > 1 else [])
-    dividing = [n for n in fits if all(e % n == 0 for e in per_row)]
+    """Thread counts within ``limit`` and the longest per-row extent, those dividing every extent at least as long if
+    any does; for rows shorter than every choice (an attention's 16 keys), the largest power of two within them (part
+    of a warp, which TVM reduces with masked shuffles). A shorter extent (a mean's one value per row, written after
+    its sum over a feature map) leaves threads idle behind a predicate."""
+    longest = min(limit, max(per_row))
+    fits = [n for n in choices if n <= longest] or ([1 << (longest.bit_length() - 1)] if longest > 1 else [])
+    dividing = [n for n in fits if all(e % n == 0 for e in per_row if e >= n)]
     return dividing or fits
 
 
