@@ -26,6 +26,12 @@ def _first_draw(workload: Workload, seed: int = 0):
     return space, next(c for c in draws if c is not None)
 
 
+def _sketch_draw(space, trace):
+    """The first valid program drawn from one sketch of the space."""
+    draws = (space.draw(Rng(n), trace.with_decisions({})) for n in range(30))
+    return next(sch for sch, rejected in draws if rejected is None)
+
+
 def _kernels(mod) -> str:
     """The CUDA source of a program's kernels, after NVRTC compiled and linted it for sm_90."""
     source = compile_for(mod, SM90).mod.imports[0].inspect_source()
@@ -132,12 +138,41 @@ def _mean_over_map_and_cast(shape: tuple[int, ...]) -> Workload:
     return Workload.from_module(te.create_prim_func([x, mean]), name="mean_cast")
 
 
-@pytest.mark.parametrize("shape", [(1, 32, 112, 112), (2, 96, 7, 7)])
+@pytest.mark.parametrize("shape", [(1, 32, 112, 112), (4, 64, 28, 28)])
 def test_a_mean_over_a_feature_map_is_cast_in_the_kernel_that_sums_it(shape):
     """One value per row: the sum across a row's threads, and the quotient cast by one of them (the others idle
     behind a predicate), is one kernel, not a sum kernel and a cast kernel."""
-    _, candidate = _first_draw(_mean_over_map_and_cast(shape))
+    space = generate_space(_mean_over_map_and_cast(shape), SM90)
+    candidate = _sketch_draw(space, space.trace)
     source = _kernels(candidate.mod)
     assert _kernel_count(source) == 1 and "__shfl" in source
     assert _extents(candidate.mod, "blockIdx.x") == {shape[0] * shape[1]}
     assert min(_extents(candidate.mod)) > 1
+    (other,) = space.alternatives  # the sums per thread, for the measurements to weigh
+    assert not any(inst.kind == "compute_at" for inst in other.trace.instructions)
+
+
+def test_a_channels_last_mean_is_cast_in_the_kernel_that_sums_it():
+    """Its rows are every loop of the cast (batch, 1, 1, channels): each row's value is one column of its own."""
+    x = te.placeholder((1, 56, 56, 96), "float16", name="X")
+    total = topi.sum(topi.cast(x, "float32"), axis=(1, 2), keepdims=True)
+    mean = topi.cast(topi.divide(total, 56.0 * 56.0), "float16")
+    space = generate_space(Workload.from_module(te.create_prim_func([x, mean]), name="mean_nhwc_cast"), SM90)
+    candidate = _sketch_draw(space, space.trace)
+    source = _kernels(candidate.mod)
+    assert _kernel_count(source) == 1 and "__shfl" in source
+    assert _extents(candidate.mod, "blockIdx.x") == {96}
+
+
+def test_a_mean_of_many_short_rows_is_summed_a_row_per_thread_first():
+    """1280 channels of 49 values each: the first sketch sums each channel's 49 in a thread of its own (the threads
+    read adjacent channels) and casts the mean where it has it, one kernel too; the row kernel is the other sketch."""
+    x = te.placeholder((1, 7, 7, 1280), "float16", name="X")
+    total = topi.sum(topi.cast(x, "float32"), axis=(1, 2), keepdims=True)
+    mean = topi.cast(topi.divide(total, 49.0), "float16")
+    space = generate_space(Workload.from_module(te.create_prim_func([x, mean]), name="mean_nhwc_cast"), SM90)
+    candidate = _sketch_draw(space, space.trace)
+    assert not any(inst.kind == "compute_at" for inst in space.trace.instructions)
+    assert _kernel_count(_kernels(candidate.mod)) == 1 and "__shfl" not in _kernels(candidate.mod)
+    (other,) = space.alternatives
+    assert any(inst.kind == "compute_at" for inst in other.trace.instructions)

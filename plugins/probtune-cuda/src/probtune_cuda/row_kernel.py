@@ -11,6 +11,12 @@ to warp shuffles), a spatial producer's elements spread over the same
 threads. TVM MetaSchedule's cross-thread reduction rule does the same for a
 reduction with a fusible consumer.
 
+A row may hold one value (a mean over a feature map, then its cast): one
+thread writes it, behind a predicate. Summing each such row in a thread of
+its own (``gpu-auto-bind``) is the other way, better where the rows are many
+and short, so the space keeps both as sketches, the row kernel first where a
+row has more terms than there are rows.
+
 A function that returns a row's values and their cast as well (a layer norm
 and its float16 copy, :mod:`probtune.model.cast_outputs`) binds the rows of the
 values' block, which TVM cannot compute at another as it writes an output,
@@ -122,7 +128,7 @@ def _plan(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> _Plan | None:
     if len(rows) != 1 or None in rows:
         return None
     (row_count,) = rows
-    if row_count is None or not 0 < row_count < len(kinds):  # None for mypy: excluded above
+    if row_count is None or not 0 < row_count <= len(kinds):  # None for mypy: excluded above
         return None
     return _Plan(raw.get(block).name_hint, row_count, tuple(raw.get(p).name_hint for p in producers), tails)
 
@@ -152,7 +158,11 @@ def _row_kernel(sch: Schedule, plan: _Plan, threads: ExprRV | int) -> LoopRV:
     tail of the last block at each of its elements."""
     loops = sch.get_loops(sch.get_sblock(plan.last))
     row = sch.fuse(*loops[: plan.rows])
-    lanes = _spread(sch, loops[plan.rows :], threads)
+    columns = loops[plan.rows :]
+    if not columns:  # one value per row (a mean in channels-last order, its channels indexing the rows)
+        row, column = sch.split(row, [None, 1])
+        columns = [column]
+    lanes = _spread(sch, columns, threads)
     for name in plan.producers:
         producer = sch.get_sblock(name)
         sch.compute_at(producer, row)
@@ -201,22 +211,34 @@ class GPURowKernel:
     thread_extents: tuple[int, ...] = (32, 64, 128, 256, 512, 1024)
     after_blocks: bool = True
 
-    def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
+    def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> list[Schedule] | None:
+        """Bind the row kernel; where each row has one value, also a fork that leaves the block to the other bindings,
+        which sum each row in a thread of its own (the first sketch where the rows outnumber a row's terms)."""
         plan = _plan(sch.tvm, sch.resolve(block))
         if plan is None:
-            return
+            return None
         trial = Schedule(sch.mod, instructions=ctx.instructions)
         shape = _per_row(trial, plan)
         if shape is None:
-            return
+            return None
+        rows, columns, per_row = shape
+        choices = self._choices(trial, plan, shape, ctx)
+        if not choices:
+            return None
+        fork = sch.fork() if columns == 1 else None
+        bound = fork if fork is not None and rows >= max(per_row.values()) else sch
+        _row_kernel(bound, plan, bound.sample_uniform(choices))
+        return [fork] if fork is not None else None
+
+    def _choices(self, trial: Schedule, plan: _Plan, shape: tuple[int, int, dict[str, int]], ctx: SpaceContext
+                 ) -> list[int]:
+        """The thread counts to sample, or [] where the rows' producers do not fit a thread block or TVM refuses."""
         rows, columns, per_row = shape
         if _shared_bytes(trial, per_row) > block_limit(ctx.target.tvm_target, "max_shared_memory_per_block"):
-            return
+            return []
         limit = block_limit(ctx.target.tvm_target, "max_threads_per_block")
         choices = _thread_choices([columns, *per_row.values()], self.thread_extents, limit)
-        if not choices or not _fuses(trial, plan, choices[0], rows, per_row):
-            return
-        _row_kernel(sch, plan, sch.sample_uniform(choices))
+        return choices if choices and _fuses(trial, plan, choices[0], rows, per_row) else []
 
 
 def _shared_bytes(trial: Schedule, per_row: dict[str, int]) -> int:
