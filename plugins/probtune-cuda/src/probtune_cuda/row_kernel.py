@@ -222,6 +222,8 @@ class GPURowKernel:
         if shape is None:
             return None
         rows, columns, per_row = shape
+        if columns == 1 and max(per_row.values()) < min(self.thread_extents):
+            return None  # one value of fewer terms than a warp (a pooling window): summed in a thread, as it is best
         choices = self._choices(trial, plan, shape, ctx)
         if not choices:
             return None
