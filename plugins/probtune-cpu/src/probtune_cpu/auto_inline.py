@@ -104,6 +104,13 @@ def _iterations(sblock: s_tir.SBlock, every_iterator: bool = False) -> int | Non
     return total
 
 
+def _placed_with_others(raw: s_tir.Schedule, block_rv: s_tir.SBlockRV) -> bool:
+    """Whether a module already computed the block in a loop nest it shares with other blocks (a GPU kernel's
+    producers, in shared memory): where it runs, and that it runs, was that module's decision."""
+    loops = raw.get_loops(block_rv)
+    return bool(loops) and len(raw.get_child_blocks(loops[0])) > 1
+
+
 @dataclass(frozen=True)
 class AutoInline:
     """Inline a spatial block into its consumers, else fold it into its only producer.
@@ -136,7 +143,7 @@ class AutoInline:
     def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> None:
         raw, block_rv = sch.tvm, sch.resolve(block)
         sblock = raw.get(block_rv)
-        if len(sblock.writes) != 1 or not is_spatial(sblock):
+        if len(sblock.writes) != 1 or not is_spatial(sblock) or _placed_with_others(raw, block_rv):
             return
         recompute = (
             self._cheap_to_recompute(sblock, ctx)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from probtune.plugin import hookimpl
+from probtune_cuda.broadcast_producers import GPUBroadcastProducers
 from probtune_cuda.bundles import CUPY_RUNTIME
 from probtune_cuda.cumsum_product import CumsumProduct
 from probtune_cuda.features import GPUFeatures
@@ -46,6 +47,7 @@ from probtune_cuda.unroll import GPU_AUTO_UNROLL, RewriteGPUUnroll
 __all__ = [
     "CumsumProduct",
     "GPUAutoBind",
+    "GPUBroadcastProducers",
     "GPUCrossThreadReduction",
     "GPUFeatures",
     "GPUInlinePadding",
@@ -89,6 +91,7 @@ def probtune_register_graph_rewrites(register: Callable[[Any], None]) -> None:
 
 @hookimpl
 def probtune_register_space_modules(register: Callable[[Any], None]) -> None:
+    register(GPUBroadcastProducers())
     register(TensorCoreTiling())
     register(GPUMultiLevelTiling())
     register(GPUInlinePadding())

@@ -44,6 +44,7 @@ __all__ = [
     "accumulators_per_thread",
     "elementwise_consumer",
     "oversized_register_tiles",
+    "unbound",
 ]
 
 SHARED = "shared.dyn"
@@ -196,11 +197,17 @@ def _inputs_read_elsewhere(raw: s_tir.Schedule, sblock: s_tir.SBlock) -> bool:
     return False
 
 
+def unbound(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """Whether the block hangs under the root with none of its loops bound to a GPU axis (no module computed it inside
+    another block's kernel)."""
+    return at_root(raw, block) and not any(thread_tag(raw.get(loop)) for loop in raw.get_loops(block))
+
+
 def _tileable(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, sblock: s_tir.SBlock) -> bool:
-    """A block at the root, one output, reducing over some loop, each loop feeding spatial or reduction iterators only,
+    """A block at the root and unbound, one output, reducing over some loop, each loop feeding spatial or reduction iterators only,
     whose inputs no other block reads (their shared-memory copies, which TVM makes for every reader, could not be
     computed under the block's loops: RoBERTa's padding mask, counted by a product and multiplied in its epilogue)."""
-    if not at_root(raw, block_rv) or len(sblock.writes) != 1 or not reuses_data(sblock, unit_iterators=False):
+    if not unbound(raw, block_rv) or len(sblock.writes) != 1 or not reuses_data(sblock, unit_iterators=False):
         return False
     if _inputs_read_elsewhere(raw, sblock):
         return False

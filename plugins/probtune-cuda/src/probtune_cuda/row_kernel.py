@@ -50,8 +50,7 @@ from probtune.plugin import (
     loop_kinds,
 )
 from probtune_cuda.limits import block_limit
-from probtune_cuda.multi_level_tiling import reads_element_for_element
-from probtune_cuda.thread_binding import unbound
+from probtune_cuda.multi_level_tiling import reads_element_for_element, unbound
 
 __all__ = ["GPURowKernel"]
 

@@ -28,6 +28,7 @@ __all__ = [
 
 DEFAULT_MODULES = (
     "auto-inline",
+    "gpu-broadcast-producers",
     "tensor-core-tiling",
     "gpu-multi-level-tiling",
     "gpu-inline-padding",
@@ -36,7 +37,8 @@ DEFAULT_MODULES = (
     "gpu-auto-bind",
     "gpu-auto-unroll",
 )
-"""Inline elementwise blocks first (so tiling sees a single consumer); tensor cores take the blocks they can compute,
+"""Inline elementwise blocks first (so tiling sees a single consumer); a block's small broadcast producers go into its
+kernel before a tiling takes them; tensor cores take the blocks they can compute,
 the thread tiling the other matmul-like ones; padding left apart is read where it is needed; a block whose producers
 reduce rows is computed with them, a row per thread block; other row reductions go across threads and the remaining
 blocks are spread over threads (a reduction in each thread with its elementwise consumers); then sample unrolling."""

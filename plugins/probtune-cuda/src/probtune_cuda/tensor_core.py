@@ -59,7 +59,7 @@ from probtune_cuda.instructions import PAD_EINSUM
 from probtune_cuda.intrinsics import TENSORIZE_INIT_KEY, TENSORIZE_KEY, WARP_EXECUTION_KEY, load_tensor_intrinsics
 from probtune_cuda.limits import block_limit, compute_capability
 from probtune_cuda.mma import INSTRUCTION_KEY, TILE_K_KEY, WMMA_TILE, instruction_choices, tile_k_choices
-from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY, SHARED, elementwise_consumer
+from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY, SHARED, elementwise_consumer, unbound
 from probtune_cuda.reindex import TRANSFORM_TO_INTRINSIC, contiguous_widths, transform_to_intrinsic
 from probtune_cuda.software_pipeline import NO_PIPELINE, PIPELINE_KEY, REGISTER_STAGED, loop_buffers, pipeline_choices
 from probtune_cuda.split_reduction import bind_partial_sums, split_choices
@@ -272,6 +272,8 @@ class TensorCoreTiling:
         return float(self.off_tile_weight**misses)
 
     def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> list[Schedule] | None:
+        if not unbound(sch.tvm, sch.resolve(block)):  # another module computes it inside its kernel
+            return None
         found = self._plan(sch, block, ctx)
         if found is None:
             return None

@@ -31,20 +31,13 @@ from probtune.plugin import (
     Schedule,
     SpaceContext,
     allows,
-    at_root,
     is_spatial,
     loop_kinds,
-    thread_tag,
 )
 from probtune_cuda.limits import block_limit
-from probtune_cuda.multi_level_tiling import elementwise_consumer
+from probtune_cuda.multi_level_tiling import elementwise_consumer, unbound
 
-__all__ = ["GPUAutoBind", "GPUCrossThreadReduction", "unbound"]
-
-
-def unbound(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
-    """Whether the block hangs under the root with none of its loops bound to a GPU axis."""
-    return at_root(raw, block) and not any(thread_tag(raw.get(loop)) for loop in raw.get_loops(block))
+__all__ = ["GPUAutoBind", "GPUCrossThreadReduction"]
 
 
 def _unbound_loops(sch: Schedule, block: BlockRV) -> tuple[list[LoopRV], list[str]] | None:
