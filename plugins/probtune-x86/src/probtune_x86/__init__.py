@@ -28,7 +28,7 @@ from probtune_x86.bf16 import BF16DotProduct, PadBF16Channels, RewriteBF16Layout
 from probtune_x86.features import X86Features
 from probtune_x86.vnni import PadVNNIChannels, RewriteVNNILayout, VNNIDotProduct
 
-__all__ = ["BF16_FEATURE", "VNNI_FEATURE", "dot_product_space", "make_targets"]
+__all__ = ["BF16_FEATURE", "VNNI_FEATURE", "dot_product_space", "host_mattr", "make_targets"]
 
 VNNI_FEATURE = "avx512_vnni"
 """The CPU flag (``/proc/cpuinfo``) of AVX-512 VNNI, which ``vpdpbusd`` needs."""
@@ -42,6 +42,21 @@ AVX512_REGISTER_FILE_BYTES = 32 * 64
 (AVX2's 16 ymm registers hold 512 bytes, under TVM's own 1 KB cut-off)."""
 
 X86_64 = ("x86_64", "AMD64")  # platform.machine() on Linux and Windows
+
+_LLVM_FEATURES = {
+    "avx512_vnni": "avx512vnni", "avx512_bf16": "avx512bf16", "avx512_fp16": "avx512fp16", "avx_vnni": "avxvnni",
+    "amx_tile": "amx-tile", "amx_int8": "amx-int8", "amx_bf16": "amx-bf16",
+}
+"""The CPU flags of the dot-product and tile instructions, by their LLVM feature names."""
+
+
+def host_mattr(cpu: str, flags: frozenset[str]) -> list[str]:
+    """The LLVM features (``+name``) this CPU's flags list but LLVM's model ``cpu`` lacks: a virtual machine may
+    report a Sapphire Rapids' AMX and AVX512-BF16 under a CPU model LLVM reads as an older part (Rocket Lake)."""
+    from tvm.target import Target, codegen
+
+    known = set(codegen.llvm_get_cpu_features(Target({"kind": "llvm", "mcpu": cpu})))
+    return [f"+{llvm}" for flag, llvm in _LLVM_FEATURES.items() if flag in flags and llvm not in known]
 
 
 def dot_product_space(vnni: bool, bf16: bool) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
@@ -107,11 +122,12 @@ def _host_target(cores: int) -> TargetSpec:
     bf16 = width == 16 and BF16_FEATURE in features
     cpu = codegen.llvm_get_system_cpu()
     extras = [what for what, offered in (("VNNI 8-bit", vnni), ("AVX512-BF16", bf16)) if offered]
+    mattr = host_mattr(cpu, features)
     return _cpu_target(
         "host",
         f"this machine's CPU ({cpu}, {width} fp32 lanes{''.join(', ' + e for e in extras)}"
         f"{' dot products' if extras else ''})",
-        {"kind": "llvm", "mcpu": cpu, "num-cores": cores},
+        {"kind": "llvm", "mcpu": cpu, "num-cores": cores, **({"mattr": mattr} if mattr else {})},
         width,
         vnni,
         bf16,
