@@ -122,11 +122,14 @@ def _inline(sch: Schedule, plan: _Plan) -> list[str]:
     left = list(plan.producers)
     for name in plan.producers[1:]:
         block = sch.get_sblock(name)
-        raw, block_rv = sch.tvm, sch.resolve(block)
-        if is_spatial(raw.get(block_rv)) and allows(raw, lambda trial, rv=block_rv: trial.compute_inline(rv)):
+        if _inlinable(sch.tvm, sch.resolve(block)):
             sch.compute_inline(block)
             left.remove(name)
     return left
+
+
+def _inlinable(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV) -> bool:
+    return is_spatial(raw.get(block_rv)) and allows(raw, lambda trial: trial.compute_inline(block_rv))
 
 
 def _fuse(sch: Schedule, plan: _Plan, threads: ExprRV | int) -> None:
