@@ -16,13 +16,14 @@ compile of its programs (:func:`probtune.measure.codegen.compile_for`) goes thro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import tvm
 from tvm import tirx
 
-__all__ = ["TVM_STACK_BYTES", "LLVMCompiler", "compile_program"]
+__all__ = ["TVM_STACK_BYTES", "LLVMCompiler", "Lowering", "compile_program"]
 
 TVM_STACK_BYTES = 1024
 """TVM's own cut-off: it puts a constant-size buffer smaller than this on the stack, a larger one in a heap workspace."""
@@ -78,15 +79,21 @@ def _keep_on_stack(stmt: Any, limit: int) -> Any | None:
 
 _registered: set[str] = set()  # names of the pipelines registered with TVM by this process
 
+Lowering = Callable[[tirx.PrimFunc], tirx.PrimFunc]
+"""A target's own step of lowering a function (setting up an instruction's state), before TVM lowers its builtins."""
 
-def _pipeline_name(limit: int) -> str:
-    """TVM's lowering (its "s_tir" pipeline, what ``tvm.compile`` uses for CPUs), registered once per ``limit``."""
-    name = f"probtune-stack-{limit}"
+
+def _pipeline_name(limit: int, lowering: tuple[Lowering, ...] = ()) -> str:
+    """TVM's lowering (its "s_tir" pipeline, what ``tvm.compile`` uses for CPUs), registered once per ``limit`` and
+    steps."""
+    name = "-".join(["probtune-stack", str(limit), *(f"{step.__module__}.{step.__qualname__}" for step in lowering)])
     if name in _registered:
         return name
 
     @tirx.transform.prim_func_pass(opt_level=0, name="probtune.KeepRegisterTilesOnStack")
     def keep_on_stack(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx: Any) -> tirx.PrimFunc:
+        for step in lowering:
+            func = step(func)
         body = _keep_on_stack(func.body, limit)
         return func if body is None else func.with_body(body)
 
@@ -100,18 +107,23 @@ def _pipeline_name(limit: int) -> str:
 
 
 def compile_program(
-    mod: tvm.IRModule, target: tvm.target.Target | dict[str, Any] | str, *, stack_buffer_bytes: int = TVM_STACK_BYTES
+    mod: tvm.IRModule,
+    target: tvm.target.Target | dict[str, Any] | str,
+    *,
+    stack_buffer_bytes: int = TVM_STACK_BYTES,
+    lowering: tuple[Lowering, ...] = (),
 ) -> Any:
     """Compile a finished program for ``target`` (a TVM target or what makes one) the way the tuner measures it.
 
-    Constant-size buffers smaller than ``stack_buffer_bytes`` go on the stack;
-    at TVM's own cut-off or below, this is plain ``tvm.compile``.
+    Constant-size buffers smaller than ``stack_buffer_bytes`` go on the stack,
+    and each function goes through the target's ``lowering`` steps; at TVM's
+    own cut-off or below and with no steps, this is plain ``tvm.compile``.
     """
     if not isinstance(target, tvm.target.Target):
         target = tvm.target.Target(target)
-    if stack_buffer_bytes <= TVM_STACK_BYTES:
+    if stack_buffer_bytes <= TVM_STACK_BYTES and not lowering:
         return tvm.compile(mod, target=target)
-    return tvm.compile(mod, target=target, tir_pipeline=_pipeline_name(stack_buffer_bytes))
+    return tvm.compile(mod, target=target, tir_pipeline=_pipeline_name(stack_buffer_bytes, lowering))
 
 
 @dataclass(frozen=True)
@@ -125,9 +137,11 @@ class LLVMCompiler:
 
     stack_buffer_bytes: int = TVM_STACK_BYTES
     linker: str | None = None
+    lowering: tuple[Lowering, ...] = ()
+    """The target's own lowering steps (module-level functions, so that the compiler pickles)."""
 
     def __call__(self, mod: tvm.IRModule, tvm_target: dict[str, Any]) -> Any:
-        return compile_program(mod, tvm_target, stack_buffer_bytes=self.stack_buffer_bytes)
+        return compile_program(mod, tvm_target, stack_buffer_bytes=self.stack_buffer_bytes, lowering=self.lowering)
 
     def export(self, executable: Any, path: str, workspace_dir: str | None = None) -> None:
         """Write ``executable`` as a shared library at ``path``, linked by ``linker``."""

@@ -24,17 +24,21 @@ from probtune_cpu.defaults import (
 )
 from probtune_cpu.host_cpu import CPURequirement, cpu_features, cpu_model
 from probtune_cpu.vector_unit import vector_attrs
+from probtune_x86.amx import AMXDotProduct, RewriteAMXLayout, configure_tiles
 from probtune_x86.bf16 import BF16DotProduct, PadBF16Channels, RewriteBF16Layout
 from probtune_x86.features import X86Features
 from probtune_x86.vnni import PadVNNIChannels, RewriteVNNILayout, VNNIDotProduct
 
-__all__ = ["BF16_FEATURE", "VNNI_FEATURE", "dot_product_space", "host_mattr", "make_targets"]
+__all__ = ["AMX_FEATURE", "BF16_FEATURE", "VNNI_FEATURE", "dot_product_space", "host_mattr", "make_targets"]
 
 VNNI_FEATURE = "avx512_vnni"
 """The CPU flag (``/proc/cpuinfo``) of AVX-512 VNNI, which ``vpdpbusd`` needs."""
 
 BF16_FEATURE = "avx512_bf16"
 """The CPU flag of AVX512-BF16, which ``vdpbf16ps`` needs."""
+
+AMX_FEATURE = "amx_int8"
+"""The CPU flag of AMX-INT8, which ``tdpbusd`` needs."""
 
 
 AVX512_REGISTER_FILE_BYTES = 32 * 64
@@ -59,12 +63,15 @@ def host_mattr(cpu: str, flags: frozenset[str]) -> list[str]:
     return [f"+{llvm}" for flag, llvm in _LLVM_FEATURES.items() if flag in flags and llvm not in known]
 
 
-def dot_product_space(vnni: bool, bf16: bool) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+def dot_product_space(vnni: bool, bf16: bool, amx: bool = False) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """The CPU modules, validators and graph rewrites with the dot-product instructions': their tilings before
-    multi-level tiling's, their layouts and intrinsics after the weights' panels and the reductions' initialisations,
-    their channel padding after the float convolutions'."""
-    tilings = [m.name for m, offered in ((VNNIDotProduct, vnni), (BF16DotProduct, bf16)) if offered]
-    layouts = [v.name for v, offered in ((RewriteVNNILayout, vnni), (RewriteBF16Layout, bf16)) if offered]
+    multi-level tiling's (AMX's tile product before ``vpdpbusd``, which takes its other sketch), their layouts and
+    intrinsics after the weights' panels and the reductions' initialisations, their channel padding after the float
+    convolutions'. AMX is offered with VNNI only."""
+    amx = amx and vnni
+    tilings = [m.name for m, offered in ((AMXDotProduct, amx), (VNNIDotProduct, vnni), (BF16DotProduct, bf16)) if offered]
+    layouts = [v.name for v, offered in ((RewriteAMXLayout, amx), (RewriteVNNILayout, vnni), (RewriteBF16Layout, bf16))
+               if offered]
     if not tilings:
         return DEFAULT_MODULES, DEFAULT_VALIDATORS, DEFAULT_GRAPH_REWRITES
     modules = list(DEFAULT_MODULES)
@@ -87,13 +94,14 @@ def _cpu_target(
     width: int,
     vnni: bool = False,
     bf16: bool = False,
+    amx: bool = False,
     **fields: Any,
 ) -> TargetSpec:
-    """A target with the CPU space, its vector unit (AVX-512 has 32 vector registers, the others 16), and its compiler;
-    with ``bf16``, the precision ``bf16`` too."""
+    """A target with the CPU space, its vector unit (AVX-512 has 32 vector registers, the others 16), and its compiler
+    (with ``amx``, one that configures the tiles); with ``bf16``, the precision ``bf16`` too."""
     registers = 32 if width == 16 else 16
     stack_bytes = AVX512_REGISTER_FILE_BYTES if width == 16 else TVM_STACK_BYTES
-    modules, validators, rewrites = dot_product_space(vnni, bf16)
+    modules, validators, rewrites = dot_product_space(vnni, bf16, amx)
     if bf16:
         fields["precisions"] = (*TARGET_PRECISIONS, "bf16")
     return TargetSpec(
@@ -107,7 +115,7 @@ def _cpu_target(
         graph_rewrites=rewrites,
         concat_in_place=True,
         attrs=vector_attrs(width, registers),
-        compiler=LLVMCompiler(stack_bytes),
+        compiler=LLVMCompiler(stack_bytes, lowering=(configure_tiles,) if amx and vnni else ()),
         local_device=cpu_model,
         **fields,
     )
@@ -120,8 +128,9 @@ def _host_target(cores: int) -> TargetSpec:
     width = 16 if "avx512f" in features else 8 if "avx2" in features else 4
     vnni = width == 16 and VNNI_FEATURE in features
     bf16 = width == 16 and BF16_FEATURE in features
+    amx = vnni and AMX_FEATURE in features
     cpu = codegen.llvm_get_system_cpu()
-    extras = [what for what, offered in (("VNNI 8-bit", vnni), ("AVX512-BF16", bf16)) if offered]
+    extras = [what for what, offered in (("VNNI 8-bit", vnni), ("AMX 8-bit tile", amx), ("AVX512-BF16", bf16)) if offered]
     mattr = host_mattr(cpu, features)
     return _cpu_target(
         "host",
@@ -131,6 +140,7 @@ def _host_target(cores: int) -> TargetSpec:
         width,
         vnni,
         bf16,
+        amx,
     )
 
 
@@ -169,12 +179,14 @@ def probtune_register_targets(register: Callable[[Any], None]) -> None:
 
 @hookimpl
 def probtune_register_space_modules(register: Callable[[Any], None]) -> None:
+    register(AMXDotProduct())
     register(VNNIDotProduct())
     register(BF16DotProduct())
 
 
 @hookimpl
 def probtune_register_validators(register: Callable[[Any], None]) -> None:
+    register(RewriteAMXLayout())
     register(RewriteVNNILayout())
     register(RewriteBF16Layout())
 

@@ -9,7 +9,8 @@ columns say:
 
 ``vnni_calls``: the ``vpdpbusd`` instructions the program executes, each
 times the loop iterations around it (zero for a program without one);
-``bf16_calls``: the same of ``vdpbf16ps`` (:mod:`probtune_x86.bf16`).
+``bf16_calls``: the same of ``vdpbf16ps`` (:mod:`probtune_x86.bf16`);
+``amx_calls``: the same of AMX's ``tdpbusd`` (:mod:`probtune_x86.amx`), each 16 x 16 x 64 products.
 """
 
 from __future__ import annotations
@@ -22,21 +23,22 @@ import tvm
 from tvm import tirx
 
 from probtune.plugin import child_stmts
+from probtune_x86.amx import AMX_LLVM_NAME
 from probtune_x86.bf16 import BF16_CALL
 from probtune_x86.vnni import VNNI_LLVM_NAME
 
 __all__ = ["X86_FEATURE_NAMES", "X86Features", "x86_features"]
 
-X86_FEATURE_NAMES: tuple[str, ...] = ("vnni_calls", "bf16_calls")
+X86_FEATURE_NAMES: tuple[str, ...] = ("vnni_calls", "bf16_calls", "amx_calls")
 
 _OPERANDS = ("uint8", "int8", "bfloat16")  # the instructions' operand types: a program without one runs neither
 
 
 @functools.cache
-def _vnni_id() -> int:
+def _intrinsic_id(name: str) -> int:
     from tvm.target.codegen import llvm_lookup_intrinsic_id
 
-    return int(llvm_lookup_intrinsic_id(VNNI_LLVM_NAME))
+    return int(llvm_lookup_intrinsic_id(name))
 
 
 @dataclass(frozen=True)
@@ -55,10 +57,13 @@ def _column(value: tirx.PrimExpr) -> int | None:
     if not isinstance(value, tvm.ir.Call):
         return None
     op = str(getattr(value.op, "name", ""))
-    if op == "tirx.call_llvm_pure_intrin" and isinstance(value.args[0], tirx.IntImm) and int(value.args[0]) == _vnni_id():
+    first = value.args[0] if value.args else None
+    if op == "tirx.call_llvm_pure_intrin" and isinstance(first, tirx.IntImm) and int(first) == _intrinsic_id(VNNI_LLVM_NAME):
         return 0
-    if op == "tirx.call_extern" and str(getattr(value.args[0], "value", "")) == BF16_CALL:
+    if op == "tirx.call_extern" and str(getattr(first, "value", "")) == BF16_CALL:
         return 1
+    if op == "tirx.call_llvm_intrin" and isinstance(first, tirx.IntImm) and int(first) == _intrinsic_id(AMX_LLVM_NAME):
+        return 2
     return None
 
 
@@ -75,7 +80,7 @@ def x86_features(func: tirx.PrimFunc) -> np.ndarray:
             extent = int(node.extent.value) if isinstance(node.extent, tirx.IntImm) else 1
             stack.append((node.body, iterations * extent))
             continue
-        column = _column(node.value) if isinstance(node, tirx.BufferStore) else None
+        column = _column(node.value) if isinstance(node, (tirx.BufferStore, tirx.Evaluate)) else None
         if column is not None:
             raw[column] += iterations
         stack.extend((child, iterations) for child in child_stmts(node))

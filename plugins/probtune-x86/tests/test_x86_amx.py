@@ -1,0 +1,106 @@
+"""AMX tile products (``tdpbusd``): which blocks map onto a 16 x 16 x 64 tile, and programs that run it and compute
+exactly what the plain program does (where this CPU has AMX-INT8; elsewhere they are only compiled)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te, topi
+
+from conftest import run_module
+from probtune import Rng, generate_space
+from probtune.measure.codegen import compile_for
+from probtune.targets import resolve_target
+from probtune.workloads.workload import Workload
+from probtune_cpu.host_cpu import cpu_features
+from probtune_x86 import AMX_FEATURE, _cpu_target
+from probtune_x86.amx import AMXDotProduct, amx_plan
+from probtune_x86.features import X86_FEATURE_NAMES, x86_features
+
+SAPPHIRE_RAPIDS = _cpu_target("amx-test", "Sapphire Rapids", {"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2},
+                              16, vnni=True, amx=True)
+"""A target with AMX whatever this machine is: programs compile for it anywhere, and run where the CPU has AMX."""
+
+HAS_AMX = AMX_FEATURE in cpu_features()
+
+
+def _matmul(m: int, n: int, k: int, transposed: bool = False) -> Workload:
+    a = te.placeholder((m, k), "uint8", name="A")
+    b = te.placeholder((n, k) if transposed else (k, n), "int8", name="B")
+    r = te.reduce_axis((0, k), "r")
+    c = te.compute((m, n), lambda i, j: te.sum(
+        a[i, r].astype("int32") * (b[j, r] if transposed else b[r, j]).astype("int32"), axis=r), name="C")
+    return Workload.from_module(te.create_prim_func([a, b, c]), name="amx_matmul")
+
+
+def _conv(width: int, channels: int, filters: int, kernel: int, stride: int = 1) -> Workload:
+    x = te.placeholder((1, width, width, channels), "uint8", name="X")
+    w = te.placeholder((kernel, kernel, channels, filters), "int8", name="W")
+    y = topi.nn.conv2d_nhwc(x, w, stride, kernel // 2, 1, out_dtype="int32")
+    return Workload.from_module(te.create_prim_func([x, w, y]), name="amx_conv")
+
+
+def _plan(workload: Workload, name: str):
+    sch = tvm.s_tir.Schedule(workload.mod)
+    return amx_plan(sch, sch.get_sblock(name))
+
+
+def test_the_plan_finds_rows_columns_and_terms():
+    assert _plan(_matmul(64, 64, 128), "C").rows_loop == 0
+    assert _plan(_matmul(32, 48, 64, transposed=True), "C").rows_loop == 0
+    assert _plan(_conv(16, 64, 32, 3), "conv2d_nhwc").rows_loop == 2  # the output pixels along a row
+
+
+@pytest.mark.parametrize(("workload", "block"), [
+    (_matmul(28, 64, 128), "C"),  # 28 rows are not whole tiles
+    (_matmul(64, 64, 96), "C"),  # 96 terms are not whole tiles of 64
+    (_conv(32, 64, 32, 3, stride=2), "conv2d_nhwc"),  # a stride-2 row reads every other pixel: no tile rows
+    (_conv(16, 32, 32, 3), "conv2d_nhwc"),  # 32 channels: a tile's 64 terms would cross the window's taps
+])
+def test_blocks_a_tile_does_not_fit_are_left_to_vnni(workload, block):
+    assert _plan(workload, block) is None
+
+
+def test_the_space_has_the_tile_product_first_and_vnni_as_its_other_sketch():
+    space = generate_space(_matmul(64, 64, 128), SAPPHIRE_RAPIDS)
+    assert AMXDotProduct().name in [m.name for m in space.modules]
+    (vnni,) = space.alternatives
+    tiles, _ = space.draw(Rng(0), space.trace.with_decisions({}))
+    vectors, _ = space.draw(Rng(0), vnni.trace.with_decisions({}))
+    assert "tdpbusd" in compile_for(tiles.mod, SAPPHIRE_RAPIDS).mod.inspect_source("asm")
+    assert "vpdpbusd" in compile_for(vectors.mod, SAPPHIRE_RAPIDS).mod.inspect_source("asm")
+
+
+@pytest.mark.parametrize("workload", [
+    _matmul(64, 64, 128), _matmul(32, 48, 64, transposed=True), _conv(16, 64, 32, 1), _conv(16, 64, 32, 3),
+])
+def test_programs_run_the_tile_product_and_compute_the_plain_programs_sums(workload):
+    space = generate_space(workload, SAPPHIRE_RAPIDS)
+    draws = (space.draw(Rng(n), space.trace.with_decisions({})) for n in range(20))
+    programs = [sch.mod for sch, rejected in draws if rejected is None][:3]
+    assert programs
+    rng = np.random.default_rng(0)
+    (a_shape, _), (b_shape, _), (out_shape, _) = workload.param_specs()
+    arrays = [rng.integers(0, 256, a_shape).astype("uint8"), rng.integers(-128, 128, b_shape).astype("int8"),
+              np.zeros(out_shape, "int32")]
+    want = run_module(compile_for(workload.mod, resolve_target("llvm")), arrays)[2]
+    for program in programs:
+        lib = compile_for(program, SAPPHIRE_RAPIDS)
+        asm = lib.mod.inspect_source("asm")
+        assert "tdpbusd" in asm and "ldtilecfg" in asm
+        if HAS_AMX:
+            np.testing.assert_array_equal(run_module(lib, arrays)[2], want)
+
+
+def test_the_cost_model_counts_the_tile_products():
+    space = generate_space(_matmul(64, 64, 128), SAPPHIRE_RAPIDS)
+    sch, rejected = space.draw(Rng(0), space.trace.with_decisions({}))
+    assert rejected is None
+    counts = dict(zip(X86_FEATURE_NAMES, x86_features(sch.mod["main"])))
+    assert counts["amx_calls"] == (64 // 16) * (64 // 16) * (128 // 64) and counts["vnni_calls"] == 0
+
+
+def test_the_host_target_offers_tiles_where_the_cpu_has_them():
+    assert (AMXDotProduct().name in resolve_target("host").modules) == HAS_AMX
+    assert AMXDotProduct().name not in resolve_target("x86-avx512").modules
