@@ -1,8 +1,9 @@
-"""AMX tile products (``tdpbusd``): which blocks map onto a 16 x 16 x 64 tile, and programs that run it and compute
-exactly what the plain program does (where this CPU has AMX-INT8; elsewhere they are only compiled)."""
+"""AMX tile products (``tdpbusd``, ``tdpbf16ps``): which blocks map onto a tile, and programs that run it and compute
+what the plain program does (exactly for bytes; where this CPU has AMX, elsewhere they are only compiled)."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 import tvm
@@ -14,24 +15,35 @@ from probtune.measure.codegen import compile_for
 from probtune.targets import resolve_target
 from probtune.workloads.workload import Workload
 from probtune_cpu.host_cpu import cpu_features
-from probtune_x86 import AMX_FEATURE, _cpu_target
-from probtune_x86.amx import AMXDotProduct, amx_plan
+from probtune_x86 import AMX_BF16_FEATURE, AMX_FEATURE, _cpu_target
+from probtune_x86.amx import AMX, AMX_BF16, AMXBF16DotProduct, AMXDotProduct, amx_plan
 from probtune_x86.features import X86_FEATURE_NAMES, x86_features
 
 SAPPHIRE_RAPIDS = _cpu_target("amx-test", "Sapphire Rapids", {"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2},
-                              16, vnni=True, amx=True)
+                              16, vnni=True, bf16=True, amx=True, amx_bf16=True)
 """A target with AMX whatever this machine is: programs compile for it anywhere, and run where the CPU has AMX."""
 
-HAS_AMX = AMX_FEATURE in cpu_features()
+HAS_AMX = {AMX_FEATURE, AMX_BF16_FEATURE} <= cpu_features()
 
 
-def _matmul(m: int, n: int, k: int, transposed: bool = False) -> Workload:
-    a = te.placeholder((m, k), "uint8", name="A")
-    b = te.placeholder((n, k) if transposed else (k, n), "int8", name="B")
+def _matmul(m: int, n: int, k: int, transposed: bool = False, bf16: bool = False) -> Workload:
+    a = te.placeholder((m, k), "bfloat16" if bf16 else "uint8", name="A")
+    b = te.placeholder((n, k) if transposed else (k, n), "bfloat16" if bf16 else "int8", name="B")
+    acc = "float32" if bf16 else "int32"
     r = te.reduce_axis((0, k), "r")
     c = te.compute((m, n), lambda i, j: te.sum(
-        a[i, r].astype("int32") * (b[j, r] if transposed else b[r, j]).astype("int32"), axis=r), name="C")
+        a[i, r].astype(acc) * (b[j, r] if transposed else b[r, j]).astype(acc), axis=r), name="C")
     return Workload.from_module(te.create_prim_func([a, b, c]), name="amx_matmul")
+
+
+def _operands(workload: Workload) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    (a_shape, a_dtype), (b_shape, _), (out_shape, out_dtype) = workload.param_specs()
+    if a_dtype == "bfloat16":
+        return [rng.standard_normal(a_shape).astype(ml_dtypes.bfloat16),
+                rng.standard_normal(b_shape).astype(ml_dtypes.bfloat16), np.zeros(out_shape, out_dtype)]
+    return [rng.integers(0, 256, a_shape).astype("uint8"), rng.integers(-128, 128, b_shape).astype("int8"),
+            np.zeros(out_shape, out_dtype)]
 
 
 def _conv(width: int, channels: int, filters: int, kernel: int, stride: int = 1) -> Workload:
@@ -50,6 +62,9 @@ def test_the_plan_finds_rows_columns_and_terms():
     assert _plan(_matmul(64, 64, 128), "C").rows_loop == 0
     assert _plan(_matmul(32, 48, 64, transposed=True), "C").rows_loop == 0
     assert _plan(_conv(16, 64, 32, 3), "conv2d_nhwc").rows_loop == 2  # the output pixels along a row
+    sch = tvm.s_tir.Schedule(_matmul(32, 32, 32, bf16=True).mod)
+    assert amx_plan(sch, sch.get_sblock("C"), AMX_BF16).rows_loop == 0  # 32 bfloat16 terms fill a tile
+    assert amx_plan(sch, sch.get_sblock("C"), AMX) is None  # not bytes
 
 
 @pytest.mark.parametrize(("workload", "block"), [
@@ -74,23 +89,25 @@ def test_the_space_has_the_tile_product_first_and_vnni_as_its_other_sketch():
 
 @pytest.mark.parametrize("workload", [
     _matmul(64, 64, 128), _matmul(32, 48, 64, transposed=True), _conv(16, 64, 32, 1), _conv(16, 64, 32, 3),
+    _matmul(32, 48, 96, bf16=True), _matmul(16, 32, 64, transposed=True, bf16=True),
 ])
 def test_programs_run_the_tile_product_and_compute_the_plain_programs_sums(workload):
     space = generate_space(workload, SAPPHIRE_RAPIDS)
     draws = (space.draw(Rng(n), space.trace.with_decisions({})) for n in range(20))
     programs = [sch.mod for sch, rejected in draws if rejected is None][:3]
     assert programs
-    rng = np.random.default_rng(0)
-    (a_shape, _), (b_shape, _), (out_shape, _) = workload.param_specs()
-    arrays = [rng.integers(0, 256, a_shape).astype("uint8"), rng.integers(-128, 128, b_shape).astype("int8"),
-              np.zeros(out_shape, "int32")]
+    arrays = _operands(workload)
     want = run_module(compile_for(workload.mod, resolve_target("llvm")), arrays)[2]
     for program in programs:
         lib = compile_for(program, SAPPHIRE_RAPIDS)
         asm = lib.mod.inspect_source("asm")
-        assert "tdpbusd" in asm and "ldtilecfg" in asm
+        assert ("tdpbusd" in asm or "tdpbf16ps" in asm) and "ldtilecfg" in asm
         if HAS_AMX:
-            np.testing.assert_array_equal(run_module(lib, arrays)[2], want)
+            got = run_module(lib, arrays)[2]
+            if workload.param_specs()[2][1] == "int32":
+                np.testing.assert_array_equal(got, want)
+            else:  # float sums in another order
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
 
 
 def test_the_cost_model_counts_the_tile_products():
@@ -102,5 +119,6 @@ def test_the_cost_model_counts_the_tile_products():
 
 
 def test_the_host_target_offers_tiles_where_the_cpu_has_them():
-    assert (AMXDotProduct().name in resolve_target("host").modules) == HAS_AMX
-    assert AMXDotProduct().name not in resolve_target("x86-avx512").modules
+    for module, flag in ((AMXDotProduct(), AMX_FEATURE), (AMXBF16DotProduct(), AMX_BF16_FEATURE)):
+        assert (module.name in resolve_target("host").modules) == (flag in cpu_features())
+        assert module.name not in resolve_target("x86-avx512").modules

@@ -24,12 +24,18 @@ from probtune_cpu.defaults import (
 )
 from probtune_cpu.host_cpu import CPURequirement, cpu_features, cpu_model
 from probtune_cpu.vector_unit import vector_attrs
-from probtune_x86.amx import AMXDotProduct, RewriteAMXLayout, configure_tiles
+from probtune_x86.amx import (
+    AMXBF16DotProduct,
+    AMXDotProduct,
+    RewriteAMXBF16Layout,
+    RewriteAMXLayout,
+    configure_tiles,
+)
 from probtune_x86.bf16 import BF16DotProduct, PadBF16Channels, RewriteBF16Layout
 from probtune_x86.features import X86Features
 from probtune_x86.vnni import PadVNNIChannels, RewriteVNNILayout, VNNIDotProduct
 
-__all__ = ["AMX_FEATURE", "BF16_FEATURE", "VNNI_FEATURE", "dot_product_space", "host_mattr", "make_targets"]
+__all__ = ["AMX_BF16_FEATURE", "AMX_FEATURE", "BF16_FEATURE", "VNNI_FEATURE", "dot_product_space", "host_mattr", "make_targets"]
 
 VNNI_FEATURE = "avx512_vnni"
 """The CPU flag (``/proc/cpuinfo``) of AVX-512 VNNI, which ``vpdpbusd`` needs."""
@@ -39,6 +45,9 @@ BF16_FEATURE = "avx512_bf16"
 
 AMX_FEATURE = "amx_int8"
 """The CPU flag of AMX-INT8, which ``tdpbusd`` needs."""
+
+AMX_BF16_FEATURE = "amx_bf16"
+"""The CPU flag of AMX-BF16, which ``tdpbf16ps`` needs."""
 
 
 AVX512_REGISTER_FILE_BYTES = 32 * 64
@@ -63,15 +72,21 @@ def host_mattr(cpu: str, flags: frozenset[str]) -> list[str]:
     return [f"+{llvm}" for flag, llvm in _LLVM_FEATURES.items() if flag in flags and llvm not in known]
 
 
-def dot_product_space(vnni: bool, bf16: bool, amx: bool = False) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+def dot_product_space(
+    vnni: bool, bf16: bool, amx: bool = False, amx_bf16: bool = False
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """The CPU modules, validators and graph rewrites with the dot-product instructions': their tilings before
-    multi-level tiling's (AMX's tile product before ``vpdpbusd``, which takes its other sketch), their layouts and
-    intrinsics after the weights' panels and the reductions' initialisations, their channel padding after the float
-    convolutions'. AMX is offered with VNNI only."""
-    amx = amx and vnni
-    tilings = [m.name for m, offered in ((AMXDotProduct, amx), (VNNIDotProduct, vnni), (BF16DotProduct, bf16)) if offered]
-    layouts = [v.name for v, offered in ((RewriteAMXLayout, amx), (RewriteVNNILayout, vnni), (RewriteBF16Layout, bf16))
-               if offered]
+    multi-level tiling's (an AMX tile product before the vector instruction of its types, which takes its other
+    sketch), their layouts and intrinsics after the weights' panels and the reductions' initialisations, their channel
+    padding after the float convolutions'. An AMX tile product is offered with its vector instruction only."""
+    offered = (
+        (AMXDotProduct, RewriteAMXLayout, amx and vnni),
+        (VNNIDotProduct, RewriteVNNILayout, vnni),
+        (AMXBF16DotProduct, RewriteAMXBF16Layout, amx_bf16 and bf16),
+        (BF16DotProduct, RewriteBF16Layout, bf16),
+    )
+    tilings = [tiling.name for tiling, _, on in offered if on]
+    layouts = [layout.name for _, layout, on in offered if on]
     if not tilings:
         return DEFAULT_MODULES, DEFAULT_VALIDATORS, DEFAULT_GRAPH_REWRITES
     modules = list(DEFAULT_MODULES)
@@ -95,13 +110,15 @@ def _cpu_target(
     vnni: bool = False,
     bf16: bool = False,
     amx: bool = False,
+    amx_bf16: bool = False,
     **fields: Any,
 ) -> TargetSpec:
     """A target with the CPU space, its vector unit (AVX-512 has 32 vector registers, the others 16), and its compiler
-    (with ``amx``, one that configures the tiles); with ``bf16``, the precision ``bf16`` too."""
+    (with AMX, one that configures the tiles); with ``bf16``, the precision ``bf16`` too."""
     registers = 32 if width == 16 else 16
     stack_bytes = AVX512_REGISTER_FILE_BYTES if width == 16 else TVM_STACK_BYTES
-    modules, validators, rewrites = dot_product_space(vnni, bf16, amx)
+    modules, validators, rewrites = dot_product_space(vnni, bf16, amx, amx_bf16)
+    tiles = (amx and vnni) or (amx_bf16 and bf16)
     if bf16:
         fields["precisions"] = (*TARGET_PRECISIONS, "bf16")
     return TargetSpec(
@@ -115,7 +132,7 @@ def _cpu_target(
         graph_rewrites=rewrites,
         concat_in_place=True,
         attrs=vector_attrs(width, registers),
-        compiler=LLVMCompiler(stack_bytes, lowering=(configure_tiles,) if amx and vnni else ()),
+        compiler=LLVMCompiler(stack_bytes, lowering=(configure_tiles,) if tiles else ()),
         local_device=cpu_model,
         **fields,
     )
@@ -129,8 +146,10 @@ def _host_target(cores: int) -> TargetSpec:
     vnni = width == 16 and VNNI_FEATURE in features
     bf16 = width == 16 and BF16_FEATURE in features
     amx = vnni and AMX_FEATURE in features
+    amx_bf16 = bf16 and AMX_BF16_FEATURE in features
     cpu = codegen.llvm_get_system_cpu()
-    extras = [what for what, offered in (("VNNI 8-bit", vnni), ("AMX 8-bit tile", amx), ("AVX512-BF16", bf16)) if offered]
+    extras = [what for what, offered in (("VNNI 8-bit", vnni), ("AMX 8-bit tile", amx), ("AVX512-BF16", bf16),
+                                         ("AMX bf16 tile", amx_bf16)) if offered]
     mattr = host_mattr(cpu, features)
     return _cpu_target(
         "host",
@@ -141,6 +160,7 @@ def _host_target(cores: int) -> TargetSpec:
         vnni,
         bf16,
         amx,
+        amx_bf16,
     )
 
 
@@ -181,6 +201,7 @@ def probtune_register_targets(register: Callable[[Any], None]) -> None:
 def probtune_register_space_modules(register: Callable[[Any], None]) -> None:
     register(AMXDotProduct())
     register(VNNIDotProduct())
+    register(AMXBF16DotProduct())
     register(BF16DotProduct())
 
 
@@ -188,6 +209,7 @@ def probtune_register_space_modules(register: Callable[[Any], None]) -> None:
 def probtune_register_validators(register: Callable[[Any], None]) -> None:
     register(RewriteAMXLayout())
     register(RewriteVNNILayout())
+    register(RewriteAMXBF16Layout())
     register(RewriteBF16Layout())
 
 

@@ -1,16 +1,17 @@
-"""AMX: 8-bit products summed in int32 on tile registers, 16 x 16 outputs x 64 terms per instruction (``tdpbusd``).
+"""AMX: tile products, 16 x 16 sums per instruction of 64 bytes of products (``tdpbusd``, ``tdpbf16ps``).
 
-A reduction that ``vpdpbusd`` computes (:mod:`probtune_x86.vnni`) and that
+A reduction that a vector dot product computes (``vpdpbusd``,
+:mod:`probtune_x86.vnni`; ``vdpbf16ps``, :mod:`probtune_x86.bf16`) and that
 also has a row loop ``i``, indexing the output's and ``A``'s second-to-last
 dimensions (a matrix product's rows, a convolution's output pixels along a
 row), maps onto an AMX tile product: ``C[i, j] += A[i, k] * B[k, j]`` over 16
-rows, 16 columns and 64 terms, with ``A``'s rows and ``C``'s read at their
-strides and ``B`` in the same blocked layout as for ``vpdpbusd``
-(``[..., j // 16, k // 4, j % 16, k % 4]``: 64 consecutive ``k`` of 16
-columns are one 16 x 64-byte tile). Each product loads its ``C`` tile and
-stores it back, which costs little beside the product; the tile
+rows, 16 columns and 64 terms of bytes or 32 of bfloat16, with ``A``'s rows
+and ``C``'s read at their strides and ``B`` in the vector instruction's
+blocked layout (``[..., j // 16, k // depth, j % 16, k % depth]``: a tile's
+terms of 16 columns are one 16 x 64-byte tile). Each product loads its ``C``
+tile and stores it back, which costs little beside the product; the tile
 configuration (every tile 16 rows of 64 bytes) is loaded once per parallel
-task by :func:`configure_tiles`, a lowering pass, and Linux's permission to
+task by :func:`configure_tiles`, a lowering step, and Linux's permission to
 use the tiles is asked once per call of the kernel (``arch_prctl``), so a
 compiled model runs in any process that loads it.
 """
@@ -28,33 +29,53 @@ from probtune.plugin import SPATIAL, BlockRV, Schedule, SpaceContext, at_root, i
 from probtune_cpu.llvm_features import llvm_target_has
 from probtune_cpu.multi_level_tiling import WRITE_BACK_DEPTH_KEY, write_back_per_tile
 from probtune_cpu.tensorize import TENSORIZE_KEY
+from probtune_x86.bf16 import BF16
 from probtune_x86.dot_product import DotInstruction, DotPlan, DotProductTiling, RewriteDotLayout, dot_plan
 from probtune_x86.vnni import VNNI
 
 __all__ = [
     "AMX",
-    "AMX_INTRINSIC",
-    "AMX_LAYOUT_KEY",
-    "AMX_LLVM_NAME",
-    "AMX_TILE",
+    "AMX_BF16",
+    "BF16_TILE",
+    "INT8_TILE",
+    "TILE_COLUMNS",
+    "TILE_ROWS",
+    "AMXBF16DotProduct",
     "AMXDotProduct",
     "AMXPlan",
+    "RewriteAMXBF16Layout",
     "RewriteAMXLayout",
+    "TileProduct",
     "amx_plan",
     "configure_tiles",
+    "register_amx_bf16_intrinsic",
     "register_amx_intrinsic",
+    "register_tile_intrinsic",
 ]
 
-AMX_INTRINSIC = "probtune_x86.amx_u8s8_16x16x64"
-"""The tensor intrinsic's name in TVM's table (:func:`register_amx_intrinsic`)."""
+@dataclass(frozen=True)
+class TileProduct:
+    """One AMX tile product: 16 x 16 sums of ``terms`` products of ``a_dtype`` by ``b_dtype`` (64 bytes of a row of
+    ``A``), ``depth`` consecutive terms per 32-bit pair, as the vector dot product of those types blocks ``B``."""
 
-AMX_TILE = (16, 16, 64)
-"""Rows, columns and terms of one ``tdpbusd``."""
+    intrinsic: str  # the tensor intrinsic's name in TVM's table
+    llvm_name: str
+    a_dtype: str
+    b_dtype: str
+    accumulator: str
+    depth: int
+    terms: int
 
-AMX_LLVM_NAME = "llvm.x86.tdpbusd"
-"""LLVM's name of ``tdpbusd`` on tile registers named by number."""
 
-_TILE_CALLS = ("llvm.x86.tileloadd64", AMX_LLVM_NAME, "llvm.x86.tilestored64")
+INT8_TILE = TileProduct("probtune_x86.amx_u8s8_16x16x64", "llvm.x86.tdpbusd", "uint8", "int8", "int32", 4, 64)
+"""``tdpbusd``: unsigned by signed bytes, summed in int32."""
+
+BF16_TILE = TileProduct("probtune_x86.amx_bf16_16x16x32", "llvm.x86.tdpbf16ps", "bfloat16", "bfloat16", "float32", 2, 32)
+"""``tdpbf16ps``: bfloat16 pairs, summed in float32."""
+
+TILE_ROWS = TILE_COLUMNS = 16
+
+_TILE_CALLS = ("llvm.x86.tileloadd64", INT8_TILE.llvm_name, BF16_TILE.llvm_name, "llvm.x86.tilestored64")
 _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158  # Linux x86-64's
 _CONFIG_WORDS = (1, 0, 0x0040_0040_0040_0040, 0x0040_0040_0040_0040, 0, 0, 0x1010_1010_1010_1010, 0)
 """LDTILECFG's 64 bytes as eight words: palette 1, each of the 8 tiles 64 bytes wide and 16 rows high."""
@@ -65,46 +86,63 @@ def _tile_call(name: str, *args: Any) -> tirx.Stmt:
 
 
 @functools.cache
-def register_amx_intrinsic() -> str:
-    """Register the tile product (its description, and tile loads, ``tdpbusd`` and a tile store) once."""
+def register_tile_intrinsic(tile: TileProduct) -> str:
+    """Register ``tile``'s tensor intrinsic (its description; tile loads, the product and a tile store) once."""
     from tvm.script import tirx as T
 
-    rows, columns, terms = AMX_TILE
+    rows, columns, terms, depth = TILE_ROWS, TILE_COLUMNS, tile.terms, tile.depth
+    a_dtype, b_dtype, acc = tile.a_dtype, tile.b_dtype, tile.accumulator
+    a_bytes = tvm.DataType(a_dtype).bits // 8
+    a_storage, b_storage = ("uint16" if t == "bfloat16" else t for t in (a_dtype, b_dtype))  # bfloat16 is stored so
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (rows, terms), "uint8", offset_factor=1)
-        B = T.match_buffer(b, (terms // 4, columns, 4), "int8", offset_factor=1)
-        C = T.match_buffer(c, (rows, columns), "int32", offset_factor=1)
+        A = T.match_buffer(a, (rows, terms), a_dtype, offset_factor=1)
+        B = T.match_buffer(b, (terms // depth, columns, depth), b_dtype, offset_factor=1)
+        C = T.match_buffer(c, (rows, columns), acc, offset_factor=1)
         with T.sblock("root"):
-            T.reads(C[0:rows, 0:columns], A[0:rows, 0:terms], B[0 : terms // 4, 0:columns, 0:4])
+            T.reads(C[0:rows, 0:columns], A[0:rows, 0:terms], B[0 : terms // depth, 0:columns, 0:depth])
             T.writes(C[0:rows, 0:columns])
             for i, j, k in T.grid(rows, columns, terms):
                 with T.sblock("update"):
                     vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                    C[vi, vj] = C[vi, vj] + T.Cast("int32", A[vi, vk]) * T.Cast("int32", B[vk // 4, vj, vk % 4])
+                    C[vi, vj] = C[vi, vj] + T.Cast(acc, A[vi, vk]) * T.Cast(acc, B[vk // depth, vj, vk % depth])
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
         lda = T.int32()
         ldc = T.int32()
-        A = T.match_buffer(a, (rows, terms), "uint8", offset_factor=1, strides=[lda, 1])
-        B = T.match_buffer(b, (terms // 4, columns, 4), "int8", offset_factor=1)
-        C = T.match_buffer(c, (rows, columns), "int32", offset_factor=1, strides=[ldc, 1])
+        A = T.match_buffer(a, (rows, terms), a_dtype, offset_factor=1, strides=[lda, 1])
+        B = T.match_buffer(b, (terms // depth, columns, depth), b_dtype, offset_factor=1)
+        C = T.match_buffer(c, (rows, columns), acc, offset_factor=1, strides=[ldc, 1])
         with T.sblock("root"):
-            T.reads(C[0:rows, 0:columns], A[0:rows, 0:terms], B[0 : terms // 4, 0:columns, 0:4])
+            T.reads(C[0:rows, 0:columns], A[0:rows, 0:terms], B[0 : terms // depth, 0:columns, 0:depth])
             T.writes(C[0:rows, 0:columns])
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(0), C.access_ptr("r"), T.Cast("int64", ldc * 4)))
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(1), A.access_ptr("r"), T.Cast("int64", lda)))
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(2), B.access_ptr("r"), T.int64(columns * 4)))
-            T.evaluate(T.call_llvm_intrin("void", AMX_LLVM_NAME, T.int8(0), T.int8(1), T.int8(2)))
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(0), C.access_ptr("w"), T.Cast("int64", ldc * 4)))
+            a_ptr = T.tvm_access_ptr(T.type_annotation(a_storage), A.data, A.elem_offset, lda * rows, 1)
+            b_ptr = T.tvm_access_ptr(T.type_annotation(b_storage), B.data, B.elem_offset, terms * columns, 1)
+            c_read = T.tvm_access_ptr(T.type_annotation(acc), C.data, C.elem_offset, ldc * rows, 1)
+            c_write = T.tvm_access_ptr(T.type_annotation(acc), C.data, C.elem_offset, ldc * rows, 2)
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(0), c_read, T.Cast("int64", ldc * 4)))
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(1), a_ptr, T.Cast("int64", lda * a_bytes)))
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(2), b_ptr, T.int64(64)))
+            T.evaluate(T.call_llvm_intrin("void", tile.llvm_name, T.int8(0), T.int8(1), T.int8(2)))
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(0), c_write, T.Cast("int64", ldc * 4)))
 
     from tvm.s_tir import TensorIntrin
 
-    if TensorIntrin.get(AMX_INTRINSIC, allow_missing=True) is None:
-        TensorIntrin.register(AMX_INTRINSIC, desc, impl)
-    return AMX_INTRINSIC
+    if TensorIntrin.get(tile.intrinsic, allow_missing=True) is None:
+        TensorIntrin.register(tile.intrinsic, desc, impl)
+    return tile.intrinsic
+
+
+def register_amx_intrinsic() -> str:
+    """Register ``tdpbusd``'s tensor intrinsic."""
+    return register_tile_intrinsic(INT8_TILE)
+
+
+def register_amx_bf16_intrinsic() -> str:
+    """Register ``tdpbf16ps``'s tensor intrinsic."""
+    return register_tile_intrinsic(BF16_TILE)
 
 
 def _is_tile_call(stmt: tirx.Stmt) -> bool:
@@ -171,11 +209,8 @@ def configure_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return func.with_body(tirx.SeqStmt([permission, body]))
 
 
-AMX_LAYOUT_KEY = "probtune_x86.amx_layout"
-"""Block annotation on ``B``'s copy for a tile product: as :data:`probtune_x86.vnni.VNNI_LAYOUT_KEY`, the same layout."""
-
 AMX = DotInstruction(
-    intrinsic=AMX_INTRINSIC,
+    intrinsic=INT8_TILE.intrinsic,
     register=register_amx_intrinsic,
     llvm_feature="amx-int8",
     accumulator=VNNI.accumulator,
@@ -183,15 +218,30 @@ AMX = DotInstruction(
     b_dtype=VNNI.b_dtype,
     lanes=VNNI.lanes,
     depth=VNNI.depth,
-    layout_key=AMX_LAYOUT_KEY,
+    layout_key="probtune_x86.amx_layout",
 )
-"""The tile product seen as ``vpdpbusd`` is (16 columns of 4-term sums), which its block must first map onto; its rows
-and its 64 terms are :func:`amx_plan`'s."""
+"""``tdpbusd`` seen as ``vpdpbusd`` is (16 columns of 4-term sums), which its block must first map onto; its rows and
+its 64 terms are :func:`amx_plan`'s. ``B``'s copy is annotated with its own key, for the same layout."""
+
+AMX_BF16 = DotInstruction(
+    intrinsic=BF16_TILE.intrinsic,
+    register=register_amx_bf16_intrinsic,
+    llvm_feature="amx-bf16",
+    accumulator=BF16.accumulator,
+    a_dtype=BF16.a_dtype,
+    b_dtype=BF16.b_dtype,
+    lanes=BF16.lanes,
+    depth=BF16.depth,
+    layout_key="probtune_x86.amx_bf16_layout",
+)
+"""``tdpbf16ps`` seen as ``vdpbf16ps`` is (16 columns of 2-term sums); 32 terms per tile."""
+
+_TILES = {AMX.intrinsic: INT8_TILE, AMX_BF16.intrinsic: BF16_TILE}
 
 
 @dataclass(frozen=True)
 class AMXPlan:
-    """How a block maps onto the tile product: as onto ``vpdpbusd``, and the loop of its rows."""
+    """How a block maps onto a tile product: as onto the vector dot product of its types, and the loop of its rows."""
 
     dot: DotPlan
     rows_loop: int
@@ -203,16 +253,16 @@ def _unit_stride(region_min: tirx.PrimExpr, var: tirx.Var) -> bool:
     return len(coefficients) == 2 and isinstance(coefficients[0], tirx.IntImm) and int(coefficients[0]) == 1
 
 
-def amx_plan(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> AMXPlan | None:
-    """How the block maps onto the tile product, or None: a ``vpdpbusd`` block whose reduction is a whole number of
-    64 terms, with a spatial loop of a whole number of 16 rows that steps one row of ``A`` and of the output (a
-    stride-2 convolution's pixels step two) and indexes no dimension of ``B``."""
-    dot = dot_plan(raw, block, AMX)
+def amx_plan(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV, instruction: DotInstruction = AMX) -> AMXPlan | None:
+    """How the block maps onto ``instruction``'s tile product, or None: a block of its vector dot product whose
+    reduction is a whole number of tiles' terms, with a spatial loop of a whole number of 16 rows that steps one row
+    of ``A`` and of the output (a stride-2 convolution's pixels step two) and indexes no dimension of ``B``."""
+    dot = dot_plan(raw, block, instruction)
     if dot is None:
         return None
     sblock, loops = raw.get(block), raw.get_loops(block)
     kinds = loop_kinds(raw, block, loops)
-    if int(raw.get(loops[dot.depth_loop]).extent) % AMX_TILE[2]:
+    if int(raw.get(loops[dot.depth_loop]).extent) % _TILES[instruction.intrinsic].terms:
         return None
     a_region, c_region = sblock.reads[dot.a].region, sblock.writes[0].region
     if len(a_region) < 2 or len(c_region) < 2:
@@ -220,7 +270,7 @@ def amx_plan(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> AMXPlan | N
     for index in reversed(range(dot.lanes_loop)):
         along = indexing_dims(raw, block, loops[index])
         extent = raw.get(loops[index]).extent
-        if kinds[index] != SPATIAL or not isinstance(extent, tirx.IntImm) or int(extent) % AMX_TILE[0]:
+        if kinds[index] != SPATIAL or not isinstance(extent, tirx.IntImm) or int(extent) % TILE_ROWS:
             continue
         var = sblock.iter_vars[index].var
         if (
@@ -243,28 +293,27 @@ class AMXDotProduct(DotProductTiling):
     instruction: DotInstruction = AMX
 
     def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> list[Schedule] | None:  # type: ignore[override]
-        raw, block_rv = sch.tvm, sch.resolve(block)
-        if not at_root(raw, block_rv) or not llvm_target_has(dict(ctx.target.tvm_target), AMX.llvm_feature):
+        raw, block_rv, op = sch.tvm, sch.resolve(block), self.instruction
+        if not at_root(raw, block_rv) or not llvm_target_has(dict(ctx.target.tvm_target), op.llvm_feature):
             return None
-        plan = amx_plan(raw, block_rv)
+        plan = amx_plan(raw, block_rv, op)
         if plan is None:
             return None
-        AMX.register()
+        op.register()
         fork = sch.fork()
         loops = sch.get_loops(block)
         kinds = loop_kinds(raw, block_rv, [sch.resolve(loop) for loop in loops])
-        rows, columns, terms = AMX_TILE
         dot = plan.dot
-        loops[plan.rows_loop], rows_loop = sch.split(loops[plan.rows_loop], [None, rows])
-        loops[dot.lanes_loop], lanes_loop = sch.split(loops[dot.lanes_loop], [None, columns])
-        loops[dot.depth_loop], depth_loop = sch.split(loops[dot.depth_loop], [None, terms])
+        loops[plan.rows_loop], rows_loop = sch.split(loops[plan.rows_loop], [None, TILE_ROWS])
+        loops[dot.lanes_loop], lanes_loop = sch.split(loops[dot.lanes_loop], [None, TILE_COLUMNS])
+        loops[dot.depth_loop], depth_loop = sch.split(loops[dot.depth_loop], [None, _TILES[op.intrinsic].terms])
         order, level_ends = self._tile(sch, loops, kinds)
         sch.reorder(*order, rows_loop, lanes_loop, depth_loop)
         copy = sch.cache_read(block, dot.b, "global")
-        sch.annotate(copy, AMX.layout_key, dot.b_dims[0] * AMX.lanes + dot.b_dims[1])
+        sch.annotate(copy, op.layout_key, dot.b_dims[0] * op.lanes + dot.b_dims[1])
         written_back = write_back_per_tile(sch, block, [level_ends[level - 1] for level in self.write_back_levels])
         tile = sch.blockize(rows_loop)
-        sch.annotate(tile, TENSORIZE_KEY, AMX.intrinsic)
+        sch.annotate(tile, TENSORIZE_KEY, op.intrinsic)
         if written_back is not None:
             sch.unannotate(block, WRITE_BACK_DEPTH_KEY)
             sch.annotate(tile, WRITE_BACK_DEPTH_KEY, written_back)
@@ -272,9 +321,27 @@ class AMXDotProduct(DotProductTiling):
 
 
 @dataclass(frozen=True)
+class AMXBF16DotProduct(AMXDotProduct):
+    """Tile a bf16 x bf16 -> float32 reduction around AMX's ``tdpbf16ps`` where the target's CPU has AMX-BF16; the
+    program without it (left to ``bf16-dot-product``) is a second sketch."""
+
+    name: str = "amx-bf16-dot-product"
+    instruction: DotInstruction = AMX_BF16
+
+
+@dataclass(frozen=True)
 class RewriteAMXLayout(RewriteDotLayout):
-    """Lay each copy of ``B`` annotated for the tile product out as ``vpdpbusd`` reads it (64 consecutive terms of 16
+    """Lay each copy of ``B`` annotated for ``tdpbusd`` out as ``vpdpbusd`` reads it (64 consecutive terms of 16
     columns are then one tile), and register the tile product's intrinsic."""
 
     name: str = "rewrite-amx-layout"
     instruction: DotInstruction = AMX
+
+
+@dataclass(frozen=True)
+class RewriteAMXBF16Layout(RewriteDotLayout):
+    """Lay each copy of ``B`` annotated for ``tdpbf16ps`` out as ``vdpbf16ps`` reads it (32 consecutive terms of 16
+    columns are one tile), and register the tile product's intrinsic."""
+
+    name: str = "rewrite-amx-bf16-layout"
+    instruction: DotInstruction = AMX_BF16

@@ -10,7 +10,7 @@ columns say:
 ``vnni_calls``: the ``vpdpbusd`` instructions the program executes, each
 times the loop iterations around it (zero for a program without one);
 ``bf16_calls``: the same of ``vdpbf16ps`` (:mod:`probtune_x86.bf16`);
-``amx_calls``: the same of AMX's ``tdpbusd`` (:mod:`probtune_x86.amx`), each 16 x 16 x 64 products.
+``amx_calls``: the same of AMX's tile products (:mod:`probtune_x86.amx`), ``tdpbusd`` or ``tdpbf16ps``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import tvm
 from tvm import tirx
 
 from probtune.plugin import child_stmts
-from probtune_x86.amx import AMX_LLVM_NAME
+from probtune_x86.amx import BF16_TILE, INT8_TILE
 from probtune_x86.bf16 import BF16_CALL
 from probtune_x86.vnni import VNNI_LLVM_NAME
 
@@ -32,6 +32,11 @@ __all__ = ["X86_FEATURE_NAMES", "X86Features", "x86_features"]
 X86_FEATURE_NAMES: tuple[str, ...] = ("vnni_calls", "bf16_calls", "amx_calls")
 
 _OPERANDS = ("uint8", "int8", "bfloat16")  # the instructions' operand types: a program without one runs neither
+
+
+@functools.cache
+def _tile_product_ids() -> frozenset[int]:
+    return frozenset(_intrinsic_id(tile.llvm_name) for tile in (INT8_TILE, BF16_TILE))
 
 
 @functools.cache
@@ -62,7 +67,7 @@ def _column(value: tirx.PrimExpr) -> int | None:
         return 0
     if op == "tirx.call_extern" and str(getattr(first, "value", "")) == BF16_CALL:
         return 1
-    if op == "tirx.call_llvm_intrin" and isinstance(first, tirx.IntImm) and int(first) == _intrinsic_id(AMX_LLVM_NAME):
+    if op == "tirx.call_llvm_intrin" and isinstance(first, tirx.IntImm) and int(first) in _tile_product_ids():
         return 2
     return None
 

@@ -1,0 +1,120 @@
+"""AMX tile products against the vector dot products, per operator: int8 (``tdpbusd`` against ``vpdpbusd``) and bf16
+(``tdpbf16ps`` against ``vdpbf16ps``) matrix products of BERT-base's shapes at 128 tokens, each tuned twice with the
+same trials on the ``host`` target (its whole space, and the space without the AMX tilings), checked against the plain
+program, then timed in turns in one process. Needs a CPU with AMX (``amx_int8``, ``amx_bf16`` in /proc/cpuinfo).
+
+    .venv/bin/python bench/amx.py --trials 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import tvm
+from common import say
+from tvm import te
+
+import probtune
+from probtune.measure.codegen import compile_for
+from probtune.targets import resolve_target
+from probtune.workloads.workload import Workload
+from probtune_cpu.host_cpu import cpu_features, cpu_model
+
+SHAPES = ((128, 768, 768), (128, 3072, 768), (128, 768, 3072))
+"""(tokens, outputs, depth) of BERT-base's products: the projections, the first and the second feed-forward layer."""
+TILINGS = ("amx-dot-product", "amx-bf16-dot-product")
+
+
+def product(m: int, n: int, k: int, bf16: bool) -> Workload:
+    """``A @ B^T`` (a dense layer's weights [n, k]) in u8 x s8 -> int32 or bf16 x bf16 -> float32."""
+    a = te.placeholder((m, k), "bfloat16" if bf16 else "uint8", name="A")
+    b = te.placeholder((n, k), "bfloat16" if bf16 else "int8", name="B")
+    acc = "float32" if bf16 else "int32"
+    r = te.reduce_axis((0, k), "r")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r].astype(acc) * b[j, r].astype(acc), axis=r), name="C")
+    return Workload.from_module(te.create_prim_func([a, b, c]), name=f"{'bf16' if bf16 else 'int8'}_dense_{m}_{n}_{k}")
+
+
+def operands(workload: Workload) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    (a_shape, a_dtype), (b_shape, _), (out_shape, out_dtype) = workload.param_specs()
+    if a_dtype == "bfloat16":
+        return [rng.standard_normal(a_shape).astype(ml_dtypes.bfloat16),
+                rng.standard_normal(b_shape).astype(ml_dtypes.bfloat16), np.zeros(out_shape, out_dtype)]
+    return [rng.integers(0, 256, a_shape).astype("uint8"), rng.integers(-128, 128, b_shape).astype("int8"),
+            np.zeros(out_shape, out_dtype)]
+
+
+def run(lib, arrays: list[np.ndarray]) -> np.ndarray:
+    tensors = [tvm.runtime.tensor(x, tvm.cpu()) for x in arrays]
+    lib["main"](*tensors)
+    return tensors[2].numpy()
+
+
+def check(got: np.ndarray, want: np.ndarray) -> str:
+    if got.dtype == np.int32:
+        return "exact" if np.array_equal(got, want) else f"DIFFERS in {int((got != want).sum())} elements"
+    error = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+    return f"max error {error:.2e} of the largest output" + ("" if error < 1e-4 else " (TOO LARGE)")
+
+
+def bench_shape(workload: Workload, args: argparse.Namespace) -> dict:
+    """Both spaces tuned with the same trials, each best program checked, then the two timed in turns."""
+    host = resolve_target("host")
+    spaces = {"amx": list(host.modules), "vector": [m for m in host.modules if m not in TILINGS]}
+    arrays = operands(workload)
+    want = run(compile_for(workload.mod, resolve_target("llvm")), arrays)
+    row: dict = {"workload": workload.name}
+    libs = {}
+    for name, modules in spaces.items():
+        with tempfile.TemporaryDirectory() as scratch:
+            started = time.perf_counter()
+            result = probtune.tune(workload, "host", args.trials, database=Path(scratch) / "bench.db", seed=args.seed,
+                                   modules=modules)
+            row[f"{name}_tuning_seconds"] = round(time.perf_counter() - started, 1)
+        libs[name] = result.build()
+        row[f"{name}_check"] = check(run(libs[name], arrays), want)
+        row[f"{name}_tile_products"] = "tdp" in libs[name].mod.inspect_source("asm")
+        say(f"{workload.name} {name}: {row[f'{name}_check']}")
+    dev = tvm.cpu()
+    tensors = [tvm.runtime.tensor(x, dev) for x in arrays]
+    rounds: dict[str, list[float]] = {name: [] for name in libs}
+    for _ in range(args.rounds):  # in turns, so that a slow spell of the machine touches both
+        for name, lib in libs.items():
+            rounds[name].append(float(np.median(lib.mod.time_evaluator("main", dev, number=10, repeat=3)(*tensors).results)))
+    m, n, k = (int(d) for d in workload.name.split("_")[2:])
+    ratios = sorted(v / a for v, a in zip(rounds["vector"], rounds["amx"]))
+    row.update({
+        "ms": {name: round(float(np.median(times)) * 1e3, 4) for name, times in rounds.items()},
+        "gops": {name: round(2 * m * n * k / float(np.median(times)) / 1e9, 1) for name, times in rounds.items()},
+        "amx_speedup_median": round(float(np.median(ratios)), 3),
+        "amx_speedup_range": [round(ratios[0], 3), round(ratios[-1], 3)],
+    })
+    say(f"{workload.name}: AMX {row['amx_speedup_median']}x the vector instructions' speed ({row['gops']})")
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=Path("bench/results/amx.json"))
+    args = parser.parse_args()
+    if not {"amx_int8", "amx_bf16"} <= cpu_features():
+        raise SystemExit(f"this CPU ({cpu_model()}) has no AMX int8 and bf16 tiles; run this on one that has")
+    rows = [bench_shape(product(m, n, k, bf16), args) for bf16 in (False, True) for m, n, k in SHAPES]
+    report = {"machine": cpu_model(), "threads": tvm.runtime.num_threads(), "trials": args.trials, "rows": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
