@@ -25,7 +25,17 @@ from typing import Any
 import tvm
 from tvm import s_tir, tirx
 
-from probtune.plugin import SPATIAL, BlockRV, Schedule, SpaceContext, at_root, indexing_dims, iter_stmts, loop_kinds
+from probtune.plugin import (
+    SPATIAL,
+    BlockRV,
+    Schedule,
+    SpaceContext,
+    at_root,
+    indexing_dims,
+    iter_stmts,
+    loop_kinds,
+    sblock_names,
+)
 from probtune_cpu.llvm_features import llvm_target_has
 from probtune_cpu.multi_level_tiling import WRITE_BACK_DEPTH_KEY, write_back_per_tile
 from probtune_cpu.tensorize import TENSORIZE_KEY
@@ -38,6 +48,8 @@ __all__ = [
     "AMX_BF16",
     "BF16_TILE",
     "INT8_TILE",
+    "MAX_STEPS",
+    "MAX_TILES",
     "TILE_COLUMNS",
     "TILE_ROWS",
     "AMXBF16DotProduct",
@@ -50,7 +62,9 @@ __all__ = [
     "configure_tiles",
     "register_amx_bf16_intrinsic",
     "register_amx_intrinsic",
+    "register_named",
     "register_tile_intrinsic",
+    "tile_intrinsic",
 ]
 
 @dataclass(frozen=True)
@@ -58,7 +72,7 @@ class TileProduct:
     """One AMX tile product: 16 x 16 sums of ``terms`` products of ``a_dtype`` by ``b_dtype`` (64 bytes of a row of
     ``A``), ``depth`` consecutive terms per 32-bit pair, as the vector dot product of those types blocks ``B``."""
 
-    intrinsic: str  # the tensor intrinsic's name in TVM's table
+    prefix: str  # of its tensor intrinsics' names in TVM's table
     llvm_name: str
     a_dtype: str
     b_dtype: str
@@ -67,13 +81,17 @@ class TileProduct:
     terms: int
 
 
-INT8_TILE = TileProduct("probtune_x86.amx_u8s8_16x16x64", "llvm.x86.tdpbusd", "uint8", "int8", "int32", 4, 64)
+INT8_TILE = TileProduct("probtune_x86.amx_u8s8", "llvm.x86.tdpbusd", "uint8", "int8", "int32", 4, 64)
 """``tdpbusd``: unsigned by signed bytes, summed in int32."""
 
-BF16_TILE = TileProduct("probtune_x86.amx_bf16_16x16x32", "llvm.x86.tdpbf16ps", "bfloat16", "bfloat16", "float32", 2, 32)
+BF16_TILE = TileProduct("probtune_x86.amx_bf16", "llvm.x86.tdpbf16ps", "bfloat16", "bfloat16", "float32", 2, 32)
 """``tdpbf16ps``: bfloat16 pairs, summed in float32."""
 
 TILE_ROWS = TILE_COLUMNS = 16
+MAX_TILES = 2
+"""Tiles of C per side of an intrinsic's block: 2 x 2 sums, 2 tiles of A and 2 of B fill the 8 tile registers."""
+MAX_STEPS = 8
+"""Tiles of terms an intrinsic's block sums before it stores its C tiles."""
 
 _TILE_CALLS = ("llvm.x86.tileloadd64", INT8_TILE.llvm_name, BF16_TILE.llvm_name, "llvm.x86.tilestored64")
 _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158  # Linux x86-64's
@@ -85,63 +103,98 @@ def _tile_call(name: str, *args: Any) -> tirx.Stmt:
     return tirx.Evaluate(tirx.call_llvm_intrin("void", name, *args))
 
 
+def tile_intrinsic(tile: TileProduct, row_tiles: int = 1, column_tiles: int = 1, steps: int = 1) -> str:
+    """The name of ``tile``'s intrinsic for a block of ``row_tiles`` x ``column_tiles`` C tiles summing ``steps``
+    tiles of terms: ``<prefix>_<rows>x<columns>x<terms>``."""
+    return f"{tile.prefix}_{row_tiles * TILE_ROWS}x{column_tiles * TILE_COLUMNS}x{steps * tile.terms}"
+
+
+def register_named(name: str) -> None:
+    """Register the intrinsic ``name`` (:func:`tile_intrinsic`'s), in a process that replays a program using it."""
+    prefix, _, shape = name.rpartition("_")
+    tile = next(t for t in (INT8_TILE, BF16_TILE) if t.prefix == prefix)
+    rows, columns, terms = (int(n) for n in shape.split("x"))
+    register_tile_intrinsic(tile, rows // TILE_ROWS, columns // TILE_COLUMNS, terms // tile.terms)
+
+
 @functools.cache
-def register_tile_intrinsic(tile: TileProduct) -> str:
-    """Register ``tile``'s tensor intrinsic (its description; tile loads, the product and a tile store) once."""
+def register_tile_intrinsic(tile: TileProduct, row_tiles: int = 1, column_tiles: int = 1, steps: int = 1) -> str:
+    """Register ``tile``'s intrinsic for a block of C tiles (:func:`tile_intrinsic`) once: the C tiles loaded, then
+    per step of terms the A and B tiles loaded and every C tile's product, then the C tiles stored. C tiles are
+    registers 0 to 3, A's 4 and 5, B's 6 and 7."""
     from tvm.script import tirx as T
 
-    rows, columns, terms, depth = TILE_ROWS, TILE_COLUMNS, tile.terms, tile.depth
-    a_dtype, b_dtype, acc = tile.a_dtype, tile.b_dtype, tile.accumulator
+    rows, columns, terms, depth = row_tiles * TILE_ROWS, column_tiles * TILE_COLUMNS, steps * tile.terms, tile.depth
+    a_dtype, b_dtype, acc, step = tile.a_dtype, tile.b_dtype, tile.accumulator, tile.terms
     a_bytes = tvm.DataType(a_dtype).bits // 8
     a_storage, b_storage = ("uint16" if t == "bfloat16" else t for t in (a_dtype, b_dtype))  # bfloat16 is stored so
+    load, store, product = "llvm.x86.tileloadd64", "llvm.x86.tilestored64", tile.llvm_name
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
         A = T.match_buffer(a, (rows, terms), a_dtype, offset_factor=1)
-        B = T.match_buffer(b, (terms // depth, columns, depth), b_dtype, offset_factor=1)
+        B = T.match_buffer(b, (column_tiles, terms // depth, TILE_COLUMNS, depth), b_dtype, offset_factor=1)
         C = T.match_buffer(c, (rows, columns), acc, offset_factor=1)
         with T.sblock("root"):
-            T.reads(C[0:rows, 0:columns], A[0:rows, 0:terms], B[0 : terms // depth, 0:columns, 0:depth])
+            T.reads(C[0:rows, 0:columns], A[0:rows, 0:terms], B[0:column_tiles, 0 : terms // depth, 0:TILE_COLUMNS, 0:depth])
             T.writes(C[0:rows, 0:columns])
             for i, j, k in T.grid(rows, columns, terms):
                 with T.sblock("update"):
                     vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                    C[vi, vj] = C[vi, vj] + T.Cast(acc, A[vi, vk]) * T.Cast(acc, B[vk // depth, vj, vk % depth])
+                    C[vi, vj] = C[vi, vj] + T.Cast(acc, A[vi, vk]) * T.Cast(
+                        acc, B[vj // TILE_COLUMNS, vk // depth, vj % TILE_COLUMNS, vk % depth])
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
         lda = T.int32()
+        ldb = T.int32()
         ldc = T.int32()
         A = T.match_buffer(a, (rows, terms), a_dtype, offset_factor=1, strides=[lda, 1])
-        B = T.match_buffer(b, (terms // depth, columns, depth), b_dtype, offset_factor=1)
+        B = T.match_buffer(b, (column_tiles, terms // depth, TILE_COLUMNS, depth), b_dtype, offset_factor=1,
+                           strides=[ldb, TILE_COLUMNS * depth, depth, 1])
         C = T.match_buffer(c, (rows, columns), acc, offset_factor=1, strides=[ldc, 1])
         with T.sblock("root"):
-            T.reads(C[0:rows, 0:columns], A[0:rows, 0:terms], B[0 : terms // depth, 0:columns, 0:depth])
+            T.reads(C[0:rows, 0:columns], A[0:rows, 0:terms], B[0:column_tiles, 0 : terms // depth, 0:TILE_COLUMNS, 0:depth])
             T.writes(C[0:rows, 0:columns])
-            a_ptr = T.tvm_access_ptr(T.type_annotation(a_storage), A.data, A.elem_offset, lda * rows, 1)
-            b_ptr = T.tvm_access_ptr(T.type_annotation(b_storage), B.data, B.elem_offset, terms * columns, 1)
-            c_read = T.tvm_access_ptr(T.type_annotation(acc), C.data, C.elem_offset, ldc * rows, 1)
-            c_write = T.tvm_access_ptr(T.type_annotation(acc), C.data, C.elem_offset, ldc * rows, 2)
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(0), c_read, T.Cast("int64", ldc * 4)))
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(1), a_ptr, T.Cast("int64", lda * a_bytes)))
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(2), b_ptr, T.int64(64)))
-            T.evaluate(T.call_llvm_intrin("void", tile.llvm_name, T.int8(0), T.int8(1), T.int8(2)))
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(0), c_write, T.Cast("int64", ldc * 4)))
+            for r in T.unroll(row_tiles):
+                for q in T.unroll(column_tiles):
+                    T.evaluate(T.call_llvm_intrin("void", load, T.Cast("int8", r * 2 + q), T.tvm_access_ptr(
+                        T.type_annotation(acc), C.data, C.elem_offset + r * TILE_ROWS * ldc + q * TILE_COLUMNS,
+                        TILE_ROWS * ldc, 1), T.Cast("int64", ldc * 4)))
+            for s in range(steps):
+                for r in T.unroll(row_tiles):
+                    T.evaluate(T.call_llvm_intrin("void", load, T.Cast("int8", 4 + r), T.tvm_access_ptr(
+                        T.type_annotation(a_storage), A.data, A.elem_offset + r * TILE_ROWS * lda + s * step,
+                        TILE_ROWS * lda, 1), T.Cast("int64", lda * a_bytes)))
+                for q in T.unroll(column_tiles):
+                    T.evaluate(T.call_llvm_intrin("void", load, T.Cast("int8", 6 + q), T.tvm_access_ptr(
+                        T.type_annotation(b_storage), B.data, B.elem_offset + q * ldb + s * step * TILE_COLUMNS,
+                        step * TILE_COLUMNS, 1), T.int64(64)))
+                for r in T.unroll(row_tiles):
+                    for q in T.unroll(column_tiles):
+                        T.evaluate(T.call_llvm_intrin("void", product, T.Cast("int8", r * 2 + q), T.Cast("int8", 4 + r),
+                                                      T.Cast("int8", 6 + q)))
+            for r in T.unroll(row_tiles):
+                for q in T.unroll(column_tiles):
+                    T.evaluate(T.call_llvm_intrin("void", store, T.Cast("int8", r * 2 + q), T.tvm_access_ptr(
+                        T.type_annotation(acc), C.data, C.elem_offset + r * TILE_ROWS * ldc + q * TILE_COLUMNS,
+                        TILE_ROWS * ldc, 2), T.Cast("int64", ldc * 4)))
 
     from tvm.s_tir import TensorIntrin
 
-    if TensorIntrin.get(tile.intrinsic, allow_missing=True) is None:
-        TensorIntrin.register(tile.intrinsic, desc, impl)
-    return tile.intrinsic
+    name = tile_intrinsic(tile, row_tiles, column_tiles, steps)
+    if TensorIntrin.get(name, allow_missing=True) is None:
+        TensorIntrin.register(name, desc, impl)
+    return name
 
 
 def register_amx_intrinsic() -> str:
-    """Register ``tdpbusd``'s tensor intrinsic."""
+    """Register ``tdpbusd``'s one-tile intrinsic."""
     return register_tile_intrinsic(INT8_TILE)
 
 
 def register_amx_bf16_intrinsic() -> str:
-    """Register ``tdpbf16ps``'s tensor intrinsic."""
+    """Register ``tdpbf16ps``'s one-tile intrinsic."""
     return register_tile_intrinsic(BF16_TILE)
 
 
@@ -210,7 +263,7 @@ def configure_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 
 AMX = DotInstruction(
-    intrinsic=INT8_TILE.intrinsic,
+    intrinsic=tile_intrinsic(INT8_TILE),
     register=register_amx_intrinsic,
     llvm_feature="amx-int8",
     accumulator=VNNI.accumulator,
@@ -224,7 +277,7 @@ AMX = DotInstruction(
 its 64 terms are :func:`amx_plan`'s. ``B``'s copy is annotated with its own key, for the same layout."""
 
 AMX_BF16 = DotInstruction(
-    intrinsic=BF16_TILE.intrinsic,
+    intrinsic=tile_intrinsic(BF16_TILE),
     register=register_amx_bf16_intrinsic,
     llvm_feature="amx-bf16",
     accumulator=BF16.accumulator,
@@ -284,6 +337,19 @@ def amx_plan(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV, instruction: D
     return None
 
 
+def _block_shape(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV, plan: AMXPlan, tile: TileProduct
+                 ) -> tuple[int, int, int]:
+    """The C tiles per side and the steps of terms of the block each intrinsic call computes: as many as divide the
+    loops' extents, up to ``MAX_TILES`` and ``MAX_STEPS``."""
+    extents = [int(raw.get(loop).extent) for loop in raw.get_loops(block)]
+
+    def most(extent: int, unit: int, limit: int) -> int:
+        return max(n for n in range(1, limit + 1) if extent % (n * unit) == 0)
+
+    return (most(extents[plan.rows_loop], TILE_ROWS, MAX_TILES), most(extents[plan.dot.lanes_loop], TILE_COLUMNS, MAX_TILES),
+            most(extents[plan.dot.depth_loop], tile.terms, MAX_STEPS))
+
+
 @dataclass(frozen=True)
 class AMXDotProduct(DotProductTiling):
     """Tile a u8 x s8 -> int32 reduction around AMX's ``tdpbusd`` where the target's CPU has AMX-INT8; the program
@@ -303,20 +369,22 @@ class AMXDotProduct(DotProductTiling):
         fork = sch.fork()
         loops = sch.get_loops(block)
         kinds = loop_kinds(raw, block_rv, [sch.resolve(loop) for loop in loops])
-        dot = plan.dot
-        loops[plan.rows_loop], rows_loop = sch.split(loops[plan.rows_loop], [None, TILE_ROWS])
-        loops[dot.lanes_loop], lanes_loop = sch.split(loops[dot.lanes_loop], [None, TILE_COLUMNS])
-        loops[dot.depth_loop], depth_loop = sch.split(loops[dot.depth_loop], [None, _TILES[op.intrinsic].terms])
+        dot, tile = plan.dot, _TILES[op.intrinsic]
+        row_tiles, column_tiles, steps = _block_shape(raw, block_rv, plan, tile)
+        intrinsic = register_tile_intrinsic(tile, row_tiles, column_tiles, steps)
+        loops[plan.rows_loop], rows_loop = sch.split(loops[plan.rows_loop], [None, row_tiles * TILE_ROWS])
+        loops[dot.lanes_loop], lanes_loop = sch.split(loops[dot.lanes_loop], [None, column_tiles * TILE_COLUMNS])
+        loops[dot.depth_loop], depth_loop = sch.split(loops[dot.depth_loop], [None, steps * tile.terms])
         order, level_ends = self._tile(sch, loops, kinds)
         sch.reorder(*order, rows_loop, lanes_loop, depth_loop)
         copy = sch.cache_read(block, dot.b, "global")
         sch.annotate(copy, op.layout_key, dot.b_dims[0] * op.lanes + dot.b_dims[1])
         written_back = write_back_per_tile(sch, block, [level_ends[level - 1] for level in self.write_back_levels])
-        tile = sch.blockize(rows_loop)
-        sch.annotate(tile, TENSORIZE_KEY, op.intrinsic)
+        tiled = sch.blockize(rows_loop)
+        sch.annotate(tiled, TENSORIZE_KEY, intrinsic)
         if written_back is not None:
             sch.unannotate(block, WRITE_BACK_DEPTH_KEY)
-            sch.annotate(tile, WRITE_BACK_DEPTH_KEY, written_back)
+            sch.annotate(tiled, WRITE_BACK_DEPTH_KEY, written_back)
         return [fork]
 
 
@@ -329,6 +397,14 @@ class AMXBF16DotProduct(AMXDotProduct):
     instruction: DotInstruction = AMX_BF16
 
 
+def _register_named_intrinsics(sch: s_tir.Schedule, prefix: str) -> None:
+    """Register the tile intrinsics (of ``prefix``) that blocks of ``sch`` are marked for, before they are tensorized."""
+    for name in sblock_names(sch):
+        intrinsic = sch.get(sch.get_sblock(name)).annotations.get(TENSORIZE_KEY)
+        if intrinsic is not None and str(intrinsic).startswith(prefix + "_"):
+            register_named(str(intrinsic))
+
+
 @dataclass(frozen=True)
 class RewriteAMXLayout(RewriteDotLayout):
     """Lay each copy of ``B`` annotated for ``tdpbusd`` out as ``vpdpbusd`` reads it (64 consecutive terms of 16
@@ -336,6 +412,10 @@ class RewriteAMXLayout(RewriteDotLayout):
 
     name: str = "rewrite-amx-layout"
     instruction: DotInstruction = AMX
+
+    def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
+        _register_named_intrinsics(sch, _TILES[self.instruction.intrinsic].prefix)
+        return super().check(sch, ctx)
 
 
 @dataclass(frozen=True)
@@ -345,3 +425,7 @@ class RewriteAMXBF16Layout(RewriteDotLayout):
 
     name: str = "rewrite-amx-bf16-layout"
     instruction: DotInstruction = AMX_BF16
+
+    def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
+        _register_named_intrinsics(sch, _TILES[self.instruction.intrinsic].prefix)
+        return super().check(sch, ctx)
