@@ -9,6 +9,7 @@ import pytest
 import tvm
 from tvm import te, topi
 
+import probtune
 from conftest import run_module
 from probtune import Rng, generate_space
 from probtune.measure.codegen import compile_for
@@ -122,3 +123,11 @@ def test_the_host_target_offers_tiles_where_the_cpu_has_them():
     for module, flag in ((AMXDotProduct(), AMX_FEATURE), (AMXBF16DotProduct(), AMX_BF16_FEATURE)):
         assert (module.name in resolve_target("host").modules) == (flag in cpu_features())
         assert module.name not in resolve_target("x86-avx512").modules
+
+
+@pytest.mark.skipif(not HAS_AMX, reason="this CPU has no AMX tiles")
+def test_programs_realized_in_helper_processes_are_tensorized_there(tmp_path):
+    """The search's helpers replay traces without the tiling that registered the block's intrinsic (one per shape of
+    C tiles and steps): the layout rewrite registers what the program names, so no candidate is dropped for it."""
+    result = probtune.tune(_matmul(64, 64, 128), "host", 16, database=tmp_path / "t.db", batch_size=8)
+    assert result.best is not None and "rewrite-cpu-tensorize" not in result.rejections
