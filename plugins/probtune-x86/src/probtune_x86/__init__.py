@@ -24,15 +24,10 @@ from probtune_cpu.defaults import (
 )
 from probtune_cpu.host_cpu import CPURequirement, cpu_features, cpu_model
 from probtune_cpu.vector_unit import vector_attrs
-from probtune_x86.amx import (
-    AMXBF16DotProduct,
-    AMXDotProduct,
-    RewriteAMXBF16Layout,
-    RewriteAMXLayout,
-    configure_tiles,
-)
+from probtune_x86.amx import AMXBF16DotProduct, AMXDotProduct, RewriteAMXBF16Layout, RewriteAMXLayout
 from probtune_x86.bf16 import BF16DotProduct, PadBF16Channels, RewriteBF16Layout
 from probtune_x86.features import X86Features
+from probtune_x86.tile_config import configure_tiles
 from probtune_x86.vnni import PadVNNIChannels, RewriteVNNILayout, VNNIDotProduct
 
 __all__ = ["AMX_BF16_FEATURE", "AMX_FEATURE", "BF16_FEATURE", "VNNI_FEATURE", "dot_product_space", "host_mattr", "make_targets"]

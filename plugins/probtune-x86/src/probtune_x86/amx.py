@@ -4,23 +4,21 @@ A reduction that a vector dot product computes (``vpdpbusd``,
 :mod:`probtune_x86.vnni`; ``vdpbf16ps``, :mod:`probtune_x86.bf16`) and that
 also has a row loop ``i``, indexing the output's and ``A``'s second-to-last
 dimensions (a matrix product's rows, a convolution's output pixels along a
-row), maps onto an AMX tile product: ``C[i, j] += A[i, k] * B[k, j]`` over 16
-rows, 16 columns and 64 terms of bytes or 32 of bfloat16, with ``A``'s rows
-and ``C``'s read at their strides and ``B`` in the vector instruction's
+row), maps onto AMX tile products: ``C[i, j] += A[i, k] * B[k, j]`` over 16
+rows, 16 columns and 64 terms of bytes or 32 of bfloat16 each, with ``A``'s
+rows and ``C``'s read at their strides and ``B`` in the vector instruction's
 blocked layout (``[..., j // 16, k // depth, j % 16, k % depth]``: a tile's
-terms of 16 columns are one 16 x 64-byte tile). Each product loads its ``C``
-tile and stores it back, which costs little beside the product; the tile
-configuration (every tile 16 rows of 64 bytes) is loaded once per parallel
-task by :func:`configure_tiles`, a lowering step, and Linux's permission to
-use the tiles is asked once per call of the kernel (``arch_prctl``), so a
-compiled model runs in any process that loads it.
+terms of 16 columns are one 16 x 64-byte tile). One call of the tensor
+intrinsic computes up to 2 x 2 C tiles over up to 8 tiles of terms: its C
+tiles are loaded once and stored once, and each A and B tile loaded per step
+serves two products. The tiles' configuration and Linux's permission to use
+them are :mod:`probtune_x86.tile_config`'s lowering step.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
 
 import tvm
 from tvm import s_tir, tirx
@@ -32,7 +30,6 @@ from probtune.plugin import (
     SpaceContext,
     at_root,
     indexing_dims,
-    iter_stmts,
     loop_kinds,
     sblock_names,
 )
@@ -59,7 +56,6 @@ __all__ = [
     "RewriteAMXLayout",
     "TileProduct",
     "amx_plan",
-    "configure_tiles",
     "register_amx_bf16_intrinsic",
     "register_amx_intrinsic",
     "register_named",
@@ -93,14 +89,6 @@ MAX_TILES = 2
 MAX_STEPS = 8
 """Tiles of terms an intrinsic's block sums before it stores its C tiles."""
 
-_TILE_CALLS = ("llvm.x86.tileloadd64", INT8_TILE.llvm_name, BF16_TILE.llvm_name, "llvm.x86.tilestored64")
-_ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158  # Linux x86-64's
-_CONFIG_WORDS = (1, 0, 0x0040_0040_0040_0040, 0x0040_0040_0040_0040, 0, 0, 0x1010_1010_1010_1010, 0)
-"""LDTILECFG's 64 bytes as eight words: palette 1, each of the 8 tiles 64 bytes wide and 16 rows high."""
-
-
-def _tile_call(name: str, *args: Any) -> tirx.Stmt:
-    return tirx.Evaluate(tirx.call_llvm_intrin("void", name, *args))
 
 
 def tile_intrinsic(tile: TileProduct, row_tiles: int = 1, column_tiles: int = 1, steps: int = 1) -> str:
@@ -196,70 +184,6 @@ def register_amx_intrinsic() -> str:
 def register_amx_bf16_intrinsic() -> str:
     """Register ``tdpbf16ps``'s one-tile intrinsic."""
     return register_tile_intrinsic(BF16_TILE)
-
-
-def _is_tile_call(stmt: tirx.Stmt) -> bool:
-    """Whether ``stmt`` evaluates one of the tile product's LLVM intrinsics."""
-    if not isinstance(stmt, tirx.Evaluate) or not isinstance(stmt.value, tvm.ir.expr.Call) or not stmt.value.args:
-        return False
-    first = stmt.value.args[0]
-    return isinstance(first, tirx.IntImm) and int(first) in _tile_intrinsic_ids()
-
-
-@functools.cache
-def _tile_intrinsic_ids() -> frozenset[int]:
-    from tvm.target import codegen
-
-    return frozenset(int(codegen.llvm_lookup_intrinsic_id(name)) for name in _TILE_CALLS)
-
-
-def _uses_tiles(stmt: tirx.Stmt) -> bool:
-    return any(_is_tile_call(s) for s in iter_stmts(stmt))
-
-
-def _tile_configuration() -> list[tirx.Stmt]:
-    """Statements loading the tile configuration (LDTILECFG) from a 64-byte buffer on the stack."""
-    config = tirx.decl_buffer((len(_CONFIG_WORDS),), "uint64", name="tile_config")
-    stores = [tirx.BufferStore(config, tirx.IntImm("uint64", word), [tirx.IntImm("int32", n)])
-              for n, word in enumerate(_CONFIG_WORDS)]
-    load = _tile_call("llvm.x86.ldtilecfg", tirx.address_of(config[0]))
-    return [tirx.AllocBuffer(config), *stores, load]
-
-
-def _configured(stmt: tirx.Stmt) -> tirx.Stmt | None:
-    """``stmt`` with the tile configuration loaded at the start of each parallel loop's body that uses tiles (each
-    task's thread has tile registers of its own), or None where no parallel loop uses them."""
-    if isinstance(stmt, tirx.For):
-        if stmt.kind == tirx.ForKind.PARALLEL and _uses_tiles(stmt.body):
-            body: tirx.Stmt | None = tirx.SeqStmt([*_tile_configuration(), stmt.body])
-        else:
-            body = _configured(stmt.body)
-        if body is None:
-            return None
-        return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding,
-                        stmt.annotations, stmt.step, stmt.span)
-    if isinstance(stmt, tirx.SeqStmt):
-        rewritten = [_configured(s) for s in stmt.seq]
-        if all(r is None for r in rewritten):
-            return None
-        return tirx.SeqStmt([r if r is not None else s for r, s in zip(rewritten, stmt.seq)], stmt.span)
-    if isinstance(stmt, tirx.AttrStmt):
-        body = _configured(stmt.body)
-        return None if body is None else tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, body, stmt.span)
-    return None
-
-
-def configure_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """A lowering step for programs with tile products: Linux's permission to use the tiles asked at the kernel's
-    start, and the tile configuration loaded in each parallel task that uses them (at the start, if none does)."""
-    if not _uses_tiles(func.body):
-        return func
-    body = _configured(func.body)
-    permission = tirx.Evaluate(tirx.call_extern(
-        "int64", "syscall", *(tirx.IntImm("int64", v) for v in (_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA))))
-    if body is None:
-        return func.with_body(tirx.SeqStmt([permission, *_tile_configuration(), func.body]))
-    return func.with_body(tirx.SeqStmt([permission, body]))
 
 
 AMX = DotInstruction(
