@@ -40,8 +40,8 @@ from probtune.plugin import (
     loop_kinds,
     sblock_names,
 )
+from probtune_cuda.blocks import iterations, unbound, with_dependencies
 from probtune_cuda.limits import block_limit
-from probtune_cuda.multi_level_tiling import unbound
 
 __all__ = ["FIRST_BELOW", "MIN_BROADCAST", "GPUBroadcastProducers"]
 
@@ -60,31 +60,6 @@ class _Plan:
     producers: tuple[str, ...]
 
 
-def _closure(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> list[s_tir.schedule.SBlockRV] | None:
-    """``block`` and every block it depends on, consumers first; None if one of them is bound already."""
-    order = {raw.get(b).name_hint: n for n, b in enumerate(raw.get_child_blocks(raw.get_sblock("root")))}
-    found: dict[str, s_tir.schedule.SBlockRV] = {}
-    stack = [block]
-    while stack:
-        current = stack.pop()
-        name = raw.get(current).name_hint
-        if name in found:
-            continue
-        if not unbound(raw, current):
-            return None
-        found[name] = current
-        stack.extend(raw.get_producers(current))
-    return sorted(found.values(), key=lambda b: -order[raw.get(b).name_hint])
-
-
-def _iterations(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int | None:
-    """How many times the block's body runs (None if a loop's extent is symbolic)."""
-    extents = [raw.get(loop).extent for loop in raw.get_loops(block)]
-    if not all(isinstance(extent, tvm.tirx.IntImm) for extent in extents):
-        return None
-    return math.prod(int(extent) for extent in extents)
-
-
 def _elements(buffer: tvm.tirx.Buffer) -> int | None:
     shape = [int(d) if isinstance(d, tvm.tirx.IntImm) else None for d in buffer.shape]
     return None if None in shape else math.prod(d for d in shape if d is not None)
@@ -96,12 +71,12 @@ def _plan(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> _Plan | None:
     sblock = raw.get(block)
     if not unbound(raw, block) or not is_spatial(sblock):
         return None
-    runs = _iterations(raw, block)
+    runs = iterations(raw, block)
     if runs is None:
         return None
     for producer in raw.get_producers(block):
-        closure = _closure(raw, producer)
-        work = [_iterations(raw, b) for b in closure] if closure is not None else [None]
+        closure = with_dependencies(raw, producer)
+        work = [iterations(raw, b) for b in closure] if closure is not None else [None]
         if None in work or sum(w for w in work if w is not None) * MIN_BROADCAST > runs:
             continue
         return _Plan(sblock.name_hint, tuple(raw.get(b).name_hint for b in closure or []))
@@ -160,7 +135,7 @@ def _per_thread(trial: Schedule, plan: _Plan, threads: int) -> int | None:
     reader_loops = raw.get_loops(raw.get_sblock(plan.reader))
     blocks = raw.get(reader_loops[0]).extent
     names = set(sblock_names(raw))
-    work = [_iterations(raw, raw.get_sblock(name)) for name in plan.producers if name in names]
+    work = [iterations(raw, raw.get_sblock(name)) for name in plan.producers if name in names]
     if not isinstance(blocks, tvm.tirx.IntImm) or None in work:
         return None
     return -(-sum(w for w in work if w is not None) // (int(blocks) * threads))
@@ -177,7 +152,7 @@ class GPUBroadcastProducers:
         plan = _plan(sch.tvm, sch.resolve(block))
         if plan is None:
             return None
-        runs = _iterations(sch.tvm, sch.resolve(block)) or 0
+        runs = iterations(sch.tvm, sch.resolve(block)) or 0
         limit = block_limit(ctx.target.tvm_target, "max_threads_per_block")
         choices = [n for n in self.thread_extents if n <= min(limit, runs)]
         if not choices or _shared_bytes(sch.tvm, plan) > block_limit(ctx.target.tvm_target, "max_shared_memory_per_block"):

@@ -28,13 +28,13 @@ from probtune.plugin import (
     LoopRV,
     Schedule,
     SpaceContext,
-    at_root,
     is_spatial,
     loop_kinds,
     reuses_data,
     sblock_names,
     thread_tag,
 )
+from probtune_cuda.blocks import unbound
 
 __all__ = [
     "COOPERATIVE_FETCH_KEY",
@@ -44,7 +44,6 @@ __all__ = [
     "accumulators_per_thread",
     "elementwise_consumer",
     "oversized_register_tiles",
-    "unbound",
 ]
 
 SHARED = "shared.dyn"
@@ -195,12 +194,6 @@ def _inputs_read_elsewhere(raw: s_tir.Schedule, sblock: s_tir.SBlock) -> bool:
         if not other.same_as(sblock) and any(r.source.same_as(b) for r in other.reads for b in inputs):
             return True
     return False
-
-
-def unbound(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
-    """Whether the block hangs under the root with none of its loops bound to a GPU axis (no module computed it inside
-    another block's kernel)."""
-    return at_root(raw, block) and not any(thread_tag(raw.get(loop)) for loop in raw.get_loops(block))
 
 
 def _tileable(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, sblock: s_tir.SBlock) -> bool:

@@ -49,8 +49,9 @@ from probtune.plugin import (
     is_spatial,
     loop_kinds,
 )
+from probtune_cuda.blocks import iterations, unbound, with_dependencies
 from probtune_cuda.limits import block_limit
-from probtune_cuda.multi_level_tiling import reads_element_for_element, unbound
+from probtune_cuda.multi_level_tiling import reads_element_for_element
 
 __all__ = ["GPURowKernel"]
 
@@ -64,23 +65,6 @@ class _Plan:
     rows: int
     producers: tuple[str, ...]
     tails: tuple[str, ...] = ()
-
-
-def _producers(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> list[s_tir.schedule.SBlockRV] | None:
-    """Every block the last block depends on, consumers first; None if one of them is already bound (tiled)."""
-    order = {raw.get(b).name_hint: n for n, b in enumerate(raw.get_child_blocks(raw.get_sblock("root")))}
-    found: dict[str, s_tir.schedule.SBlockRV] = {}
-    stack = list(raw.get_producers(block))
-    while stack:
-        producer = stack.pop()
-        name = raw.get(producer).name_hint
-        if name in found:
-            continue
-        if not unbound(raw, producer):
-            return None
-        found[name] = producer
-        stack.extend(raw.get_producers(producer))
-    return sorted(found.values(), key=lambda b: -order[raw.get(b).name_hint])
 
 
 def _row_loops(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int | None:
@@ -120,7 +104,8 @@ def _plan(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> _Plan | None:
     if values is not None:
         block, tails = values, (raw.get(block).name_hint,)
     kinds = loop_kinds(raw, block, list(raw.get_loops(block)))
-    producers = _producers(raw, block)
+    found = with_dependencies(raw, block)
+    producers = found[1:] if found is not None else None
     if not producers or any(kind != SPATIAL for kind in kinds):
         return None
     rows = {_row_loops(raw, p) for p in producers if not is_spatial(raw.get(p))}
@@ -136,12 +121,6 @@ def _writes_output(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
     """Whether the block writes one of the function's outputs (a second output: a value and its cast)."""
     written = raw.get(block).writes[0].source
     return any(param.same_as(written) for param in raw.mod["main"].params)
-
-
-def _iterations(sch: Schedule, block: BlockRV) -> int | None:
-    """How many times the block's body runs: the product of its loops' extents (None if one is symbolic)."""
-    extents = [sch.loop_extent(loop) for loop in sch.get_loops(block)]
-    return None if None in extents else math.prod(e for e in extents if e is not None)
 
 
 def _spread(sch: Schedule, loops: Sequence[LoopRV], threads: ExprRV | int) -> LoopRV:
@@ -185,7 +164,7 @@ def _fuses(trial: Schedule, plan: _Plan, threads: int, rows: int, per_row: dict[
     except (RuntimeError, ValueError):  # TVM refused a step: the producers are not computed per row
         return False
     for name in plan.producers:
-        runs = _iterations(trial, trial.get_sblock(name))
+        runs = iterations(trial.tvm, trial.resolve(trial.get_sblock(name)))
         if runs is None or runs > rows * math.ceil(per_row[name] / threads) * threads:
             return False
     return True
@@ -256,7 +235,7 @@ def _per_row(trial: Schedule, plan: _Plan) -> tuple[int, int, dict[str, int]] | 
     """The last block's rows and columns per row, and each producer's body runs per row; None where an extent is
     symbolic or a producer's work is not a whole number per row."""
     extents = [trial.loop_extent(loop) for loop in trial.get_loops(trial.get_sblock(plan.last))]
-    runs = {name: _iterations(trial, trial.get_sblock(name)) for name in plan.producers}
+    runs = {name: iterations(trial.tvm, trial.resolve(trial.get_sblock(name))) for name in plan.producers}
     known = [e for e in extents if e is not None]
     counted = {name: n for name, n in runs.items() if n is not None}
     if len(known) < len(extents) or len(counted) < len(runs):

@@ -55,11 +55,12 @@ from probtune.plugin import (
     realize_of,
     thread_tag,
 )
+from probtune_cuda.blocks import unbound
 from probtune_cuda.instructions import PAD_EINSUM
 from probtune_cuda.intrinsics import TENSORIZE_INIT_KEY, TENSORIZE_KEY, WARP_EXECUTION_KEY, load_tensor_intrinsics
 from probtune_cuda.limits import block_limit, compute_capability
 from probtune_cuda.mma import INSTRUCTION_KEY, TILE_K_KEY, WMMA_TILE, instruction_choices, tile_k_choices
-from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY, SHARED, elementwise_consumer, unbound
+from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY, SHARED, elementwise_consumer
 from probtune_cuda.reindex import TRANSFORM_TO_INTRINSIC, contiguous_widths, transform_to_intrinsic
 from probtune_cuda.software_pipeline import NO_PIPELINE, PIPELINE_KEY, REGISTER_STAGED, loop_buffers, pipeline_choices
 from probtune_cuda.split_reduction import bind_partial_sums, split_choices

@@ -34,8 +34,9 @@ from probtune.plugin import (
     is_spatial,
     loop_kinds,
 )
+from probtune_cuda.blocks import unbound
 from probtune_cuda.limits import block_limit
-from probtune_cuda.multi_level_tiling import elementwise_consumer, unbound
+from probtune_cuda.multi_level_tiling import elementwise_consumer
 
 __all__ = ["GPUAutoBind", "GPUCrossThreadReduction"]
 

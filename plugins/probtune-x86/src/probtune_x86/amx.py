@@ -332,7 +332,7 @@ def _register_named_intrinsics(sch: s_tir.Schedule, prefix: str) -> None:
 @dataclass(frozen=True)
 class RewriteAMXLayout(RewriteDotLayout):
     """Lay each copy of ``B`` annotated for ``tdpbusd`` out as ``vpdpbusd`` reads it (64 consecutive terms of 16
-    columns are then one tile), and register the tile product's intrinsic."""
+    columns are then one tile), and register the tile intrinsics the program names (one per block shape)."""
 
     name: str = "rewrite-amx-layout"
     instruction: DotInstruction = AMX
@@ -343,13 +343,9 @@ class RewriteAMXLayout(RewriteDotLayout):
 
 
 @dataclass(frozen=True)
-class RewriteAMXBF16Layout(RewriteDotLayout):
+class RewriteAMXBF16Layout(RewriteAMXLayout):
     """Lay each copy of ``B`` annotated for ``tdpbf16ps`` out as ``vdpbf16ps`` reads it (32 consecutive terms of 16
-    columns are one tile), and register the tile product's intrinsic."""
+    columns are one tile), and register the tile intrinsics the program names."""
 
     name: str = "rewrite-amx-bf16-layout"
     instruction: DotInstruction = AMX_BF16
-
-    def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
-        _register_named_intrinsics(sch, _TILES[self.instruction.intrinsic].prefix)
-        return super().check(sch, ctx)
