@@ -17,6 +17,7 @@ them are :mod:`probtune_x86.tile_config`'s lowering step.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -65,22 +66,19 @@ __all__ = [
 
 @dataclass(frozen=True)
 class TileProduct:
-    """One AMX tile product: 16 x 16 sums of ``terms`` products of ``a_dtype`` by ``b_dtype`` (64 bytes of a row of
-    ``A``), ``depth`` consecutive terms per 32-bit pair, as the vector dot product of those types blocks ``B``."""
+    """One AMX tile product: 16 x 16 sums of ``terms`` products (64 bytes of a row of ``A``) of the types that
+    ``vector``, the vector dot product, multiplies, its ``B`` blocked as that instruction blocks it."""
 
     prefix: str  # of its tensor intrinsics' names in TVM's table
     llvm_name: str
-    a_dtype: str
-    b_dtype: str
-    accumulator: str
-    depth: int
+    vector: DotInstruction
     terms: int
 
 
-INT8_TILE = TileProduct("probtune_x86.amx_u8s8", "llvm.x86.tdpbusd", "uint8", "int8", "int32", 4, 64)
+INT8_TILE = TileProduct("probtune_x86.amx_u8s8", "llvm.x86.tdpbusd", VNNI, 64)
 """``tdpbusd``: unsigned by signed bytes, summed in int32."""
 
-BF16_TILE = TileProduct("probtune_x86.amx_bf16", "llvm.x86.tdpbf16ps", "bfloat16", "bfloat16", "float32", 2, 32)
+BF16_TILE = TileProduct("probtune_x86.amx_bf16", "llvm.x86.tdpbf16ps", BF16, 32)
 """``tdpbf16ps``: bfloat16 pairs, summed in float32."""
 
 TILE_ROWS = TILE_COLUMNS = 16
@@ -112,8 +110,8 @@ def register_tile_intrinsic(tile: TileProduct, row_tiles: int = 1, column_tiles:
     registers 0 to 3, A's 4 and 5, B's 6 and 7."""
     from tvm.script import tirx as T
 
-    rows, columns, terms, depth = row_tiles * TILE_ROWS, column_tiles * TILE_COLUMNS, steps * tile.terms, tile.depth
-    a_dtype, b_dtype, acc, step = tile.a_dtype, tile.b_dtype, tile.accumulator, tile.terms
+    rows, columns, terms, depth = row_tiles * TILE_ROWS, column_tiles * TILE_COLUMNS, steps * tile.terms, tile.vector.depth
+    a_dtype, b_dtype, acc, step = tile.vector.a_dtype, tile.vector.b_dtype, tile.vector.accumulator, tile.terms
     a_bytes = tvm.DataType(a_dtype).bits // 8
     a_storage, b_storage = ("uint16" if t == "bfloat16" else t for t in (a_dtype, b_dtype))  # bfloat16 is stored so
     load, store, product = "llvm.x86.tileloadd64", "llvm.x86.tilestored64", tile.llvm_name
@@ -186,31 +184,13 @@ def register_amx_bf16_intrinsic() -> str:
     return register_tile_intrinsic(BF16_TILE)
 
 
-AMX = DotInstruction(
-    intrinsic=tile_intrinsic(INT8_TILE),
-    register=register_amx_intrinsic,
-    llvm_feature="amx-int8",
-    accumulator=VNNI.accumulator,
-    a_dtype=VNNI.a_dtype,
-    b_dtype=VNNI.b_dtype,
-    lanes=VNNI.lanes,
-    depth=VNNI.depth,
-    layout_key="probtune_x86.amx_layout",
-)
+AMX = dataclasses.replace(VNNI, intrinsic=tile_intrinsic(INT8_TILE), register=register_amx_intrinsic,
+                          llvm_feature="amx-int8", layout_key="probtune_x86.amx_layout")
 """``tdpbusd`` seen as ``vpdpbusd`` is (16 columns of 4-term sums), which its block must first map onto; its rows and
 its 64 terms are :func:`amx_plan`'s. ``B``'s copy is annotated with its own key, for the same layout."""
 
-AMX_BF16 = DotInstruction(
-    intrinsic=tile_intrinsic(BF16_TILE),
-    register=register_amx_bf16_intrinsic,
-    llvm_feature="amx-bf16",
-    accumulator=BF16.accumulator,
-    a_dtype=BF16.a_dtype,
-    b_dtype=BF16.b_dtype,
-    lanes=BF16.lanes,
-    depth=BF16.depth,
-    layout_key="probtune_x86.amx_bf16_layout",
-)
+AMX_BF16 = dataclasses.replace(BF16, intrinsic=tile_intrinsic(BF16_TILE), register=register_amx_bf16_intrinsic,
+                               llvm_feature="amx-bf16", layout_key="probtune_x86.amx_bf16_layout")
 """``tdpbf16ps`` seen as ``vdpbf16ps`` is (16 columns of 2-term sums); 32 terms per tile."""
 
 _TILES = {AMX.intrinsic: INT8_TILE, AMX_BF16.intrinsic: BF16_TILE}
