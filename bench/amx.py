@@ -1,11 +1,12 @@
 """AMX tile products against the vector dot products, per operator: int8 (``tdpbusd`` against ``vpdpbusd``) and bf16
-(``tdpbf16ps`` against ``vdpbf16ps``) matrix products of BERT-base's shapes at 128 tokens, each tuned twice with the
-same trials on the ``host`` target (its whole space, and the space without the AMX tilings), checked against the plain
-program, then timed in turns in one process. The weight is a constant, as in a model: tuning times each program with
-its blocked copy made beforehand, and so does the final timing. Needs a CPU with AMX (``amx_int8``, ``amx_bf16`` in
-/proc/cpuinfo).
+(``tdpbf16ps`` against ``vdpbf16ps``) matrix products of BERT-base's shapes at 128 tokens, or with ``--convolutions``
+NHWC convolutions of ResNet-50's shapes at batch 1, each tuned twice with the same trials on the ``host`` target (its
+whole space, and the space without the AMX tilings), checked against the plain program, then timed in turns in one
+process. The weight is a constant, as in a model: tuning times each program with its blocked copy made beforehand, and
+so does the final timing. Needs a CPU with AMX (``amx_int8``, ``amx_bf16`` in /proc/cpuinfo).
 
     .venv/bin/python bench/amx.py --trials 64
+    .venv/bin/python bench/amx.py --trials 64 --convolutions --out bench/results/amx_convolutions.json
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import ml_dtypes
 import numpy as np
 import tvm
 from common import say
-from tvm import te
+from tvm import te, topi
 
 import probtune
 from probtune.measure.codegen import compile_for
@@ -32,18 +33,31 @@ from probtune_cpu.host_cpu import cpu_features, cpu_model
 
 SHAPES = ((128, 768, 768), (128, 3072, 768), (128, 768, 3072))
 """(tokens, outputs, depth) of BERT-base's products: the projections, the first and the second feed-forward layer."""
+CONVOLUTIONS = ((56, 64, 64, 3), (28, 128, 128, 3), (14, 256, 256, 3), (56, 256, 64, 1), (28, 512, 128, 1),
+                (14, 1024, 256, 1))
+"""(width, input channels, output channels, kernel) of ResNet-50's stride-1 convolutions, one of each size per stage."""
 TILINGS = ("amx-dot-product", "amx-bf16-dot-product")
 
 
-def product(m: int, n: int, k: int, bf16: bool) -> Workload:
-    """``A @ B^T`` (a dense layer's weights [n, k]) in u8 x s8 -> int32 or bf16 x bf16 -> float32."""
+def product(m: int, n: int, k: int, bf16: bool) -> tuple[Workload, int]:
+    """``A @ B^T`` (a dense layer's weights [n, k]) in u8 x s8 -> int32 or bf16 x bf16 -> float32; its operations."""
     a = te.placeholder((m, k), "bfloat16" if bf16 else "uint8", name="A")
     b = te.placeholder((n, k), "bfloat16" if bf16 else "int8", name="B")
     acc = "float32" if bf16 else "int32"
     r = te.reduce_axis((0, k), "r")
     c = te.compute((m, n), lambda i, j: te.sum(a[i, r].astype(acc) * b[j, r].astype(acc), axis=r), name="C")
     func = te.create_prim_func([a, b, c]).with_attr(LAYOUT_FREE_ATTR, [1])  # a model's weight, packed once
-    return Workload.from_module(func, name=f"{'bf16' if bf16 else 'int8'}_dense_{m}_{n}_{k}")
+    return Workload.from_module(func, name=f"{'bf16' if bf16 else 'int8'}_dense_{m}_{n}_{k}"), 2 * m * n * k
+
+
+def convolution(width: int, channels: int, filters: int, kernel: int, bf16: bool) -> tuple[Workload, int]:
+    """A stride-1 NHWC convolution (weights [kernel, kernel, channels, filters]) padded to keep its size."""
+    x = te.placeholder((1, width, width, channels), "bfloat16" if bf16 else "uint8", name="X")
+    w = te.placeholder((kernel, kernel, channels, filters), "bfloat16" if bf16 else "int8", name="W")
+    y = topi.nn.conv2d_nhwc(x, w, 1, kernel // 2, 1, out_dtype="float32" if bf16 else "int32")
+    func = te.create_prim_func([x, w, y]).with_attr(LAYOUT_FREE_ATTR, [1])
+    name = f"{'bf16' if bf16 else 'int8'}_conv{kernel}x{kernel}_{width}_{channels}_{filters}"
+    return Workload.from_module(func, name=name), 2 * width * width * filters * channels * kernel * kernel
 
 
 def operands(workload: Workload) -> list[np.ndarray]:
@@ -77,7 +91,7 @@ def weight_packed(program: tvm.IRModule, arrays: list[np.ndarray]) -> tuple[obje
     return compile_for(program, resolve_target("host")), [arrays[0], weight, arrays[2]]
 
 
-def bench_shape(workload: Workload, args: argparse.Namespace) -> dict:
+def bench_shape(workload: Workload, operations: int, args: argparse.Namespace) -> dict:
     """Both spaces tuned with the same trials, each best program checked, then the two timed in turns."""
     host = resolve_target("host")
     spaces = {"amx": list(host.modules), "vector": [m for m in host.modules if m not in TILINGS]}
@@ -101,11 +115,10 @@ def bench_shape(workload: Workload, args: argparse.Namespace) -> dict:
         for name, lib in libs.items():
             tensors = [tvm.runtime.tensor(x, dev) for x in inputs[name]]
             rounds[name].append(float(np.median(lib.mod.time_evaluator("main", dev, number=10, repeat=3)(*tensors).results)))
-    m, n, k = (int(d) for d in workload.name.split("_")[2:])
     ratios = sorted(v / a for v, a in zip(rounds["vector"], rounds["amx"]))
     row.update({
         "ms": {name: round(float(np.median(times)) * 1e3, 4) for name, times in rounds.items()},
-        "gops": {name: round(2 * m * n * k / float(np.median(times)) / 1e9, 1) for name, times in rounds.items()},
+        "gops": {name: round(operations / float(np.median(times)) / 1e9, 1) for name, times in rounds.items()},
         "amx_speedup_median": round(float(np.median(ratios)), 3),
         "amx_speedup_range": [round(ratios[0], 3), round(ratios[-1], 3)],
     })
@@ -118,11 +131,14 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--convolutions", action="store_true", help="ResNet-50's convolutions instead of BERT's products")
     parser.add_argument("--out", type=Path, default=Path("bench/results/amx.json"))
     args = parser.parse_args()
     if not {"amx_int8", "amx_bf16"} <= cpu_features():
         raise SystemExit(f"this CPU ({cpu_model()}) has no AMX int8 and bf16 tiles; run this on one that has")
-    rows = [bench_shape(product(m, n, k, bf16), args) for bf16 in (False, True) for m, n, k in SHAPES]
+    workloads = ([convolution(*shape, bf16) for bf16 in (False, True) for shape in CONVOLUTIONS] if args.convolutions
+                 else [product(*shape, bf16) for bf16 in (False, True) for shape in SHAPES])
+    rows = [bench_shape(workload, operations, args) for workload, operations in workloads]
     report = {"machine": cpu_model(), "cores": os.cpu_count(), "trials": args.trials, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")

@@ -19,6 +19,7 @@ from probtune_cpu.host_cpu import cpu_features
 from probtune_x86 import AMX_BF16_FEATURE, AMX_FEATURE, _cpu_target
 from probtune_x86.amx import AMX, AMX_BF16, AMXBF16DotProduct, AMXDotProduct, amx_plan
 from probtune_x86.features import X86_FEATURE_NAMES, x86_features
+from probtune_x86.tile_config import _config_words
 
 SAPPHIRE_RAPIDS = _cpu_target("amx-test", "Sapphire Rapids", {"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2},
                               16, vnni=True, bf16=True, amx=True, amx_bf16=True)
@@ -68,8 +69,17 @@ def test_the_plan_finds_rows_columns_and_terms():
     assert amx_plan(sch, sch.get_sblock("C"), AMX) is None  # not bytes
 
 
+@pytest.mark.parametrize(("workload", "block", "rows"), [
+    (_matmul(64, 64, 128), "C", 16), (_matmul(56, 64, 128), "C", 14), (_matmul(40, 64, 64), "C", 10),
+    (_conv(14, 64, 32, 3), "conv2d_nhwc", 14), (_conv(28, 64, 32, 1), "conv2d_nhwc", 14),
+])
+def test_a_tile_has_the_most_rows_up_to_16_that_divide_the_blocks(workload, block, rows):
+    assert _plan(workload, block).tile_rows == rows
+
+
 @pytest.mark.parametrize(("workload", "block"), [
-    (_matmul(28, 64, 128), "C"),  # 28 rows are not whole tiles
+    (_matmul(49, 64, 128), "C"),  # 49 rows: no tile of 8 to 16 rows divides them
+    (_conv(7, 64, 32, 3), "conv2d_nhwc"),  # rows of 7 pixels: tiles less than half full
     (_matmul(64, 64, 96), "C"),  # 96 terms are not whole tiles of 64
     (_conv(32, 64, 32, 3, stride=2), "conv2d_nhwc"),  # a stride-2 row reads every other pixel: no tile rows
     (_conv(16, 32, 32, 3), "conv2d_nhwc"),  # 32 channels: a tile's 64 terms would cross the window's taps
@@ -91,6 +101,7 @@ def test_the_space_has_the_tile_product_first_and_vnni_as_its_other_sketch():
 @pytest.mark.parametrize("workload", [
     _matmul(64, 64, 128), _matmul(32, 48, 64, transposed=True), _conv(16, 64, 32, 1), _conv(16, 64, 32, 3),
     _matmul(32, 48, 96, bf16=True), _matmul(16, 32, 64, transposed=True, bf16=True),
+    _matmul(56, 64, 128), _conv(14, 64, 32, 3), _matmul(40, 32, 64, bf16=True),  # tiles of 14 and 10 rows
 ])
 def test_programs_run_the_tile_product_and_compute_the_plain_programs_sums(workload):
     space = generate_space(workload, SAPPHIRE_RAPIDS)
@@ -109,6 +120,33 @@ def test_programs_run_the_tile_product_and_compute_the_plain_programs_sums(workl
                 np.testing.assert_array_equal(got, want)
             else:  # float sums in another order
                 np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def _two_products(first_rows: int, second_rows: int) -> Workload:
+    """Two independent products in one program, of ``first_rows`` and ``second_rows`` rows."""
+
+    def product(n: int, m: int) -> list[te.Tensor]:
+        a, b = te.placeholder((m, 64), "uint8", name=f"A{n}"), te.placeholder((64, 32), "int8", name=f"B{n}")
+        r = te.reduce_axis((0, 64), f"r{n}")
+        return [a, b, te.compute((m, 32), lambda i, j: te.sum(
+            a[i, r].astype("int32") * b[r, j].astype("int32"), axis=r), name=f"C{n}")]
+
+    (a0, b0, c0), (a1, b1, c1) = product(0, first_rows), product(1, second_rows)
+    return Workload.from_module(te.create_prim_func([a0, b0, a1, b1, c0, c1]), name="amx_two_products")
+
+
+def test_a_program_whose_tiles_need_two_configurations_is_rejected():
+    space = generate_space(_two_products(32, 28), SAPPHIRE_RAPIDS)
+    _, rejected = space.draw(Rng(0), space.trace.with_decisions({}))  # both products on tiles: 16 and 14 rows
+    assert rejected is not None and rejected.validator == "rewrite-amx-layout" and "rows" in rejected.reason
+    space = generate_space(_two_products(32, 64), SAPPHIRE_RAPIDS)
+    _, rejected = space.draw(Rng(0), space.trace.with_decisions({}))
+    assert rejected is None
+
+
+def test_the_tile_configuration_gives_a_and_c_the_marked_rows_and_b_16():
+    assert list(_config_words(14)[6].to_bytes(8, "little")) == [14] * 6 + [16, 16]
+    assert _config_words(16)[6] == 0x1010_1010_1010_1010
 
 
 def test_the_cost_model_counts_the_tile_products():

@@ -4,21 +4,26 @@ A reduction that a vector dot product computes (``vpdpbusd``,
 :mod:`probtune_x86.vnni`; ``vdpbf16ps``, :mod:`probtune_x86.bf16`) and that
 also has a row loop ``i``, indexing the output's and ``A``'s second-to-last
 dimensions (a matrix product's rows, a convolution's output pixels along a
-row), maps onto AMX tile products: ``C[i, j] += A[i, k] * B[k, j]`` over 16
-rows, 16 columns and 64 terms of bytes or 32 of bfloat16 each, with ``A``'s
+row), maps onto AMX tile products: ``C[i, j] += A[i, k] * B[k, j]`` over up
+to 16 rows, 16 columns and 64 terms of bytes or 32 of bfloat16 each, with ``A``'s
 rows and ``C``'s read at their strides and ``B`` in the vector instruction's
 blocked layout (``[..., j // 16, k // depth, j % 16, k % depth]``: a tile's
 terms of 16 columns are one 16 x 64-byte tile). One call of the tensor
 intrinsic computes up to 2 x 2 C tiles over up to 8 tiles of terms: its C
 tiles are loaded once and stored once, and each A and B tile loaded per step
-serves two products. The tiles' configuration and Linux's permission to use
-them are :mod:`probtune_x86.tile_config`'s lowering step.
+serves two products. A tile of ``A`` and ``C`` has as many rows as the
+largest count of at most 16 that divides the block's rows (14 for a
+convolution's rows of 56, 28 or 14 pixels), no fewer than ``MIN_TILE_ROWS``;
+the intrinsic marks its statements with that count (``TILE_ROWS_KEY``). The
+tiles' configuration and Linux's permission to use them are
+:mod:`probtune_x86.tile_config`'s lowering step.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from dataclasses import dataclass
 
 import tvm
@@ -48,8 +53,10 @@ __all__ = [
     "INT8_TILE",
     "MAX_STEPS",
     "MAX_TILES",
+    "MIN_TILE_ROWS",
     "TILE_COLUMNS",
     "TILE_ROWS",
+    "TILE_ROWS_KEY",
     "AMXBF16DotProduct",
     "AMXDotProduct",
     "AMXPlan",
@@ -82,35 +89,51 @@ BF16_TILE = TileProduct("probtune_x86.amx_bf16", "llvm.x86.tdpbf16ps", BF16, 32)
 """``tdpbf16ps``: bfloat16 pairs, summed in float32."""
 
 TILE_ROWS = TILE_COLUMNS = 16
+"""A tile's most rows, and the columns of its sums (16 lanes of 4 bytes)."""
+MIN_TILE_ROWS = 8
+"""The fewest rows a tile of ``A`` and ``C`` is given: a tile product costs as much at any count of rows, so a block
+whose rows no count from here to 16 divides is left to the vector instruction."""
+TILE_ROWS_KEY = "probtune_x86.tile_rows"
+"""The attribute with which a tile intrinsic's statements name the rows of its tiles of ``A`` and ``C``."""
 MAX_TILES = 2
 """Tiles of C per side of an intrinsic's block: 2 x 2 sums, 2 tiles of A and 2 of B fill the 8 tile registers."""
 MAX_STEPS = 8
 """Tiles of terms an intrinsic's block sums before it stores its C tiles."""
 
 
-
-def tile_intrinsic(tile: TileProduct, row_tiles: int = 1, column_tiles: int = 1, steps: int = 1) -> str:
-    """The name of ``tile``'s intrinsic for a block of ``row_tiles`` x ``column_tiles`` C tiles summing ``steps``
-    tiles of terms: ``<prefix>_<rows>x<columns>x<terms>``."""
-    return f"{tile.prefix}_{row_tiles * TILE_ROWS}x{column_tiles * TILE_COLUMNS}x{steps * tile.terms}"
+_NAME = re.compile(r"(?P<prefix>.+)_(?P<rows>\d+)x(?P<columns>\d+)x(?P<terms>\d+)(?:_r(?P<tile_rows>\d+))?")
 
 
-def register_named(name: str) -> None:
-    """Register the intrinsic ``name`` (:func:`tile_intrinsic`'s), in a process that replays a program using it."""
-    prefix, _, shape = name.rpartition("_")
-    tile = next(t for t in (INT8_TILE, BF16_TILE) if t.prefix == prefix)
-    rows, columns, terms = (int(n) for n in shape.split("x"))
-    register_tile_intrinsic(tile, rows // TILE_ROWS, columns // TILE_COLUMNS, terms // tile.terms)
+def tile_intrinsic(tile: TileProduct, row_tiles: int = 1, column_tiles: int = 1, steps: int = 1,
+                   tile_rows: int = TILE_ROWS) -> str:
+    """The name of ``tile``'s intrinsic for a block of ``row_tiles`` x ``column_tiles`` C tiles of ``tile_rows`` rows
+    summing ``steps`` tiles of terms: ``<prefix>_<rows>x<columns>x<terms>``, and ``_r<tile_rows>`` below 16 rows."""
+    name = f"{tile.prefix}_{row_tiles * tile_rows}x{column_tiles * TILE_COLUMNS}x{steps * tile.terms}"
+    return name if tile_rows == TILE_ROWS else f"{name}_r{tile_rows}"
+
+
+def register_named(name: str) -> int:
+    """Register the intrinsic ``name`` (:func:`tile_intrinsic`'s), in a process that replays a program using it; the
+    rows of its tiles."""
+    match = _NAME.fullmatch(name)
+    if match is None:
+        raise ValueError(f"{name!r} is not the name of a tile intrinsic")
+    tile = next(t for t in (INT8_TILE, BF16_TILE) if t.prefix == match["prefix"])
+    tile_rows = int(match["tile_rows"] or TILE_ROWS)
+    register_tile_intrinsic(tile, int(match["rows"]) // tile_rows, int(match["columns"]) // TILE_COLUMNS,
+                            int(match["terms"]) // tile.terms, tile_rows)
+    return tile_rows
 
 
 @functools.cache
-def register_tile_intrinsic(tile: TileProduct, row_tiles: int = 1, column_tiles: int = 1, steps: int = 1) -> str:
+def register_tile_intrinsic(tile: TileProduct, row_tiles: int = 1, column_tiles: int = 1, steps: int = 1,
+                            tile_rows: int = TILE_ROWS) -> str:
     """Register ``tile``'s intrinsic for a block of C tiles (:func:`tile_intrinsic`) once: the C tiles loaded, then
     per step of terms the A and B tiles loaded and every C tile's product, then the C tiles stored. C tiles are
-    registers 0 to 3, A's 4 and 5, B's 6 and 7."""
+    registers 0 to 3, A's 4 and 5, B's 6 and 7; the statements are marked with the tiles' rows (``TILE_ROWS_KEY``)."""
     from tvm.script import tirx as T
 
-    rows, columns, terms, depth = row_tiles * TILE_ROWS, column_tiles * TILE_COLUMNS, steps * tile.terms, tile.vector.depth
+    rows, columns, terms, depth = row_tiles * tile_rows, column_tiles * TILE_COLUMNS, steps * tile.terms, tile.vector.depth
     a_dtype, b_dtype, acc, step = tile.vector.a_dtype, tile.vector.b_dtype, tile.vector.accumulator, tile.terms
     a_bytes = tvm.DataType(a_dtype).bits // 8
     a_storage, b_storage = ("uint16" if t == "bfloat16" else t for t in (a_dtype, b_dtype))  # bfloat16 is stored so
@@ -142,33 +165,34 @@ def register_tile_intrinsic(tile: TileProduct, row_tiles: int = 1, column_tiles:
         with T.sblock("root"):
             T.reads(C[0:rows, 0:columns], A[0:rows, 0:terms], B[0:column_tiles, 0 : terms // depth, 0:TILE_COLUMNS, 0:depth])
             T.writes(C[0:rows, 0:columns])
-            for r in T.unroll(row_tiles):
-                for q in T.unroll(column_tiles):
-                    T.evaluate(T.call_llvm_intrin("void", load, T.Cast("int8", r * 2 + q), T.tvm_access_ptr(
-                        T.type_annotation(acc), C.data, C.elem_offset + r * TILE_ROWS * ldc + q * TILE_COLUMNS,
-                        TILE_ROWS * ldc, 1), T.Cast("int64", ldc * 4)))
-            for s in range(steps):
-                for r in T.unroll(row_tiles):
-                    T.evaluate(T.call_llvm_intrin("void", load, T.Cast("int8", 4 + r), T.tvm_access_ptr(
-                        T.type_annotation(a_storage), A.data, A.elem_offset + r * TILE_ROWS * lda + s * step,
-                        TILE_ROWS * lda, 1), T.Cast("int64", lda * a_bytes)))
-                for q in T.unroll(column_tiles):
-                    T.evaluate(T.call_llvm_intrin("void", load, T.Cast("int8", 6 + q), T.tvm_access_ptr(
-                        T.type_annotation(b_storage), B.data, B.elem_offset + q * ldb + s * step * TILE_COLUMNS,
-                        step * TILE_COLUMNS, 1), T.int64(64)))
+            with T.attr(0, TILE_ROWS_KEY, tile_rows):
                 for r in T.unroll(row_tiles):
                     for q in T.unroll(column_tiles):
-                        T.evaluate(T.call_llvm_intrin("void", product, T.Cast("int8", r * 2 + q), T.Cast("int8", 4 + r),
-                                                      T.Cast("int8", 6 + q)))
-            for r in T.unroll(row_tiles):
-                for q in T.unroll(column_tiles):
-                    T.evaluate(T.call_llvm_intrin("void", store, T.Cast("int8", r * 2 + q), T.tvm_access_ptr(
-                        T.type_annotation(acc), C.data, C.elem_offset + r * TILE_ROWS * ldc + q * TILE_COLUMNS,
-                        TILE_ROWS * ldc, 2), T.Cast("int64", ldc * 4)))
+                        T.evaluate(T.call_llvm_intrin("void", load, T.Cast("int8", r * 2 + q), T.tvm_access_ptr(
+                            T.type_annotation(acc), C.data, C.elem_offset + r * tile_rows * ldc + q * TILE_COLUMNS,
+                            tile_rows * ldc, 1), T.Cast("int64", ldc * 4)))
+                for s in range(steps):
+                    for r in T.unroll(row_tiles):
+                        T.evaluate(T.call_llvm_intrin("void", load, T.Cast("int8", 4 + r), T.tvm_access_ptr(
+                            T.type_annotation(a_storage), A.data, A.elem_offset + r * tile_rows * lda + s * step,
+                            tile_rows * lda, 1), T.Cast("int64", lda * a_bytes)))
+                    for q in T.unroll(column_tiles):
+                        T.evaluate(T.call_llvm_intrin("void", load, T.Cast("int8", 6 + q), T.tvm_access_ptr(
+                            T.type_annotation(b_storage), B.data, B.elem_offset + q * ldb + s * step * TILE_COLUMNS,
+                            step * TILE_COLUMNS, 1), T.int64(64)))
+                    for r in T.unroll(row_tiles):
+                        for q in T.unroll(column_tiles):
+                            T.evaluate(T.call_llvm_intrin("void", product, T.Cast("int8", r * 2 + q), T.Cast("int8", 4 + r),
+                                                          T.Cast("int8", 6 + q)))
+                for r in T.unroll(row_tiles):
+                    for q in T.unroll(column_tiles):
+                        T.evaluate(T.call_llvm_intrin("void", store, T.Cast("int8", r * 2 + q), T.tvm_access_ptr(
+                            T.type_annotation(acc), C.data, C.elem_offset + r * tile_rows * ldc + q * TILE_COLUMNS,
+                            tile_rows * ldc, 2), T.Cast("int64", ldc * 4)))
 
     from tvm.s_tir import TensorIntrin
 
-    name = tile_intrinsic(tile, row_tiles, column_tiles, steps)
+    name = tile_intrinsic(tile, row_tiles, column_tiles, steps, tile_rows)
     if TensorIntrin.get(name, allow_missing=True) is None:
         TensorIntrin.register(name, desc, impl)
     return name
@@ -198,10 +222,12 @@ _TILES = {AMX.intrinsic: INT8_TILE, AMX_BF16.intrinsic: BF16_TILE}
 
 @dataclass(frozen=True)
 class AMXPlan:
-    """How a block maps onto a tile product: as onto the vector dot product of its types, and the loop of its rows."""
+    """How a block maps onto a tile product: as onto the vector dot product of its types, the loop of its rows, and
+    the rows of a tile (the most, up to 16, that divide that loop)."""
 
     dot: DotPlan
     rows_loop: int
+    tile_rows: int = TILE_ROWS
 
 
 def _unit_stride(region_min: tirx.PrimExpr, var: tirx.Var) -> bool:
@@ -212,8 +238,9 @@ def _unit_stride(region_min: tirx.PrimExpr, var: tirx.Var) -> bool:
 
 def amx_plan(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV, instruction: DotInstruction = AMX) -> AMXPlan | None:
     """How the block maps onto ``instruction``'s tile product, or None: a block of its vector dot product whose
-    reduction is a whole number of tiles' terms, with a spatial loop of a whole number of 16 rows that steps one row
-    of ``A`` and of the output (a stride-2 convolution's pixels step two) and indexes no dimension of ``B``."""
+    reduction is a whole number of tiles' terms, with a spatial loop of a whole number of tiles' rows (of 8 to 16)
+    that steps one row of ``A`` and of the output (a stride-2 convolution's pixels step two) and indexes no dimension
+    of ``B``."""
     dot = dot_plan(raw, block, instruction)
     if dot is None:
         return None
@@ -227,7 +254,8 @@ def amx_plan(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV, instruction: D
     for index in reversed(range(dot.lanes_loop)):
         along = indexing_dims(raw, block, loops[index])
         extent = raw.get(loops[index]).extent
-        if kinds[index] != SPATIAL or not isinstance(extent, tirx.IntImm) or int(extent) % TILE_ROWS:
+        tile_rows = _tile_rows(extent)
+        if kinds[index] != SPATIAL or tile_rows is None:
             continue
         var = sblock.iter_vars[index].var
         if (
@@ -237,8 +265,15 @@ def amx_plan(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV, instruction: D
             and _unit_stride(a_region[-2].min, var)
             and _unit_stride(c_region[-2].min, var)
         ):
-            return AMXPlan(dot, index)
+            return AMXPlan(dot, index, tile_rows)
     return None
+
+
+def _tile_rows(extent: tirx.PrimExpr) -> int | None:
+    """The most rows, from ``MIN_TILE_ROWS`` to 16, that divide a loop of ``extent``; None if none does."""
+    if not isinstance(extent, tirx.IntImm):
+        return None
+    return next((rows for rows in range(TILE_ROWS, MIN_TILE_ROWS - 1, -1) if int(extent) % rows == 0), None)
 
 
 def _block_shape(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV, plan: AMXPlan, tile: TileProduct
@@ -250,7 +285,7 @@ def _block_shape(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV, plan: AMXP
     def most(extent: int, unit: int, limit: int) -> int:
         return max(n for n in range(1, limit + 1) if extent % (n * unit) == 0)
 
-    return (most(extents[plan.rows_loop], TILE_ROWS, MAX_TILES), most(extents[plan.dot.lanes_loop], TILE_COLUMNS, MAX_TILES),
+    return (most(extents[plan.rows_loop], plan.tile_rows, MAX_TILES), most(extents[plan.dot.lanes_loop], TILE_COLUMNS, MAX_TILES),
             most(extents[plan.dot.depth_loop], tile.terms, MAX_STEPS))
 
 
@@ -275,8 +310,8 @@ class AMXDotProduct(DotProductTiling):
         kinds = loop_kinds(raw, block_rv, [sch.resolve(loop) for loop in loops])
         dot, tile = plan.dot, _TILES[op.intrinsic]
         row_tiles, column_tiles, steps = _block_shape(raw, block_rv, plan, tile)
-        intrinsic = register_tile_intrinsic(tile, row_tiles, column_tiles, steps)
-        loops[plan.rows_loop], rows_loop = sch.split(loops[plan.rows_loop], [None, row_tiles * TILE_ROWS])
+        intrinsic = register_tile_intrinsic(tile, row_tiles, column_tiles, steps, plan.tile_rows)
+        loops[plan.rows_loop], rows_loop = sch.split(loops[plan.rows_loop], [None, row_tiles * plan.tile_rows])
         loops[dot.lanes_loop], lanes_loop = sch.split(loops[dot.lanes_loop], [None, column_tiles * TILE_COLUMNS])
         loops[dot.depth_loop], depth_loop = sch.split(loops[dot.depth_loop], [None, steps * tile.terms])
         order, level_ends = self._tile(sch, loops, kinds)
@@ -301,24 +336,30 @@ class AMXBF16DotProduct(AMXDotProduct):
     instruction: DotInstruction = AMX_BF16
 
 
-def _register_named_intrinsics(sch: s_tir.Schedule, prefix: str) -> None:
-    """Register the tile intrinsics (of ``prefix``) that blocks of ``sch`` are marked for, before they are tensorized."""
+def _register_named_intrinsics(sch: s_tir.Schedule, prefix: str) -> set[int]:
+    """Register the tile intrinsics (of ``prefix``) that blocks of ``sch`` are marked for, before they are tensorized;
+    the rows of their tiles."""
+    rows = set()
     for name in sblock_names(sch):
         intrinsic = sch.get(sch.get_sblock(name)).annotations.get(TENSORIZE_KEY)
         if intrinsic is not None and str(intrinsic).startswith(prefix + "_"):
-            register_named(str(intrinsic))
+            rows.add(register_named(str(intrinsic)))
+    return rows
 
 
 @dataclass(frozen=True)
 class RewriteAMXLayout(RewriteDotLayout):
     """Lay each copy of ``B`` annotated for ``tdpbusd`` out as ``vpdpbusd`` reads it (64 consecutive terms of 16
-    columns are then one tile), and register the tile intrinsics the program names (one per block shape)."""
+    columns are then one tile), and register the tile intrinsics the program names (one per block shape); reject a
+    program whose tiles would need two configurations (rows)."""
 
     name: str = "rewrite-amx-layout"
     instruction: DotInstruction = AMX
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
-        _register_named_intrinsics(sch, _TILES[self.instruction.intrinsic].prefix)
+        rows = _register_named_intrinsics(sch, _TILES[self.instruction.intrinsic].prefix)
+        if len(rows) > 1:
+            return f"its tile products have tiles of {sorted(rows)} rows, and a kernel has one tile configuration"
         return super().check(sch, ctx)
 
 
