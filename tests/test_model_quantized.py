@@ -128,6 +128,27 @@ def test_a_program_off_by_two_steps_is_refused(qdq_cnn):
     assert check_outputs(model, lambda x: [session.run(None, {"x": x})[0] + step]).stepped[0] > 0
 
 
+def test_an_output_may_lie_as_far_from_onnxruntime_as_its_own_two_graphs_do(qdq_cnn, monkeypatch):
+    """Which of onnxruntime's integer kernels runs depends on the CPU; where its optimized graph lies several steps
+    from its unoptimized one, a compiled model may lie as far (``SPREAD_MARGIN`` times) from the optimized one."""
+    from probtune.errors import ModelCheckError
+    from probtune.model import check as check_module
+
+    model = load_model(qdq_cnn, SHAPES)
+    session = onnxruntime.InferenceSession(str(qdq_cnn), providers=["CPUExecutionProvider"])
+    step = float(numpy_helper.to_array(next(i for i in onnx.load(qdq_cnn).graph.initializer if i.name == "logits_scale")))
+
+    def off(x):
+        return [session.run(None, {"x": x})[0] + 2 * step]
+
+    monkeypatch.setattr(check_module, "_reference_spread", lambda *args: {0: 1.5 * step})
+    report = check_outputs(model, off)
+    assert report.stepped[0] == report.stepped[1] and report.spread is not None
+    monkeypatch.setattr(check_module, "_reference_spread", lambda *args: {0: 0.5 * step})
+    with pytest.raises(ModelCheckError, match="differs from onnxruntime"):
+        check_outputs(model, off)
+
+
 def test_a_target_without_vnni_computes_the_same_integers(qdq_cnn):
     model = load_model(qdq_cnn, SHAPES)
     assert "vnni-dot-product" not in resolve_target("x86-avx2").modules

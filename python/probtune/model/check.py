@@ -38,8 +38,9 @@ probtune in float32, so a sum that falls within a rounding of a half lands
 one step apart in a few elements; a wrong program is off by many steps."""
 
 SPREAD_MARGIN = 2.0
-"""Where a quantized model's output is float, it may differ from onnxruntime's by this many times as much as
-onnxruntime's own unoptimized and optimized graphs differ from each other on the same inputs.
+"""A quantized model's output may differ from onnxruntime's by this many times as much as onnxruntime's own
+unoptimized and optimized graphs differ from each other on the same inputs (an output dequantized from 8 bits, by its
+steps' allowance where that is more).
 
 A model that quantizes its activations (at run time, as dynamically
 quantized ones do, or statically) rounds each to 8 bits: a float difference
@@ -66,7 +67,7 @@ class CheckReport:
     rtol: float
     atol_scale: float
     stepped: tuple[int, int] | None = None  # quantized outputs: elements a step apart, of how many
-    spread: float | None = None  # a quantizing model's float outputs: onnxruntime's own spread, as a share of RMS
+    spread: float | None = None  # a quantizing model's outputs: onnxruntime's own spread, as a share of RMS
     precision: str = "fp32"  # what the model was compiled in, whose tolerance applies
     rounding: float | None = None  # fp16 or bf16: onnxruntime's spread from rounding operands, as a share of RMS
 
@@ -78,8 +79,8 @@ class CheckReport:
         )
         if self.stepped is not None:
             text += (
-                f"; quantized outputs: {self.stepped[0]} of {self.stepped[1]} elements one quantization step apart "
-                f"(at most {QUANTIZATION_STEPS} allowed), the rest equal"
+                f"; quantized outputs: {self.stepped[0]} of {self.stepped[1]} elements a quantization step or more "
+                f"apart ({QUANTIZATION_STEPS} allowed, more where onnxruntime's own graphs differ more), the rest equal"
             )
         if self.spread is not None:
             text += (
@@ -163,7 +164,7 @@ def check_outputs(
 @dataclass
 class _QuantizedAllowance:
     """A quantized model's wider tolerances: a step on outputs dequantized from 8 bits, onnxruntime's own spread
-    on its float outputs; and what the outputs used of them."""
+    on all of them; and what the outputs used of them."""
 
     steps: dict[int, float]
     spreads: dict[int, float]
@@ -174,19 +175,18 @@ class _QuantizedAllowance:
     def of(
         cls, model: Model, reference: str, inputs: Sequence[np.ndarray], want: list[np.ndarray]
     ) -> _QuantizedAllowance:
-        steps = _quantization_steps(model)
-        stepless = reference == "onnxruntime" and _quantizes(model) and len(steps) < len(want)
-        return cls(steps, _reference_spread(model, inputs, want) if stepless else {})
+        quantizes = reference == "onnxruntime" and _quantizes(model)
+        return cls(_quantization_steps(model), _reference_spread(model, inputs, want) if quantizes else {})
 
     def widen(self, index: int, allowed: np.ndarray, error: np.ndarray, scale: float) -> np.ndarray:
         """Output ``index``'s allowed errors, widened where the model quantizes it."""
         step = self.steps.get(index)
         if step:
             self.stepped = (self.stepped[0] + int(np.count_nonzero(error > step / 2)), self.stepped[1] + error.size)
-            return np.maximum(allowed, (QUANTIZATION_STEPS + 0.5) * step)  # the outputs are whole steps apart
+            allowed = np.maximum(allowed, (QUANTIZATION_STEPS + 0.5) * step)  # the outputs are whole steps apart
         if index in self.spreads:
             self.worst_spread = max(self.worst_spread or 0.0, self.spreads[index] / scale if scale else 0.0)
-            return np.maximum(allowed, SPREAD_MARGIN * self.spreads[index])
+            allowed = np.maximum(allowed, SPREAD_MARGIN * self.spreads[index])
         return allowed
 
 
