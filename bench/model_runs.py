@@ -21,15 +21,17 @@ RESULTS = HERE / "results"
 
 
 def tune_in_worker(
-    name: str, entry: dict, path: Path, args: argparse.Namespace, scratch: Path, precision: str = "fp32"
+    name: str, entry: dict, path: Path, args: argparse.Namespace, scratch: Path, precision: str = "fp32",
+    without_modules: str = "",
 ) -> dict:
-    """bench/zoo.py's worker on ``path``: tuned (in ``precision``), compiled, checked and exported in a fresh process."""
+    """bench/zoo.py's worker on ``path``: tuned (in ``precision``, the space without the comma-separated
+    ``without_modules``), compiled, checked and exported in a fresh process."""
     scratch.mkdir(parents=True, exist_ok=True)
     zoo = scratch / "zoo"
     zoo.mkdir(exist_ok=True)
     (zoo / "manifest.json").write_text(json.dumps({"models": {name: {**entry, "file": str(path.resolve())}}}))
     command = [sys.executable, str(HERE / "zoo.py"), "--worker", name, "--trials", str(args.trials), "--zoo", str(zoo),
-               "--scratch", str(scratch), f"--precision={precision}"]
+               "--scratch", str(scratch), f"--precision={precision}", f"--without-modules={without_modules}"]
     try:
         done = subprocess.run(command, timeout=args.timeout, capture_output=True, text=True)
     except subprocess.TimeoutExpired:

@@ -6,7 +6,10 @@ quantizer: a convolutional model statically (QDQ, per-channel int8 weights,
 uint8 activations, calibrated on random inputs), a text model dynamically
 (MatMulInteger). Both files are then tuned with the same trials, compiled and
 checked against onnxruntime by bench/zoo.py's worker, each in its own process;
-the engines are timed alone in turns (bench/isolated.py).
+the engines are timed alone in turns (bench/isolated.py). With ``--also-without
+MODULES`` the int8 file is tuned once more with those space modules left out of
+the space (``amx-dot-product``: the vector instructions only), and timed in the
+same turns.
 
     .venv/bin/python bench/quantized.py --only mobilenet_v2,resnet50 --trials 1000
 """
@@ -67,11 +70,14 @@ def bench_model(name: str, entry: dict, args: argparse.Namespace) -> dict:
         scratch = Path(folder)
         result["quantization"], int8_path = quantize(name, entry, args.zoo, scratch)
         fp32_path = args.zoo / entry["file"]
-        for form, path in (("int8", int8_path), ("fp32", fp32_path)):
+        forms = [("int8", int8_path, ""), ("fp32", fp32_path, "")]
+        if args.also_without:
+            forms.append(("int8_without", int8_path, args.also_without))
+        for form, path, left_out in forms:
             say(f"[{name}] {form}: {args.trials} trials in a fresh process")
-            result[form] = tune_in_worker(name, entry, path, args, scratch / form)
+            result[form] = tune_in_worker(name, entry, path, args, scratch / form, without_modules=left_out)
             say(f"[{name}] {form}: {result[form].get('check') or result[form].get('error')}")
-        if all(result[form].get("stage") == "done" for form in ("int8", "fp32")):
+        if all(result[form].get("stage") == "done" for form, _, _ in forms):
             result.update(time_engines(entry, int8_path, fp32_path, scratch, args))
     return result
 
@@ -88,6 +94,8 @@ def time_engines(entry: dict, int8_path: Path, fp32_path: Path, scratch: Path, a
         "probtune_fp32": Engine("tvm", fp32_path, shapes, THREADS, scratch / "fp32" / "compiled.so"),
         "onnxruntime_fp32": Engine("onnxruntime", fp32_path, shapes, THREADS),
     }
+    if args.also_without:
+        engines["probtune_int8_without"] = Engine("tvm", int8_path, shapes, THREADS, scratch / "int8_without" / "compiled.so")
     try:
         rounds = time_engines_in_turn(engines, load_model(fp32_path, shapes).random_inputs(0), args.rounds, args.round_seconds)
     except Exception as exc:  # noqa: BLE001 - the model's row says why it has no timing
@@ -104,8 +112,8 @@ def table(results: list[dict]) -> str:
         ratios = [speed.get(k) for k in ("vs_onnxruntime_int8", "vs_openvino_int8", "vs_probtune_fp32")]
         lines.append(f"{r['model']:24} " + " ".join(f"{c:>8}" if c else f"{'-':>8}" for c in cells) + "  "
                      + " ".join(f"{x:5.2f}" if x else "    -" for x in ratios) + f"  {check[-120:]}")
-    for key in ("vs_onnxruntime_int8", "vs_openvino_int8", "vs_probtune_fp32"):
-        values = [r["int8_speedup"][key] for r in results if "int8_speedup" in r]
+    for key in ("vs_onnxruntime_int8", "vs_openvino_int8", "vs_probtune_fp32", "vs_probtune_int8_without"):
+        values = [r["int8_speedup"][key] for r in results if key in r.get("int8_speedup", {})]
         lines.append(f"geomean int8 speedup {key}: {geomean(values)}")
     return "\n".join(lines)
 
@@ -135,6 +143,8 @@ def plot(results: list[dict], path: Path) -> None:
 def main() -> None:
     command = parser(__doc__, "quantized.json")
     command.add_argument("--plot-only", action="store_true", help="redraw the plot of --out's results, tuning nothing")
+    command.add_argument("--also-without", default="", metavar="MODULES",
+                         help="also tune the int8 file without these comma-separated space modules, timed alongside")
     args = command.parse_args()
     if args.plot_only:
         plot(json.loads(args.out.read_text())["models"], args.out.with_suffix(".png"))

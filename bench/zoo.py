@@ -54,12 +54,15 @@ def own_layout_transposes(model: Any) -> dict[str, int]:
 
 
 def host_target(args: argparse.Namespace) -> Any:
-    """This machine's target, with concatenations copied by a task of their own where ``--no-concat-in-place`` asks."""
+    """This machine's target, with concatenations copied by a task of their own where ``--no-concat-in-place`` asks,
+    and without the space modules ``--without-modules`` names."""
     import dataclasses
 
     from probtune.targets import resolve_target
 
     host = resolve_target("host")
+    left_out = [m for m in (args.without_modules or "").split(",") if m]
+    host = dataclasses.replace(host, modules=tuple(m for m in host.modules if m not in left_out))
     return dataclasses.replace(host, concat_in_place=False) if args.no_concat_in_place else host
 
 
@@ -214,6 +217,7 @@ def main() -> None:
     parser.add_argument("--no-concat-in-place", action="store_true",
                         help="copy concatenations in a task of their own (to compare with their producers writing them)")
     parser.add_argument("--precision", default="fp32", help="what tune-model computes the products in (fp32, bf16...)")
+    parser.add_argument("--without-modules", default="", help="comma-separated space modules the host's space leaves out")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--round-seconds", type=float, default=1.0)
     parser.add_argument("--out", type=Path, default=RESULTS / "zoo.json")
