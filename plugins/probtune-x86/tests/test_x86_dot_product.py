@@ -3,6 +3,7 @@ and programs that run it and compute what the plain program does."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from probtune.targets import resolve_target
 from probtune.workloads.workload import Workload
 from probtune_cpu.host_cpu import cpu_features
 from probtune_x86 import BF16_FEATURE, VNNI_FEATURE
+from probtune_x86.amx import AMXBF16DotProduct, AMXDotProduct
 from probtune_x86.bf16 import BF16, BF16_CALL, BF16DotProduct
 from probtune_x86.dot_product import DotInstruction, DotProductTiling, dot_plan
 from probtune_x86.features import X86_FEATURE_NAMES, x86_features
@@ -62,6 +64,14 @@ VNNI_CASE = Case(VNNI, VNNIDotProduct(), VNNI_FEATURE, "vpdpbusd", "vnni_calls",
 BF16_CASE = Case(BF16, BF16DotProduct(), BF16_FEATURE, "vdpbf16ps", "bf16_calls", ("float32", "float32"), _bfloat16,
                  False, BF16_CALL)
 CASES = [pytest.param(VNNI_CASE, id="vnni"), pytest.param(BF16_CASE, id="bf16")]
+
+
+def _vector_host():
+    """This machine's target without the AMX tilings, whose tiles would otherwise take these tests' blocks (any rows
+    from 8 up divide into tiles) before the vector instructions they test."""
+    host = resolve_target("host")
+    tilings = (AMXDotProduct().name, AMXBF16DotProduct().name)
+    return dataclasses.replace(host, modules=tuple(m for m in host.modules if m not in tilings))
 
 
 def _needs(case: Case) -> None:
@@ -149,7 +159,7 @@ def test_the_host_target_offers_the_instruction_where_the_cpu_has_it(case):
 def test_programs_run_the_instruction_and_compute_the_plain_programs_sums(case, workload):
     _needs(case)
     work = workload(case)
-    host = resolve_target("host")
+    host = _vector_host()
     space = generate_space(work, host)
     assert case.tiling.name in [m.name for m in space.modules]
     batch = RandomSearch(space, Rng(3)).next_batch(3)
@@ -168,7 +178,7 @@ def test_a_constant_weight_is_read_in_the_blocked_layout_not_copied_per_call(cas
     """The tensorized block matches the weight's blocked copy, so the copy is made the parameter, not inlined."""
     _needs(case)
     work = _matmul(case, 28, 64, 64)
-    host = resolve_target("host")
+    host = _vector_host()
     a, b, out = _operands(case, work, 1)
     want = run_module(compile_for(work.mod, host), [a, b, out])[2]
     depth = case.instruction.depth
@@ -184,7 +194,7 @@ def test_a_constant_weight_is_read_in_the_blocked_layout_not_copied_per_call(cas
 def test_the_cost_model_counts_the_instructions_a_program_executes(case):
     _needs(case)
     work = _matmul(case, 28, 64, 64)
-    host = resolve_target("host")
+    host = _vector_host()
     tiled = RandomSearch(generate_space(work, host), Rng(3)).next_batch(1)[0]
     plain_space = generate_space(work, host, modules=[m for m in host.modules if m != case.tiling.name])
     plain = RandomSearch(plain_space, Rng(3)).next_batch(1)[0]
