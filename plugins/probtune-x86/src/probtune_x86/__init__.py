@@ -30,7 +30,8 @@ from probtune_x86.features import X86Features
 from probtune_x86.tile_config import configure_tiles
 from probtune_x86.vnni import PadVNNIChannels, RewriteVNNILayout, VNNIDotProduct
 
-__all__ = ["AMX_BF16_FEATURE", "AMX_FEATURE", "BF16_FEATURE", "VNNI_FEATURE", "dot_product_space", "host_mattr", "make_targets"]
+__all__ = ["AMX_BF16_FEATURE", "AMX_FEATURE", "BF16_FEATURE", "VNNI_FEATURE", "dot_product_space", "full_width_mattr", "host_mattr",
+           "make_targets"]
 
 VNNI_FEATURE = "avx512_vnni"
 """The CPU flag (``/proc/cpuinfo``) of AVX-512 VNNI, which ``vpdpbusd`` needs."""
@@ -65,6 +66,17 @@ def host_mattr(cpu: str, flags: frozenset[str]) -> list[str]:
 
     known = set(codegen.llvm_get_cpu_features(Target({"kind": "llvm", "mcpu": cpu})))
     return [f"+{llvm}" for flag, llvm in _LLVM_FEATURES.items() if flag in flags and llvm not in known]
+
+
+def full_width_mattr(cpu: str, flags: frozenset[str]) -> list[str]:
+    """``-prefer-256-bit`` where the CPU has AVX-512 but LLVM's model ``cpu`` prefers 256-bit vectors (Intel's server
+    parts): the space tiles for 16 fp32 lanes, and LLVM would otherwise split each such vector loop (a requantizing
+    epilogue, say) into 8-lane halves."""
+    from tvm.target import Target, codegen
+
+    if "avx512f" not in flags:
+        return []
+    return ["-prefer-256-bit"] if "prefer-256-bit" in codegen.llvm_get_cpu_features(Target({"kind": "llvm", "mcpu": cpu})) else []
 
 
 def dot_product_space(
@@ -145,7 +157,7 @@ def _host_target(cores: int) -> TargetSpec:
     cpu = codegen.llvm_get_system_cpu()
     extras = [what for what, offered in (("VNNI 8-bit", vnni), ("AMX 8-bit tile", amx), ("AVX512-BF16", bf16),
                                          ("AMX bf16 tile", amx_bf16)) if offered]
-    mattr = host_mattr(cpu, features)
+    mattr = host_mattr(cpu, features) + full_width_mattr(cpu, features)
     return _cpu_target(
         "host",
         f"this machine's CPU ({cpu}, {width} fp32 lanes{''.join(', ' + e for e in extras)}"
