@@ -53,7 +53,7 @@ def test_narrow_precisions_multiply_narrow_operands_into_float32_sums(fixture, p
         assert [_dtype(arg) for arg in call.args] == [narrow, narrow] and _dtype(call) == "float32"
     weights = [c.args[1] for c in converted if isinstance(c.args[1], Constant)]
     assert weights and all(_dtype(w) == narrow for w in weights)  # cast once, at compile time
-    layouts = ("relax.astype", "relax.reshape", "relax.permute_dims")  # casts, and views of narrow operands
+    layouts = ("relax.astype", "relax.reshape", "relax.permute_dims", "relax.nn.max_pool2d")  # casts, moves
     others = [c for c in calls if c not in converted and str(c.op.name) not in layouts]
     assert all(_dtype(c) == "float32" for c in others if isinstance(c.ty, relax.TensorType))
 
@@ -80,6 +80,15 @@ def test_attentions_transposes_move_narrow_values(encoder_onnx, precision, narro
     calls = _calls(convert_precision(load_model(encoder_onnx).mod, precision))
     transposes = [c for c in calls if str(c.op.name) == "relax.permute_dims" and not isinstance(c.args[0], Constant)]
     assert len(transposes) == 4 and all(_dtype(c) == narrow for c in transposes)
+
+
+@NARROW
+def test_a_max_pooling_between_products_picks_narrow_values(small_cnn_onnx, precision, narrow):
+    """Rounding keeps order, so pooling rounded values gives the rounded maxima: the ReLU before small_cnn's max pool
+    is stored narrow by its task, and the pool moves narrow values to the next convolution, with no cast between."""
+    calls = _calls(convert_precision(load_model(small_cnn_onnx, SHAPES).mod, precision))
+    pools = [c for c in calls if str(c.op.name) == "relax.nn.max_pool2d"]
+    assert len(pools) == 1 and _dtype(pools[0]) == narrow and _dtype(pools[0].args[0]) == narrow
 
 
 def _two_views(returned: bool):
@@ -225,3 +234,44 @@ def test_a_tensor_split_into_products_operands_is_cast_once_before_the_split(oth
     expected = untuned_runner(mod, host)(x)[0]
     got = untuned_runner(relax.transform.LegalizeOps()(convert_precision(mod, "fp16")), host)(x)[0]
     np.testing.assert_allclose(got, expected, rtol=2e-2, atol=2e-2 * np.abs(expected).max())
+
+
+def _concatenated_products(other_reader: bool):
+    """Two products' ReLUs concatenated along their columns and multiplied by a weight (Inception's branches); with
+    ``other_reader``, the first ReLU is also returned."""
+    x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    rng = np.random.default_rng(0)
+    builder = relax.BlockBuilder()
+
+    def weight(*shape: int) -> relax.Constant:
+        return relax.const(rng.standard_normal(shape).astype("float32"))
+
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            first, second = (builder.emit(relax.op.nn.relu(builder.emit(relax.op.matmul(x, weight(8, n)))))
+                             for n in (3, 5))
+            joined = builder.emit(relax.op.concat([first, second], axis=1))
+            product = builder.emit(relax.op.matmul(joined, weight(8, 2)))
+            out = builder.emit_output(relax.Tuple([product, first]) if other_reader else product)
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+@pytest.mark.parametrize("other_reader", [False, True])
+def test_branches_concatenated_into_a_product_are_stored_narrow_by_their_producers(other_reader):
+    """The concatenation moves float16 values: each branch is cast where it is made (in its producer's task), not the
+    concatenation after it. A branch that something else reads as well stays float32 and is cast alone."""
+    mod = _concatenated_products(other_reader)
+    calls = _calls(convert_precision(mod, "fp16"))
+    concat = next(c for c in calls if str(c.op.name) == "relax.concat")
+    assert _dtype(concat) == "float16"
+    casts = [c for c in calls if str(c.op.name) == "relax.astype" and str(c.attrs.dtype) == "float16"]
+    assert sorted(_dtype(c.args[0]) for c in casts) == ["float32"] * 3  # the input, and each branch once
+    x = np.random.default_rng(1).standard_normal((4, 8)).astype("float32")
+    host = resolve_target("host")
+    expected = untuned_runner(mod, host)(x)
+    got = untuned_runner(relax.transform.LegalizeOps()(convert_precision(mod, "fp16")), host)(x)
+    for want, have in zip(expected, got):
+        np.testing.assert_allclose(have, want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
+    if other_reader:
+        assert (got[1] != got[1].astype(np.float16)).any()  # the returned branch is not rounded to float16

@@ -9,10 +9,10 @@ depthwise convolution, which sums no channels, reads its input in the
 narrow type and keeps its weight in float32. A tensor that a product reads
 is stored once, in the narrow type, and its other readers (a residual
 connection) read that and widen it, so that its producer's task writes one
-output and no task of its own casts it; one that reshapes, transposes and
-splits alone make from a tensor that nothing else reads (attention's queries,
-keys and values; MixNet's channel groups) is made from that tensor stored
-narrow. A tensor that something
+output and no task of its own casts it; one that reshapes, transposes,
+splits and concatenations alone make from tensors that nothing else reads
+(attention's queries, keys and values; MixNet's channel groups; Inception's
+branches) is made from those tensors stored narrow. A tensor that something
 else reads through no product stays float32 for that reader: a layer norm's
 output that the residual connection also reads is cast by a task of its own
 rather than rounding the residual stream, which deep models carry to their
@@ -48,8 +48,9 @@ OpenVINO's own bf16 outputs of image classifiers on random inputs lie up to a qu
 _NARROW = {"fp16": "float16", "bf16": "bfloat16"}
 """The type a precision's products read their operands in."""
 
-_LAYOUT_OPS = ("relax.reshape", "relax.permute_dims")
-"""Operators that only lay values out, which move narrow values as well as wide ones."""
+_LAYOUT_OPS = ("relax.reshape", "relax.permute_dims", "relax.nn.max_pool1d", "relax.nn.max_pool2d", "relax.nn.max_pool3d")
+"""Operators that only lay values out or pick one of them, which move narrow values as well as wide ones: rounding
+keeps order, so the largest of rounded values is the rounded largest."""
 
 _CONVOLUTIONS = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d")
 _PRODUCTS = (*_CONVOLUTIONS, "relax.matmul")
@@ -109,51 +110,52 @@ def _product_operands(func: relax.Function) -> Counter[relax.Expr]:
     return operands
 
 
-def _moved_from(value: relax.Expr, bound: dict[relax.Expr, relax.Expr]) -> relax.Expr | None:
-    """The float32 variable the function computes that ``value`` only moves: a reshape's, a transpose's or a split's
-    input, or the split a part of it is taken from; None for anything else."""
+def _moved_from(value: relax.Expr, bound: dict[relax.Expr, relax.Expr]) -> list[relax.Expr]:
+    """The float32 variables the function computes that ``value`` only moves: a reshape's, a transpose's, a max
+    pooling's or a split's input, the split a part of it is taken from, or a concatenation's inputs; none for anything
+    else."""
     if isinstance(value, relax.TupleGetItem):
         split = bound.get(value.tuple_value)
-        splits = isinstance(split, relax.Call) and _op(split) == "relax.split" and _moved_from(split, bound) is not None
-        return value.tuple_value if splits else None
+        splits = isinstance(split, relax.Call) and _op(split) == "relax.split" and bool(_moved_from(split, bound))
+        return [value.tuple_value] if splits else []
+    if isinstance(value, relax.Call) and _op(value) == "relax.concat" and isinstance(value.args[0], relax.Tuple):
+        return [field for field in value.args[0].fields if field in bound and _float32(field)]
     if not isinstance(value, relax.Call) or _op(value) not in (*_LAYOUT_OPS, "relax.split"):
-        return None
-    return value.args[0] if value.args[0] in bound and _float32(value.args[0]) else None
+        return []
+    return [value.args[0]] if value.args[0] in bound and _float32(value.args[0]) else []
 
 
-def _layout_sources(func: relax.Function, operands: Counter[relax.Expr]) -> dict[relax.Expr, relax.Expr]:
-    """The reshape, transpose or split part making each product operand, and each variable such steps make it from,
-    out of another float32 variable the function computes that nothing else reads: narrowed before them, that
-    variable's producer stores it narrow and the steps move narrow values. A variable something else reads (a residual
-    connection) stays float32 for that reader, and so does a parameter (no task of the function would store its
-    copy)."""
+def _layout_sources(
+    func: relax.Function, operands: Counter[relax.Expr]
+) -> tuple[dict[relax.Expr, relax.Expr], set[relax.Expr]]:
+    """The reshape, transpose, split part or concatenation making each product operand, and each variable such steps
+    make it from, out of other float32 variables the function computes that nothing else reads: narrowed before them,
+    those variables' producers store them narrow and the steps move narrow values. A variable something else reads (a
+    residual connection) stays float32 for that reader, and so does a parameter (no task of the function would store
+    its copy); a concatenation casts such an input alone. Returns the steps by the variable they make, and the
+    variables stored narrow."""
     bindings = [b for block in func.body.blocks for b in block.bindings]
     bound, uses = {b.var: b.value for b in bindings}, variable_uses(func, bindings)
-    layouts = {var: (value, source) for var, value in bound.items()
-               if (source := _moved_from(value, bound)) is not None}
-    narrowed, sources = set(operands), {}
+    layouts = {var: (value, sources) for var, value in bound.items() if (sources := _moved_from(value, bound))}
+    narrowed, steps = set(operands), {}
     changed = True
     while changed:
         changed = False
-        for source in {source for var, (_, source) in layouts.items() if var in narrowed} - narrowed:
-            readers = [var for var, (_, made) in layouts.items() if var in narrowed and made.same_as(source)]
+        for source in {s for var, (_, made) in layouts.items() if var in narrowed for s in made} - narrowed:
+            readers = [var for var, (_, made) in layouts.items()
+                       if var in narrowed and any(s.same_as(source) for s in made)]
             if len(readers) + operands[source] == uses[source]:
-                sources.update({var: layouts[var][0] for var in readers})
+                steps.update({var: layouts[var][0] for var in readers})
                 narrowed.add(source)
                 changed = True
     # a split whose parts are narrowed splits its input's narrow copy, also where the input itself stays float32
     splits = {var: value for var, (value, _) in layouts.items()
               if var in narrowed and isinstance(value, relax.Call) and _op(value) == "relax.split"}
-    return {**splits, **sources}
+    return {**splits, **steps}, narrowed | {split.args[0] for split in splits.values()}
 
 
 def _op(call: relax.Call) -> str:
     return str(getattr(call.op, "name", ""))
-
-
-def _source(step: relax.Expr) -> relax.Expr:
-    """What a reshape, transpose, split or split part (a step of ``_layout_sources``) reads."""
-    return step.tuple_value if isinstance(step, relax.TupleGetItem) else step.args[0]
 
 
 def _narrow_products(mod: tvm.IRModule, dtype: str) -> tvm.IRModule:
@@ -162,8 +164,7 @@ def _narrow_products(mod: tvm.IRModule, dtype: str) -> tvm.IRModule:
     for gvar, func in mod.functions_items():
         if isinstance(func, relax.Function):
             operands = _product_operands(func)
-            mutator.sources = _layout_sources(func, operands)
-            mutator.operands = set(operands) | {_source(step) for step in mutator.sources.values()}
+            mutator.sources, mutator.operands = _layout_sources(func, operands)
             mutator.builder_.update_func(gvar, mutator.visit_expr(func))
     return relax.transform.DeadCodeElimination()(mutator.builder_.get())  # the float32 views narrowed copies replace
 
@@ -208,18 +209,24 @@ class _NarrowProducts(relax.PyExprMutator):  # type: ignore[misc]
 
     def narrowed(self, old: relax.Expr, arg: relax.Expr) -> relax.Expr:
         """``arg`` (``old`` before this pass) cast to the narrow type: for an operand variable, its one copy, which a
-        reshape or transpose makes from its input's copy where that is stored narrow too."""
+        reshape, transpose or concatenation makes from its inputs' copies where those are stored narrow too."""
         if old not in self.operands:
             return self.builder_.emit(relax.op.astype(arg, self.dtype))
         if old not in self.copies and old in self.sources:
-            step = self.sources[old]
-            source = self.narrowed(_source(step), self.visit_expr(_source(step)))
-            moved = (relax.TupleGetItem(source, step.index) if isinstance(step, relax.TupleGetItem)
-                     else relax.Call(step.op, [source, *step.args[1:]], step.attrs))
-            self.copies[old] = self.builder_.emit(moved)
+            self.copies[old] = self.builder_.emit(self.moved(self.sources[old]))
         if old not in self.copies:
             self.copies[old] = self.builder_.emit(relax.op.astype(arg, self.dtype))
         return self.copies[old]
+
+    def moved(self, step: relax.Expr) -> relax.Expr:
+        """The layout step ``step`` (of ``_layout_sources``) moving the narrow copies of what it reads."""
+        if isinstance(step, relax.TupleGetItem):
+            return relax.TupleGetItem(self.narrowed(step.tuple_value, self.visit_expr(step.tuple_value)), step.index)
+        if _op(step) == "relax.concat":
+            fields = [self.narrowed(field, self.visit_expr(field)) for field in step.args[0].fields]
+            return relax.Call(step.op, [relax.Tuple(fields)], step.attrs)
+        source = step.args[0]
+        return relax.Call(step.op, [self.narrowed(source, self.visit_expr(source)), *step.args[1:]], step.attrs)
 
     def widened(self, old: relax.Expr, arg: relax.Expr) -> relax.Expr:
         """``arg`` as a reader other than a product reads it: an operand variable's narrow copy, widened."""
