@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import onnx
@@ -11,11 +12,16 @@ import tvm
 from onnx import TensorProto, helper, numpy_helper
 from tvm import s_tir, te, topi
 
+from probtune.measure.run_model_bundle import MANIFEST
 from probtune.model import extract_tasks, fuse, load_model, tune_model
+from probtune.model.bundle import Tolerance, write_model_bundle
 from probtune.model.check import check_outputs
-from probtune.model.concat_in_place import concatenations_in_place, write_into
+from probtune.model.compile import default_programs
+from probtune.model.concat_in_place import aligned, concatenations_in_place, write_into
 from probtune.model.concatenation import concatenation_axis
 from probtune.model.examples import make_model
+from probtune.model.precision import TOLERANCES, convert_precision
+from probtune.space.space_generator import generate_space
 from probtune.targets import resolve_target
 
 
@@ -102,3 +108,56 @@ def test_a_target_whose_code_cannot_write_through_a_view_keeps_the_concatenation
     fused = fuse(model, dataclasses.replace(resolve_target("host"), concat_in_place=False))
     assert concatenations_in_place(fused) == []
     assert [task for task in extract_tasks(fused) if concatenation_axis(task.workload.mod["main"]) is not None]
+
+
+def test_a_view_keeps_each_elements_address_modulo_the_alignment_or_is_not_written():
+    assert aligned((1, 8, 8, 40), (1, 8, 8, 16), 3, 16, "float16", 16)  # rows of 80 and 32 bytes, start at 32
+    assert aligned((1, 8, 8, 40), (1, 8, 8, 24), 3, 16, "float16", 16)
+    assert not aligned((1, 8, 8, 36), (1, 8, 8, 20), 3, 16, "float16", 16)  # rows of 72 and 40 bytes
+    assert not aligned((1, 8, 8, 40), (1, 8, 8, 36), 3, 4, "float16", 16)  # starts 8 bytes in
+    assert aligned((1, 8, 8, 40), (1, 8, 8, 36), 3, 4, "float32", 16)
+    assert aligned((1, 8, 8, 37), (1, 8, 8, 5), 3, 32, "float32", 1)  # a CPU's loads take any address
+    assert aligned((1, 6, 8, 8), (1, 2, 8, 8), 1, 4, "float16", 16)  # channels first: 8-element rows
+    assert aligned((3, 8), (1, 8), 0, 2, "float32", 16)  # a part of one row has no row stride
+
+
+def _branches(path, first: int, second: int):
+    """An input convolved by two branches of ``first`` and ``second`` channels, concatenated and convolved again."""
+    rng = np.random.default_rng(0)
+
+    def weight(name, *shape):
+        return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"]), helper.make_node("Relu", ["a"], ["ar"]),
+        helper.make_node("Conv", ["x", "w3"], ["b"], pads=[1] * 4), helper.make_node("Relu", ["b"], ["br"]),
+        helper.make_node("Concat", ["ar", "br"], ["both"], axis=1),
+        helper.make_node("Conv", ["both", "w5"], ["y"]),
+    ]
+    weights = [weight("w1", first, 16, 1, 1), weight("w3", second, 16, 3, 3), weight("w5", 8, first + second, 1, 1)]
+    graph = helper.make_graph(nodes, "branches", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], weights)
+    onnx.save(make_model(graph), path)
+    return load_model(path)
+
+
+@pytest.mark.parametrize("second, in_place", [(16, True), (12, False)])
+def test_a_gpu_model_writes_a_concatenation_in_place_where_its_stretches_keep_16_byte_alignment(tmp_path, second, in_place):
+    """In float16 for cuda-sm90 both branches store float16 channels last: 8 + 16 channels are stretches of 16 and 32
+    bytes, written by the branches' kernels into one tensor; with a 12-channel branch (24-byte rows) they are not,
+    and the concatenation is a kernel of its own. The bundle's launches name the whole tensor, not the view."""
+    target = resolve_target("cuda-sm90")
+    model = _branches(tmp_path / "branches.onnx", 8, second)
+    fused = fuse(dataclasses.replace(model, mod=convert_precision(model.mod, "fp16")), target)
+    assert [len(site.producers) for site in concatenations_in_place(fused)] == ([2] if in_place else [])
+    tasks = extract_tasks(fused)
+    entries = [(t.functions, generate_space(t.workload, target), t.workload.mod) for t in tasks]
+    written = write_model_bundle(fused, default_programs(entries, 0, target), target, tmp_path / "bundle", name="b",
+                                 inputs=model.inputs, tolerance=Tolerance(*TOLERANCES["fp16"]))
+    plan = json.loads((written.path / MANIFEST).read_text())["plan"]
+    concatenating = [call for call in plan["calls"] if "concatenate" in call["function"]]
+    assert bool(concatenating) != in_place
+    if in_place:
+        into = [call for call in plan["calls"] if "_into" in call["function"]]
+        assert len(into) == 2 and into[0]["args"][-1] == into[1]["args"][-1]  # both write the one tensor
+        assert plan["tensors"][into[0]["args"][-1]]["shape"] == [1, 8, 8, 8 + second]

@@ -122,7 +122,11 @@ class TargetSpec:
     concat_in_place: bool = False
     """Whether a model's concatenations are written by their producers, each into its stretch of the result
     (:mod:`probtune.model.concat_in_place`): the target's code must run a program whose output is a strided view
-    into another tensor (TVM's LLVM code does; a launch table naming only whole buffers does not)."""
+    into another tensor (TVM's LLVM code and the CUDA launch tables do)."""
+    view_alignment: int = 1
+    """The bytes to which the target's vector loads and stores must be aligned (a GPU's 16; 1: any). A program writes
+    its output as a view into another tensor only where each element lies at the same address modulo these bytes as in
+    the program's own output, so that an access aligned there stays aligned in the view."""
     split_concatenations: bool = True
     """Whether a function that concatenates many inputs is written as one loop nest per input
     (:mod:`probtune.model.concatenation`): a CPU then copies each stretch without a test per element; on a GPU each

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax, tirx
@@ -24,11 +25,14 @@ from probtune.model.concatenation import concatenation_axis
 from probtune.model.inplace import bindings_of
 from probtune.model.prepack import global_for
 
-__all__ = ["CONCAT_IN_PLACE_ATTR", "Site", "concatenations_in_place", "variable_uses", "write_concatenations_in_place", "write_into"]
+__all__ = [
+    "CONCAT_IN_PLACE_ATTR", "Site", "aligned", "concatenations_in_place", "variable_uses", "write_concatenations_in_place",
+    "write_into",
+]
 
 CONCAT_IN_PLACE_ATTR = "probtune_concat_in_place"
 """Set on a fused module (:func:`probtune.model.tasks.fuse`) whose target writes concatenations in place
-(``TargetSpec.concat_in_place``): its tasks and its compile both read it."""
+(``TargetSpec.concat_in_place``), to the target's ``view_alignment``: its tasks and its compile both read it."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ def concatenations_in_place(mod: tvm.IRModule) -> list[Site]:
         return []
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()] or not isinstance(mod["main"], relax.Function):
         return []
-    graph = _Graph(mod)
+    graph = _Graph(mod, int(mod.attrs[CONCAT_IN_PLACE_ATTR]))
     sites: list[Site] = []
     for binding in graph.bindings:
         site = graph.site(binding)
@@ -116,8 +120,9 @@ def write_into(func: tirx.PrimFunc, whole: tuple[int, ...], axis: int, offset: i
 class _Graph:
     """``main``'s bindings in order, where each variable is bound, and how many times each is read."""
 
-    def __init__(self, mod: tvm.IRModule) -> None:
+    def __init__(self, mod: tvm.IRModule, alignment: int) -> None:
         self.mod = mod
+        self.alignment = alignment
         self.bindings = [b for b in bindings_of(mod["main"]) if isinstance(b, relax.VarBinding)]
         self.uses = variable_uses(mod["main"], self.bindings)
         self.position = {binding.var: index for index, binding in enumerate(self.bindings)}
@@ -125,8 +130,8 @@ class _Graph:
 
     def site(self, binding: relax.VarBinding) -> Site | None:
         """``binding`` as a concatenation its producers can write, or None."""
-        callee = self.callee(binding)
-        if callee is None or _static_shape(binding.var) is None:
+        callee, whole = self.callee(binding), _static_shape(binding.var)
+        if callee is None or whole is None:
             return None
         if callee.name_hint not in self._axes:
             self._axes[callee.name_hint] = concatenation_axis(self.mod[callee])
@@ -135,7 +140,14 @@ class _Graph:
         if axis is None or producers is None:
             return None
         offsets = _offsets([p.var for p in producers], axis)
+        if not all(self.keeps_alignment(whole, p.var, axis, offset) for p, offset in zip(producers, offsets)):
+            return None
         return Site(binding, axis, tuple(sorted(zip(producers, offsets), key=lambda pair: self.position[pair[0].var])))
+
+    def keeps_alignment(self, whole: tuple[int, ...], part: relax.Var, axis: int, offset: int) -> bool:
+        """Whether ``part`` written at ``offset`` along ``axis`` of ``whole`` keeps the target's alignment (:func:`aligned`)."""
+        shape = _static_shape(part)
+        return shape is not None and aligned(whole, shape, axis, offset, str(part.ty.dtype), self.alignment)
 
     def producers(self, concat: relax.VarBinding) -> list[relax.VarBinding] | None:
         """The bindings of the concatenation's inputs, in its order, where each is a one-output call whose result
@@ -167,6 +179,18 @@ def _static_shape(var: relax.Var) -> tuple[int, ...] | None:
         return None
     dims = list(ty.shape.values) if hasattr(ty.shape, "values") else list(ty.shape)
     return tuple(int(d) for d in dims) if all(isinstance(d, tirx.IntImm) for d in dims) else None
+
+
+def aligned(whole: tuple[int, ...], part: tuple[int, ...], axis: int, offset: int, dtype: str, alignment: int) -> bool:
+    """Whether each element of ``part``, written at ``offset`` along ``axis`` of ``whole``, lies at the same address
+    modulo ``alignment`` bytes as in ``part``'s own tensor: the strides of every dimension but the last, in both, and
+    the view's start are whole multiples of it. A vector access aligned in the program's own output is then aligned in
+    the view (on a GPU, a misaligned one faults)."""
+    lanes = max(alignment // tvm.DataType(dtype).itemsize, 1)
+    starts = [int(np.prod(part[n + 1 :])) for n in range(len(part) - 1) if part[n] > 1]
+    starts += [int(np.prod(whole[n + 1 :])) for n in range(len(whole) - 1) if part[n] > 1]
+    starts.append(offset * int(np.prod(whole[axis + 1 :])))
+    return all(start % lanes == 0 for start in starts)
 
 
 def _offsets(inputs: list[relax.Var], axis: int) -> list[int]:

@@ -84,7 +84,7 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
     if target.split_concatenations:
         fused, _ = split_concatenations(fused)
     if target.concat_in_place:
-        fused = fused.with_attr(CONCAT_IN_PLACE_ATTR, True)
+        fused = fused.with_attr(CONCAT_IN_PLACE_ATTR, target.view_alignment)
     return fused.with_attr(REWRITES_ATTR, counts) if counts else fused
 
 

@@ -5,7 +5,10 @@ candidate from its cubin with this table, as TVM's host code would: TVM's
 own lowering runs up to the split of host and device code, and each
 ``call_ffi_kernel`` of the host function gives one launch. An argument is a
 parameter of the program (by position), a buffer the host code allocates (a
-scratch buffer between kernels, by name, with its size), or an integer.
+scratch buffer between kernels, by name, with its size), or an integer. A
+buffer declared over another's data (an output written as a strided view into
+a larger tensor, :func:`probtune.model.concat_in_place.write_into`) is that
+one: the kernel adds the view's offsets itself.
 """
 
 from __future__ import annotations
@@ -61,16 +64,19 @@ def kernel_launches(mod: tvm.IRModule, tvm_target: dict[str, Any]) -> tuple[list
     entry = host["main"]
     params = {str(param.name): position for position, param in enumerate(mod["main"].params)}
     scratch: dict[str, Scratch] = {}  # by the name of its data variable (unique in the host function)
+    aliases: dict[str, str] = {}  # a buffer declared over another's data (a strided view, flattened) -> that one
     launches = []
     for stmt in iter_stmts(entry.body):
-        if type(stmt).__name__ == "AllocBuffer":
+        if type(stmt).__name__ == "DeclBuffer" and _is_buffer_data(stmt.data):
+            aliases[str(stmt.buffer.name)] = str(_data_var(stmt.data).name)
+        elif type(stmt).__name__ == "AllocBuffer":
             buffer = stmt.buffer
             elements = 1
             for extent in buffer.shape:
                 elements *= int(extent)
             scratch[str(_data_var(buffer.data).name)] = Scratch(str(buffer.name), str(buffer.dtype), elements)
         elif isinstance(stmt, tvm.tirx.Evaluate) and _is_launch(stmt.value):
-            launches.append(_launch(stmt.value, params, scratch))
+            launches.append(_launch(stmt.value, params, scratch, aliases))
     return launches, list(scratch.values())
 
 
@@ -79,7 +85,7 @@ def _is_launch(expr: Any) -> bool:
     return isinstance(op, tvm.ir.Op) and op.name == "tirx.call_ffi_kernel"
 
 
-def _launch(call: Any, params: dict[str, int], scratch: dict[str, Scratch]) -> KernelLaunch:
+def _launch(call: Any, params: dict[str, int], scratch: dict[str, Scratch], aliases: dict[str, str]) -> KernelLaunch:
     tags = [str(tag) for tag in call.attrs.launch_params]
     values = list(call.args[len(call.args) - len(tags) :])
     grid, block, shared = [1, 1, 1], [1, 1, 1], 0
@@ -94,20 +100,29 @@ def _launch(call: Any, params: dict[str, int], scratch: dict[str, Scratch]) -> K
             shared = int(value)
         else:
             raise UnsupportedLaunch(f"unknown launch parameter {tag}")
-    args = tuple(_argument(arg, params, scratch) for arg in call.args[1 : len(call.args) - len(tags)])
+    args = tuple(_argument(arg, params, scratch, aliases) for arg in call.args[1 : len(call.args) - len(tags)])
     return KernelLaunch(str(call.args[0].value), args, (grid[0], grid[1], grid[2]), (block[0], block[1], block[2]), shared)
 
 
-def _argument(arg: Any, params: dict[str, int], scratch: dict[str, Scratch]) -> dict[str, Any]:
+def _argument(arg: Any, params: dict[str, int], scratch: dict[str, Scratch], aliases: dict[str, str]) -> dict[str, Any]:
     if isinstance(arg, tvm.tirx.IntImm):
         return {"scalar": int(arg.value), "dtype": str(arg.dtype)}
     if _is_buffer_data(arg):
-        name = str(_data_var(arg).name)
+        name = _resolved(str(_data_var(arg).name), aliases)
         if name in scratch:
             return {"scratch": scratch[name].name}
         if name in params:
             return {"param": params[name]}
     raise UnsupportedLaunch(f"kernel argument {arg} is neither a parameter, a buffer of the host code nor an integer")
+
+
+def _resolved(name: str, aliases: dict[str, str]) -> str:
+    """The buffer whose data ``name``'s declaration uses, through any chain of declarations."""
+    seen = {name}
+    while aliases.get(name, name) not in seen:
+        name = aliases[name]
+        seen.add(name)
+    return name
 
 
 def _data_var(data: Any) -> Any:

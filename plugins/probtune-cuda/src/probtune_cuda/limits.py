@@ -10,7 +10,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["block_limit", "compute_capability"]
+__all__ = ["MAX_VECTOR_BYTES", "block_limit", "compute_capability"]
+
+MAX_VECTOR_BYTES = 16
+"""The widest load or store of one GPU thread (a float4), which must be aligned to its own width."""
 
 _FALLBACK = {"max_threads_per_block": 1024, "max_shared_memory_per_block": 48 * 1024}
 

@@ -35,6 +35,7 @@ from probtune.plugin import (
     thread_tag,
 )
 from probtune_cuda.blocks import unbound
+from probtune_cuda.limits import MAX_VECTOR_BYTES
 
 __all__ = [
     "COOPERATIVE_FETCH_KEY",
@@ -55,8 +56,6 @@ COOPERATIVE_FETCH_KEY = "probtune.cooperative_fetch"
 
 MAX_ACCUMULATORS = 128
 """Output values one thread may accumulate: a thread has at most 255 registers, and a larger array goes to local memory."""
-
-_MAX_VECTOR_BITS = 128  # a GPU thread loads at most 16 bytes at once (a float4)
 
 _THREAD_AXES = ("blockIdx.x", "vthread.x", "threadIdx.x")
 
@@ -121,7 +120,7 @@ class GPUMultiLevelTiling:
             copy = sch.cache_read(block, index, SHARED)
             sch.compute_at(copy, at)
             bits = tvm.DataType(str(sch.tvm.get(sch.resolve(copy)).writes[0].source.dtype)).bits
-            widths = [n for n in self.vector_load_lens if n * bits <= _MAX_VECTOR_BITS] or [1]
+            widths = [n for n in self.vector_load_lens if n * bits <= 8 * MAX_VECTOR_BYTES] or [1]
             sch.annotate(copy, COOPERATIVE_FETCH_KEY, sch.sample_uniform(widths))
 
 

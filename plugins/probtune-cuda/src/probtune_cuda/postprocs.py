@@ -22,7 +22,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from probtune.plugin import SpaceContext, last_line, nested_sblocks
 from probtune_cuda.intrinsics import TENSORIZE_KEY, WARP_EXECUTION_KEY, load_tensor_intrinsics
-from probtune_cuda.limits import block_limit
+from probtune_cuda.limits import MAX_VECTOR_BYTES, block_limit
 from probtune_cuda.lowering import lower_for_check
 from probtune_cuda.multi_level_tiling import COOPERATIVE_FETCH_KEY, MAX_ACCUMULATORS, oversized_register_tiles
 
@@ -114,7 +114,7 @@ class VerifyGPUCode:
 
     name: str = "verify-gpu-code"
     max_vthread: int = 8
-    max_vector_bytes: int = 16
+    max_vector_bytes: int = MAX_VECTOR_BYTES
 
     def check(self, sch: s_tir.Schedule, ctx: SpaceContext) -> str | None:
         limits = ctx.target.tvm_target

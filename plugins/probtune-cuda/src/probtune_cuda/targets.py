@@ -15,6 +15,7 @@ from typing import Any
 from probtune.plugin import TargetSpec
 from probtune_cuda.codegen import NVRTCCompiler
 from probtune_cuda.device import CUDARequirement
+from probtune_cuda.limits import MAX_VECTOR_BYTES
 
 __all__ = [
     "DEFAULT_GRAPH_REWRITES",
@@ -96,6 +97,8 @@ def cuda_target(
         mutators=DEFAULT_MUTATORS,
         layouts=DEFAULT_LAYOUTS,
         graph_rewrites=DEFAULT_GRAPH_REWRITES,
+        concat_in_place=True,
+        view_alignment=MAX_VECTOR_BYTES,
         split_concatenations=False,
         copies_in_product_reads=True,
         attrs={"multiprocessors": multiprocessors},
