@@ -91,6 +91,32 @@ def test_a_max_pooling_between_products_picks_narrow_values(small_cnn_onnx, prec
     assert len(pools) == 1 and _dtype(pools[0]) == narrow and _dtype(pools[0].args[0]) == narrow
 
 
+def test_a_tensor_a_product_reads_directly_and_through_a_max_pool_is_pooled_narrow():
+    """GoogLeNet's inception input: read by 1x1 convolutions and, through a 3x3 max pool, by another. It is cast once;
+    the pool picks from that copy (no widening, no second cast), and the outputs match float32's within float16's."""
+    x = relax.Var("x", relax.TensorType((1, 4, 6, 6), "float32"))
+    rng = np.random.default_rng(0)
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            y = builder.emit(relax.op.nn.relu(x))
+            weights = [relax.const(rng.standard_normal((4, 4, 1, 1)).astype("float32")) for _ in range(2)]
+            pooled = builder.emit(relax.op.nn.max_pool2d(y, (3, 3), padding=(1, 1, 1, 1)))
+            out = builder.emit_output(relax.op.add(builder.emit(relax.op.nn.conv2d(y, weights[0])),
+                                                   builder.emit(relax.op.nn.conv2d(pooled, weights[1]))))
+        builder.emit_func_output(out)
+    mod = builder.get()
+    calls = _calls(convert_precision(mod, "fp16"))
+    casts = [c for c in calls if str(c.op.name) == "relax.astype"]
+    pool = next(c for c in calls if str(c.op.name) == "relax.nn.max_pool2d")
+    assert len(casts) == 1 and str(casts[0].attrs.dtype) == "float16" and _dtype(pool) == "float16"
+    data = np.random.default_rng(1).standard_normal((1, 4, 6, 6)).astype("float32")
+    host = resolve_target("host")
+    expected = untuned_runner(mod, host)(data)[0]
+    got = untuned_runner(relax.transform.LegalizeOps()(convert_precision(mod, "fp16")), host)(data)[0]
+    np.testing.assert_allclose(got, expected, rtol=2e-2, atol=2e-2 * np.abs(expected).max())
+
+
 def _two_views(returned: bool):
     """``relu(x)`` read by two products, one through a reshape and one through a transpose (and returned as well
     when ``returned``)."""

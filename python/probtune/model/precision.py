@@ -137,7 +137,7 @@ def _layout_sources(
     bindings = [b for block in func.body.blocks for b in block.bindings]
     bound, uses = {b.var: b.value for b in bindings}, variable_uses(func, bindings)
     layouts = {var: (value, sources) for var, value in bound.items() if (sources := _moved_from(value, bound))}
-    narrowed, steps = set(operands), {}
+    narrowed = set(operands)
     changed = True
     while changed:
         changed = False
@@ -145,9 +145,10 @@ def _layout_sources(
             readers = [var for var, (_, made) in layouts.items()
                        if var in narrowed and any(s.same_as(source) for s in made)]
             if len(readers) + operands[source] == uses[source]:
-                steps.update({var: layouts[var][0] for var in readers})
                 narrowed.add(source)
                 changed = True
+    # a step moves narrow values wherever what it reads is stored narrow, also where a product reads that directly
+    steps = {var: value for var, (value, made) in layouts.items() if var in narrowed and any(s in narrowed for s in made)}
     # a split whose parts are narrowed splits its input's narrow copy, also where the input itself stays float32
     splits = {var: value for var, (value, _) in layouts.items()
               if var in narrowed and isinstance(value, relax.Call) and _op(value) == "relax.split"}
