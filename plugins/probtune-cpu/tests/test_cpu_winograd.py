@@ -14,6 +14,7 @@ from probtune.cli import main
 from probtune.model import extract_tasks, fuse, load_model, tune_model
 from probtune.model.examples import make_model
 from probtune.model.importer import InputSpec, Model
+from probtune.model.precision import convert_precision
 from probtune.model.rewrites import rewrite_counts
 from probtune_cpu.winograd import WinogradConv2D, winograd_matrices
 
@@ -197,3 +198,19 @@ def _ops(mod: tvm.IRModule, name: str) -> list[relax.Call]:
         mod["main"], (relax.Call, lambda call: found.append(call) if getattr(call.op, "name", None) == name else None)
     )
     return found
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_convolution_that_sums_narrow_operands_in_float32_keeps_the_direct_form(precision, host):
+    """A float16 or bfloat16 model's convolutions sum in float32: the transforms would round in the narrow type (and
+    the rewrite, typing them so, broke every CNN with such convolutions at import)."""
+    mod = convert_precision(conv_module((1, 16, 16, 64), 64), precision)
+    rewritten, count = WinogradConv2D().rewrite(mod, host)
+    assert count == 0 and tvm_ffi.structural_equal(rewritten, mod)
+
+
+def test_a_float16_model_with_such_convolutions_compiles_and_matches_onnxruntime(conv_onnx, tmp_path):
+    result = tune_model(load_model(conv_onnx), "host", trials=0, database=tmp_path / "db.sqlite", precision="fp16")
+    assert "winograd-conv2d" not in _changed(result.graph_rewrites)
+    compiled = result.compile()
+    assert compiled.check is not None and "match onnxruntime" in str(compiled.check)

@@ -18,7 +18,9 @@ the Kronecker products of the transform matrices, so they vectorize over
 channels like any reduction.
 
 Applied where it cuts the work: a stride-1, undilated, ungrouped 3x3 float
-convolution in NHWC/HWIO layout with a constant kernel. Output tiles are
+convolution in NHWC/HWIO layout with a constant kernel, summing in its
+operands' type (a float16 or bfloat16 model's convolutions, which sum in
+float32, keep the direct form). Output tiles are
 4 x 4 (F(4x4, 3x3): float32 results within about 1e-5 of the direct
 convolution's scale), or 2 x 2 where 4 x 4 tiles would be fewer than
 :data:`MIN_TILES`; with fewer still the convolution is kept. The transformed
@@ -164,7 +166,9 @@ def _eligible(call: relax.Call, max_work_ratio: float, min_channel_mean: float) 
 
 
 def _is_winograd_kind(call: relax.Call) -> bool:
-    """A stride-1, undilated, ungrouped 3x3 NHWC/HWIO float convolution (its kernel may still be computed)."""
+    """A stride-1, undilated, ungrouped 3x3 NHWC/HWIO float convolution (its kernel may still be computed) that sums in
+    its operands' type: one that sums float16 or bfloat16 operands in float32 (``--precision``) keeps the direct form,
+    since the transforms would round in the narrow type and amplify that rounding."""
     if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.conv2d":
         return False
     attrs, (data, weight) = call.attrs, call.args
@@ -176,6 +180,7 @@ def _is_winograd_kind(call: relax.Call) -> bool:
         and [_static(d) for d in weight.ty.shape][:2] == [KERNEL, KERNEL]
         and str(weight.ty.dtype).startswith("float")
         and str(data.ty.dtype) == str(weight.ty.dtype)
+        and str(getattr(call.ty, "dtype", "")) == str(weight.ty.dtype)
     )
 
 
