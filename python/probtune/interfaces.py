@@ -122,7 +122,7 @@ class TargetSpec:
     concat_in_place: bool = False
     """Whether a model's concatenations are written by their producers, each into its stretch of the result
     (:mod:`probtune.model.concat_in_place`): the target's code must run a program whose output is a strided view
-    into another tensor (TVM's LLVM code and the CUDA launch tables do)."""
+    into another tensor (TVM's LLVM code does, and a launch table that follows the view to the tensor it views)."""
     view_alignment: int = 1
     """The bytes to which the target's vector loads and stores must be aligned (a GPU's 16; 1: any). A program writes
     its output as a view into another tensor only where each element lies at the same address modulo these bytes as in
