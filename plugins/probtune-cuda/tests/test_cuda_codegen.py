@@ -66,6 +66,27 @@ def test_a_kernel_compiles_to_a_cubin_with_its_resources():
     assert resources and all(kernel.registers > 0 for kernel in resources)
 
 
+
+def test_a_source_compiled_again_reuses_its_cubin(monkeypatch):
+    """A bundle compiles each default program its check compiled before: NVRTC runs once per source."""
+    target = resolve_target("cuda-sm80")
+    source = tvm.compile(valid_program("softmax", "32,128"), target=tvm.target.Target(dict(target.tvm_target)))
+    source = source.mod.imports[0].inspect_source()
+    calls = []
+    real = nvrtc._nvrtc.__wrapped__
+
+    def counted():
+        calls.append(1)
+        return real()
+
+    compile_cubin.cache_clear()
+    monkeypatch.setattr(nvrtc, "_nvrtc", counted)
+    first, again = compile_cubin(source, "sm_80"), compile_cubin(source, "sm_80")
+    assert first == again and len(calls) == 1
+    compile_cubin(source, "sm_86")  # another architecture is another cubin
+    assert len(calls) == 2
+    compile_cubin.cache_clear()
+
 def forced_tiling(size: int, split: list[int]) -> tuple[Schedule, object]:
     """A ``size``^3 matmul tiled by hand: i and j split as ``split``, the outer pair bound to blocks, the next to threads."""
     sch = Schedule(resolve_workload("matmul", f"{size},{size},{size}").mod)

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CUDAToolchainError", "KernelResources", "compile_cubin", "cuda_home", "kernel_resources"]
+__all__ = ["COMPILES_KEPT", "CUDAToolchainError", "KernelResources", "compile_cubin", "cuda_home", "kernel_resources"]
 
 
 class CUDAToolchainError(RuntimeError):
@@ -68,8 +68,17 @@ def _check(nvrtc: ctypes.CDLL, status: int, what: str) -> None:
         raise CUDAToolchainError(f"NVRTC {what} failed: {nvrtc.nvrtcGetErrorString(status).decode()}")
 
 
+COMPILES_KEPT = 128
+"""Cubins kept per process by source: a model's bundle compiles each function's program that its default-program
+check compiled already."""
+
+
+@functools.lru_cache(maxsize=COMPILES_KEPT)
 def compile_cubin(source: str, arch: str) -> tuple[bytes, str]:
-    """``source`` compiled for ``arch`` (e.g. ``sm_80``): the cubin and the compile log with ptxas's resource report."""
+    """``source`` compiled for ``arch`` (e.g. ``sm_80``): the cubin and the compile log with ptxas's resource report.
+
+    The same source and architecture give the same cubin, so the last ``COMPILES_KEPT`` are kept (a refusal is not).
+    """
     nvrtc, include = _nvrtc(), cuda_home() / "include"
     program = ctypes.c_void_p()
     _check(nvrtc, nvrtc.nvrtcCreateProgram(ctypes.byref(program), source.encode(), b"kernel.cu", 0, None, None), "create")
