@@ -7,6 +7,7 @@ so does the final timing. Needs a CPU with AMX (``amx_int8``, ``amx_bf16`` in /p
 
     .venv/bin/python bench/amx.py --trials 64
     .venv/bin/python bench/amx.py --trials 64 --convolutions --out bench/results/amx_convolutions.json
+    .venv/bin/python bench/amx.py --trials 64 --other-convolutions --only bf16 --out bench/results/amx_other.json
 """
 
 from __future__ import annotations
@@ -33,9 +34,13 @@ from probtune_cpu.host_cpu import cpu_features, cpu_model
 
 SHAPES = ((128, 768, 768), (128, 3072, 768), (128, 768, 3072))
 """(tokens, outputs, depth) of BERT-base's products: the projections, the first and the second feed-forward layer."""
-CONVOLUTIONS = ((56, 64, 64, 3), (28, 128, 128, 3), (14, 256, 256, 3), (56, 256, 64, 1), (28, 512, 128, 1),
-                (14, 1024, 256, 1))
-"""(width, input channels, output channels, kernel) of ResNet-50's stride-1 convolutions, one of each size per stage."""
+CONVOLUTIONS = ((56, 64, 64, 3, 1), (28, 128, 128, 3, 1), (14, 256, 256, 3, 1), (56, 256, 64, 1, 1), (28, 512, 128, 1, 1),
+                (14, 1024, 256, 1, 1))
+"""(input width, input channels, output channels, kernel, stride) of ResNet-50's stride-1 convolutions, one of each
+size per stage."""
+OTHER_CONVOLUTIONS = ((7, 512, 512, 3, 1), (7, 2048, 512, 1, 1), (7, 512, 2048, 1, 1), (56, 128, 128, 3, 2),
+                      (28, 256, 256, 3, 2), (56, 256, 512, 1, 2), (28, 512, 1024, 1, 2))
+"""ResNet-50's other convolutions but the stem: its last stage's, of 7-pixel rows, and its stride-2 ones."""
 TILINGS = ("amx-dot-product", "amx-bf16-dot-product")
 
 
@@ -50,14 +55,15 @@ def product(m: int, n: int, k: int, bf16: bool) -> tuple[Workload, int]:
     return Workload.from_module(func, name=f"{'bf16' if bf16 else 'int8'}_dense_{m}_{n}_{k}"), 2 * m * n * k
 
 
-def convolution(width: int, channels: int, filters: int, kernel: int, bf16: bool) -> tuple[Workload, int]:
-    """A stride-1 NHWC convolution (weights [kernel, kernel, channels, filters]) padded to keep its size."""
+def convolution(width: int, channels: int, filters: int, kernel: int, stride: int, bf16: bool) -> tuple[Workload, int]:
+    """An NHWC convolution (weights [kernel, kernel, channels, filters]) padded by half its kernel."""
     x = te.placeholder((1, width, width, channels), "bfloat16" if bf16 else "uint8", name="X")
     w = te.placeholder((kernel, kernel, channels, filters), "bfloat16" if bf16 else "int8", name="W")
-    y = topi.nn.conv2d_nhwc(x, w, 1, kernel // 2, 1, out_dtype="float32" if bf16 else "int32")
+    y = topi.nn.conv2d_nhwc(x, w, stride, kernel // 2, 1, out_dtype="float32" if bf16 else "int32")
     func = te.create_prim_func([x, w, y]).with_attr(LAYOUT_FREE_ATTR, [1])
-    name = f"{'bf16' if bf16 else 'int8'}_conv{kernel}x{kernel}_{width}_{channels}_{filters}"
-    return Workload.from_module(func, name=name), 2 * width * width * filters * channels * kernel * kernel
+    name = f"{'bf16' if bf16 else 'int8'}_conv{kernel}x{kernel}_{width}_{channels}_{filters}" + (f"_s{stride}" if stride > 1 else "")
+    out = (width + 2 * (kernel // 2) - kernel) // stride + 1
+    return Workload.from_module(func, name=name), 2 * out * out * filters * channels * kernel * kernel
 
 
 def operands(workload: Workload) -> list[np.ndarray]:
@@ -132,12 +138,19 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--convolutions", action="store_true", help="ResNet-50's convolutions instead of BERT's products")
+    parser.add_argument("--other-convolutions", action="store_true",
+                        help="ResNet-50's 7-pixel and stride-2 convolutions instead of BERT's products")
+    parser.add_argument("--only", choices=("int8", "bf16"), help="one of the two types")
     parser.add_argument("--out", type=Path, default=Path("bench/results/amx.json"))
     args = parser.parse_args()
     if not {"amx_int8", "amx_bf16"} <= cpu_features():
         raise SystemExit(f"this CPU ({cpu_model()}) has no AMX int8 and bf16 tiles; run this on one that has")
-    workloads = ([convolution(*shape, bf16) for bf16 in (False, True) for shape in CONVOLUTIONS] if args.convolutions
-                 else [product(*shape, bf16) for bf16 in (False, True) for shape in SHAPES])
+    types = [bf16 for bf16 in (False, True) if args.only in (None, "bf16" if bf16 else "int8")]
+    if args.convolutions or args.other_convolutions:
+        shapes = OTHER_CONVOLUTIONS if args.other_convolutions else CONVOLUTIONS
+        workloads = [convolution(*shape, bf16) for bf16 in types for shape in shapes]
+    else:
+        workloads = [product(*shape, bf16) for bf16 in types for shape in SHAPES]
     rows = [bench_shape(workload, operations, args) for workload, operations in workloads]
     report = {"machine": cpu_model(), "cores": os.cpu_count(), "trials": args.trials, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -72,16 +72,17 @@ def test_the_plan_finds_rows_columns_and_terms():
 @pytest.mark.parametrize(("workload", "block", "rows"), [
     (_matmul(64, 64, 128), "C", 16), (_matmul(56, 64, 128), "C", 14), (_matmul(40, 64, 64), "C", 10),
     (_conv(14, 64, 32, 3), "conv2d_nhwc", 14), (_conv(28, 64, 32, 1), "conv2d_nhwc", 14),
+    (_matmul(49, 64, 128), "C", 7), (_conv(7, 64, 32, 3), "conv2d_nhwc", 7),  # tiles under half full
 ])
 def test_a_tile_has_the_most_rows_up_to_16_that_divide_the_blocks(workload, block, rows):
     assert _plan(workload, block).tile_rows == rows
 
 
 @pytest.mark.parametrize(("workload", "block"), [
-    (_matmul(49, 64, 128), "C"),  # 49 rows: no tile of 8 to 16 rows divides them
-    (_conv(7, 64, 32, 3), "conv2d_nhwc"),  # rows of 7 pixels: tiles less than half full
+    (_matmul(51, 64, 128), "C"),  # 51 rows: no tile of 4 to 16 rows divides them
+    (_conv(3, 64, 32, 3), "conv2d_nhwc"),  # rows of 3 pixels: tiles under a quarter full
     (_matmul(64, 64, 96), "C"),  # 96 terms are not whole tiles of 64
-    (_conv(32, 64, 32, 3, stride=2), "conv2d_nhwc"),  # a stride-2 row reads every other pixel: no tile rows
+    (_conv(32, 64, 32, 3, stride=2), "conv2d_nhwc"),  # a stride-2 row reads every other pixel (until gathered)
     (_conv(16, 32, 32, 3), "conv2d_nhwc"),  # 32 channels: a tile's 64 terms would cross the window's taps
 ])
 def test_blocks_a_tile_does_not_fit_are_left_to_vnni(workload, block):
@@ -102,6 +103,8 @@ def test_the_space_has_the_tile_product_first_and_vnni_as_its_other_sketch():
     _matmul(64, 64, 128), _matmul(32, 48, 64, transposed=True), _conv(16, 64, 32, 1), _conv(16, 64, 32, 3),
     _matmul(32, 48, 96, bf16=True), _matmul(16, 32, 64, transposed=True, bf16=True),
     _matmul(56, 64, 128), _conv(14, 64, 32, 3), _matmul(40, 32, 64, bf16=True),  # tiles of 14 and 10 rows
+    _conv(7, 64, 32, 3),  # tiles of 7 rows
+    _conv(16, 64, 32, 3, stride=2), _conv(16, 64, 32, 1, stride=2),  # rows gathered first
 ])
 def test_programs_run_the_tile_product_and_compute_the_plain_programs_sums(workload):
     space = generate_space(workload, SAPPHIRE_RAPIDS)

@@ -27,6 +27,7 @@ from probtune_cpu.vector_unit import vector_attrs
 from probtune_x86.amx import AMXBF16DotProduct, AMXDotProduct, RewriteAMXBF16Layout, RewriteAMXLayout
 from probtune_x86.bf16 import BF16DotProduct, PadBF16Channels, RewriteBF16Layout
 from probtune_x86.features import X86Features
+from probtune_x86.row_gather import GATHER_ROWS
 from probtune_x86.tile_config import configure_tiles
 from probtune_x86.vnni import PadVNNIChannels, RewriteVNNILayout, VNNIDotProduct
 
@@ -202,6 +203,11 @@ def make_targets() -> list[TargetSpec]:
 def probtune_register_targets(register: Callable[[Any], None]) -> None:
     for target in make_targets():
         register(target)
+
+
+@hookimpl
+def probtune_register_instructions(register: Callable[[Any], None]) -> None:
+    register(GATHER_ROWS)
 
 
 @hookimpl

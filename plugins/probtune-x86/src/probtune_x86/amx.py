@@ -14,7 +14,9 @@ tiles are loaded once and stored once, and each A and B tile loaded per step
 serves two products. A tile of ``A`` and ``C`` has as many rows as the
 largest count of at most 16 that divides the block's rows (14 for a
 convolution's rows of 56, 28 or 14 pixels), no fewer than ``MIN_TILE_ROWS``;
-the intrinsic marks its statements with that count (``TILE_ROWS_KEY``). The
+the intrinsic marks its statements with that count (``TILE_ROWS_KEY``). A
+block whose rows step ``A`` by more (a stride-2 convolution) reads it through
+a copy gathered by output row (:mod:`probtune_x86.row_gather`). The
 tiles' configuration and Linux's permission to use them are
 :mod:`probtune_x86.tile_config`'s lowering step.
 """
@@ -44,6 +46,7 @@ from probtune_cpu.multi_level_tiling import WRITE_BACK_DEPTH_KEY, write_back_per
 from probtune_cpu.tensorize import TENSORIZE_KEY
 from probtune_x86.bf16 import BF16
 from probtune_x86.dot_product import DotInstruction, DotPlan, DotProductTiling, RewriteDotLayout, dot_plan
+from probtune_x86.row_gather import GATHER_ROWS, gather_rows, strided_rows
 from probtune_x86.vnni import VNNI
 
 __all__ = [
@@ -90,9 +93,10 @@ BF16_TILE = TileProduct("probtune_x86.amx_bf16", "llvm.x86.tdpbf16ps", BF16, 32)
 
 TILE_ROWS = TILE_COLUMNS = 16
 """A tile's most rows, and the columns of its sums (16 lanes of 4 bytes)."""
-MIN_TILE_ROWS = 8
+MIN_TILE_ROWS = 4
 """The fewest rows a tile of ``A`` and ``C`` is given: a tile product costs as much at any count of rows, so a block
-whose rows no count from here to 16 divides is left to the vector instruction."""
+whose rows no count from here to 16 divides is left to the vector instruction. Tiles less than half full (a 7-pixel
+row) still beat ``vdpbf16ps`` several times over, and the vector program stays the other sketch."""
 TILE_ROWS_KEY = "probtune_x86.tile_rows"
 """The attribute with which a tile intrinsic's statements name the rows of its tiles of ``A`` and ``C``."""
 MAX_TILES = 2
@@ -238,7 +242,7 @@ def _unit_stride(region_min: tirx.PrimExpr, var: tirx.Var) -> bool:
 
 def amx_plan(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV, instruction: DotInstruction = AMX) -> AMXPlan | None:
     """How the block maps onto ``instruction``'s tile product, or None: a block of its vector dot product whose
-    reduction is a whole number of tiles' terms, with a spatial loop of a whole number of tiles' rows (of 8 to 16)
+    reduction is a whole number of tiles' terms, with a spatial loop of a whole number of tiles' rows (of ``MIN_TILE_ROWS`` to 16)
     that steps one row of ``A`` and of the output (a stride-2 convolution's pixels step two) and indexes no dimension
     of ``B``."""
     dot = dot_plan(raw, block, instruction)
@@ -269,6 +273,18 @@ def amx_plan(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV, instruction: D
     return None
 
 
+def _gather(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV, instruction: DotInstruction) -> dict[str, int] | None:
+    """``gather_rows``'s attributes where the block's rows step ``A`` by more than one (a stride-2 convolution) and it
+    would map onto the tile product once they are gathered (tried on a copy of the schedule); None otherwise."""
+    dot = dot_plan(raw, block, instruction)
+    row = None if dot is None else strided_rows(raw, block, dot.a)
+    if dot is None or row is None:
+        return None
+    trial = raw.copy()
+    gather_rows(trial, block, dot.a, row)
+    return {"read": dot.a, "row": row} if amx_plan(trial, block, instruction) is not None else None
+
+
 def _tile_rows(extent: tirx.PrimExpr) -> int | None:
     """The most rows, from ``MIN_TILE_ROWS`` to 16, that divide a loop of ``extent``; None if none does."""
     if not isinstance(extent, tirx.IntImm):
@@ -291,8 +307,9 @@ def _block_shape(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV, plan: AMXP
 
 @dataclass(frozen=True)
 class AMXDotProduct(DotProductTiling):
-    """Tile a u8 x s8 -> int32 reduction around AMX's ``tdpbusd`` where the target's CPU has AMX-INT8; the program
-    without it (left to ``vnni-dot-product``) is a second sketch."""
+    """Tile a u8 x s8 -> int32 reduction around AMX's ``tdpbusd`` where the target's CPU has AMX-INT8, its ``A`` first
+    gathered by rows where they step it by more than one; the program without it (left to ``vnni-dot-product``) is
+    a second sketch."""
 
     name: str = "amx-dot-product"
     instruction: DotInstruction = AMX
@@ -302,10 +319,16 @@ class AMXDotProduct(DotProductTiling):
         if not at_root(raw, block_rv) or not llvm_target_has(dict(ctx.target.tvm_target), op.llvm_feature):
             return None
         plan = amx_plan(raw, block_rv, op)
-        if plan is None:
+        gather = None if plan is not None else _gather(raw, block_rv, op)
+        if plan is None and gather is None:
             return None
         op.register()
         fork = sch.fork()
+        if gather is not None:
+            sch.apply(GATHER_ROWS.name, [block], gather)
+            raw, block_rv = sch.tvm, sch.resolve(block)
+            plan = amx_plan(raw, block_rv, op)
+        assert plan is not None  # _gather tried it
         loops = sch.get_loops(block)
         kinds = loop_kinds(raw, block_rv, [sch.resolve(loop) for loop in loops])
         dot, tile = plan.dot, _TILES[op.intrinsic]
