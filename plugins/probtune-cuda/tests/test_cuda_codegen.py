@@ -66,7 +66,6 @@ def test_a_kernel_compiles_to_a_cubin_with_its_resources():
     assert resources and all(kernel.registers > 0 for kernel in resources)
 
 
-
 def test_a_source_compiled_again_reuses_its_cubin(monkeypatch):
     """A bundle compiles each default program its check compiled before: NVRTC runs once per source."""
     target = resolve_target("cuda-sm80")
@@ -86,6 +85,7 @@ def test_a_source_compiled_again_reuses_its_cubin(monkeypatch):
     compile_cubin(source, "sm_86")  # another architecture is another cubin
     assert len(calls) == 2
     compile_cubin.cache_clear()
+
 
 def forced_tiling(size: int, split: list[int]) -> tuple[Schedule, object]:
     """A ``size``^3 matmul tiled by hand: i and j split as ``split``, the outer pair bound to blocks, the next to threads."""

@@ -46,7 +46,7 @@ from probtune_cpu.multi_level_tiling import WRITE_BACK_DEPTH_KEY, write_back_per
 from probtune_cpu.tensorize import TENSORIZE_KEY
 from probtune_x86.bf16 import BF16
 from probtune_x86.dot_product import DotInstruction, DotPlan, DotProductTiling, RewriteDotLayout, dot_plan
-from probtune_x86.row_gather import GATHER_ROWS, gather_rows, strided_rows
+from probtune_x86.row_gather import GATHER_ROWS, gather_rows, index_step, strided_rows
 from probtune_x86.vnni import VNNI
 
 __all__ = [
@@ -234,17 +234,11 @@ class AMXPlan:
     tile_rows: int = TILE_ROWS
 
 
-def _unit_stride(region_min: tirx.PrimExpr, var: tirx.Var) -> bool:
-    """Whether ``region_min`` steps by one with ``var``."""
-    coefficients = tvm.sym.detect_linear_equation(region_min, [var])
-    return len(coefficients) == 2 and isinstance(coefficients[0], tirx.IntImm) and int(coefficients[0]) == 1
-
-
 def amx_plan(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV, instruction: DotInstruction = AMX) -> AMXPlan | None:
     """How the block maps onto ``instruction``'s tile product, or None: a block of its vector dot product whose
-    reduction is a whole number of tiles' terms, with a spatial loop of a whole number of tiles' rows (of ``MIN_TILE_ROWS`` to 16)
-    that steps one row of ``A`` and of the output (a stride-2 convolution's pixels step two) and indexes no dimension
-    of ``B``."""
+    reduction is a whole number of tiles' terms, with a spatial loop of a whole number of tiles' rows (of
+    ``MIN_TILE_ROWS`` to 16) that steps one row of ``A`` and of the output (a stride-2 convolution's pixels step two)
+    and indexes no dimension of ``B``."""
     dot = dot_plan(raw, block, instruction)
     if dot is None:
         return None
@@ -266,8 +260,8 @@ def amx_plan(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV, instruction: D
             along.get(("write", 0)) == [len(c_region) - 2]
             and along.get(("read", dot.a)) == [len(a_region) - 2]
             and ("read", dot.b) not in along
-            and _unit_stride(a_region[-2].min, var)
-            and _unit_stride(c_region[-2].min, var)
+            and index_step(a_region[-2].min, var) == 1
+            and index_step(c_region[-2].min, var) == 1
         ):
             return AMXPlan(dot, index, tile_rows)
     return None

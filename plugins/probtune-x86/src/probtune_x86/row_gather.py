@@ -20,7 +20,7 @@ from tvm import s_tir, tirx
 
 from probtune.plugin import SPATIAL, BlockRV, InstructionKind, identity, indexing_dims, loop_kinds
 
-__all__ = ["GATHER_ROWS", "gather_rows", "strided_rows"]
+__all__ = ["GATHER_ROWS", "gather_rows", "index_step", "strided_rows"]
 
 
 def gather_rows(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, read: int, row: int) -> Any:
@@ -31,7 +31,10 @@ def gather_rows(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, read: in
     copy = raw.reindex(block_rv, ("read", read))
     region = raw.get(block_rv).reads[read].region
     dims = [r.min for r in region]
-    at = next(n for n, index in enumerate(dims) if isinstance(index, tirx.Var) and identity(index) == row_var)
+    found = [n for n, index in enumerate(dims) if isinstance(index, tirx.Var) and identity(index) == row_var]
+    if not found:
+        raise ValueError(f"block {sblock.name_hint!r} does not read operand {read} along its iterator {row}")
+    at = found[0]
     order = [n for n in range(len(dims) - 1) if n != at] + [at, len(dims) - 1]
     raw.transform_layout(block_rv, ("read", read), lambda *axes: [axes[n] for n in order])
     return copy
@@ -54,14 +57,14 @@ def strided_rows(raw: s_tir.Schedule, block_rv: s_tir.schedule.SBlockRV, read: i
             kinds[index] == SPATIAL
             and along.get(("write", 0)) == [len(c_region) - 2]
             and along.get(("read", read)) == [len(a_region) - 2]
-            and _step(a_region[-2].min, var) > 1
-            and _step(c_region[-2].min, var) == 1
+            and index_step(a_region[-2].min, var) > 1
+            and index_step(c_region[-2].min, var) == 1
         ):
             return index
     return None
 
 
-def _step(index: tirx.PrimExpr, var: tirx.Var) -> int:
+def index_step(index: tirx.PrimExpr, var: tirx.Var) -> int:
     """How much ``index`` steps with ``var`` (0 where it is not linear in it with a constant coefficient)."""
     coefficients = tvm.sym.detect_linear_equation(index, [var])
     return int(coefficients[0]) if len(coefficients) == 2 and isinstance(coefficients[0], tirx.IntImm) else 0
