@@ -30,6 +30,7 @@ from probtune_x86.features import X86Features
 from probtune_x86.row_gather import GATHER_ROWS
 from probtune_x86.tile_config import configure_tiles
 from probtune_x86.vnni import PadVNNIChannels, RewriteVNNILayout, VNNIDotProduct
+from probtune_x86.window_channels import FoldWindowColumns
 
 __all__ = ["AMX_BF16_FEATURE", "AMX_FEATURE", "BF16_FEATURE", "VNNI_FEATURE", "dot_product_space", "full_width_mattr", "host_mattr",
            "make_targets"]
@@ -86,7 +87,8 @@ def dot_product_space(
     """The CPU modules, validators and graph rewrites with the dot-product instructions': their tilings before
     multi-level tiling's (an AMX tile product before the vector instruction of its types, which takes its other
     sketch), their layouts and intrinsics after the weights' panels and the reductions' initialisations, their channel
-    padding after the float convolutions'. An AMX tile product is offered with its vector instruction only."""
+    padding after the float convolutions', then the window folding that gives few-channel bf16 convolutions to the tiles.
+    An AMX tile product is offered with its vector instruction only."""
     offered = (
         (AMXDotProduct, RewriteAMXLayout, amx and vnni),
         (VNNIDotProduct, RewriteVNNILayout, vnni),
@@ -106,7 +108,8 @@ def dot_product_space(
     validators.insert(validators.index("rewrite-reduction-block") + 1, "rewrite-cpu-tensorize")
     rewrites = list(DEFAULT_GRAPH_REWRITES)
     at = rewrites.index("pad-channels") + 1
-    rewrites[at:at] = [r.name for r, offered in ((PadVNNIChannels, vnni), (PadBF16Channels, bf16)) if offered]
+    rewrites[at:at] = [r.name for r, offered in ((PadVNNIChannels, vnni), (PadBF16Channels, bf16),
+                                                 (FoldWindowColumns, amx_bf16 and bf16)) if offered]
     return tuple(modules), tuple(validators), tuple(rewrites)
 
 
@@ -230,6 +233,7 @@ def probtune_register_validators(register: Callable[[Any], None]) -> None:
 def probtune_register_graph_rewrites(register: Callable[[Any], None]) -> None:
     register(PadVNNIChannels())
     register(PadBF16Channels())
+    register(FoldWindowColumns())
 
 
 @hookimpl

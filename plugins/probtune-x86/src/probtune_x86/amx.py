@@ -72,6 +72,7 @@ __all__ = [
     "register_named",
     "register_tile_intrinsic",
     "tile_intrinsic",
+    "tile_rows",
 ]
 
 @dataclass(frozen=True)
@@ -252,8 +253,8 @@ def amx_plan(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV, instruction: D
     for index in reversed(range(dot.lanes_loop)):
         along = indexing_dims(raw, block, loops[index])
         extent = raw.get(loops[index]).extent
-        tile_rows = _tile_rows(extent)
-        if kinds[index] != SPATIAL or tile_rows is None:
+        rows = tile_rows(extent)
+        if kinds[index] != SPATIAL or rows is None:
             continue
         var = sblock.iter_vars[index].var
         if (
@@ -263,7 +264,7 @@ def amx_plan(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV, instruction: D
             and index_step(a_region[-2].min, var) == 1
             and index_step(c_region[-2].min, var) == 1
         ):
-            return AMXPlan(dot, index, tile_rows)
+            return AMXPlan(dot, index, rows)
     return None
 
 
@@ -279,9 +280,9 @@ def _gather(raw: s_tir.Schedule, block: s_tir.schedule.SBlockRV, instruction: Do
     return {"read": dot.a, "row": row} if amx_plan(trial, block, instruction) is not None else None
 
 
-def _tile_rows(extent: tirx.PrimExpr) -> int | None:
+def tile_rows(extent: tirx.PrimExpr | int) -> int | None:
     """The most rows, from ``MIN_TILE_ROWS`` to 16, that divide a loop of ``extent``; None if none does."""
-    if not isinstance(extent, tirx.IntImm):
+    if not isinstance(extent, (tirx.IntImm, int)):
         return None
     return next((rows for rows in range(TILE_ROWS, MIN_TILE_ROWS - 1, -1) if int(extent) % rows == 0), None)
 
