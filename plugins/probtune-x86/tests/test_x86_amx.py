@@ -3,6 +3,10 @@ what the plain program does (exactly for bytes; where this CPU has AMX, elsewher
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -172,3 +176,61 @@ def test_programs_realized_in_helper_processes_are_tensorized_there(tmp_path):
     C tiles and steps): the layout rewrite registers what the program names, so no candidate is dropped for it."""
     result = probtune.tune(_matmul(64, 64, 128), "host", 16, database=tmp_path / "t.db", batch_size=8)
     assert result.best is not None and "rewrite-cpu-tensorize" not in result.rejections
+
+
+def test_a_tile_program_puts_back_the_threads_own_tile_configuration():
+    """Each configured region stores the thread's configuration (STTILECFG) before it loads its own, and loads the
+    stored one again after."""
+    space = generate_space(_matmul(64, 64, 128), SAPPHIRE_RAPIDS)
+    sch, _ = space.draw(Rng(0), space.trace.with_decisions({}))
+    asm = compile_for(sch.mod, SAPPHIRE_RAPIDS).mod.inspect_source("asm")
+    stores, loads = asm.count("sttilecfg"), asm.count("ldtilecfg")
+    assert stores >= 1 and loads == 2 * stores
+
+
+_ALONGSIDE_ONNXRUNTIME = """
+import sys
+import numpy as np
+import onnx
+import tvm
+from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+sys.path[:0] = [{tests!r}, {root!r}]
+from test_x86_amx import SAPPHIRE_RAPIDS, _matmul, _operands
+from probtune import Rng, generate_space
+from probtune.measure.codegen import compile_for
+from probtune.model.examples import small_cnn
+
+class Samples(CalibrationDataReader):
+    def __init__(self):
+        self.left = iter([{{"x": np.random.default_rng(n).standard_normal((1, 3, 16, 16)).astype(np.float32)}} for n in range(4)])
+
+    def get_next(self):
+        return next(self.left, None)
+
+onnx.save(small_cnn(channels=24, size=16), {folder!r} + "/cnn.onnx")
+quantize_static({folder!r} + "/cnn.onnx", {folder!r} + "/cnn.qdq.onnx", Samples(), quant_format=QuantFormat.QDQ,
+                per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+workload = _matmul(56, 64, 128)  # tiles of 14 rows, where onnxruntime's have 16
+space = generate_space(workload, SAPPHIRE_RAPIDS)
+sch, _ = space.draw(Rng(0), space.trace.with_decisions({{}}))
+lib = compile_for(sch.mod, SAPPHIRE_RAPIDS)
+tensors = [tvm.runtime.tensor(x) for x in _operands(workload)]
+lib["main"](*tensors)  # the tiles' permission asked before onnxruntime sets itself up: it takes its AMX products
+import onnxruntime
+session = onnxruntime.InferenceSession({folder!r} + "/cnn.qdq.onnx", providers=["CPUExecutionProvider"])
+x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
+for _ in range(3):
+    session.run(None, {{"x": x}})  # configures this thread's tiles for its int8 products
+    lib["main"](*tensors)  # loads its own configuration on this thread, then puts the other back
+print("both ran")
+"""
+
+
+@pytest.mark.skipif(not HAS_AMX, reason="this CPU has no AMX tiles")
+def test_a_tile_program_and_onnxruntimes_int8_products_run_on_one_thread(tmp_path):
+    """onnxruntime configures a thread's tiles once and goes on using them: a program that left its own configuration
+    (tiles of other rows) loaded made onnxruntime's next product stop on an illegal instruction."""
+    here = Path(__file__).resolve().parent
+    script = _ALONGSIDE_ONNXRUNTIME.format(tests=str(here), root=str(here.parents[2]), folder=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "both ran" in done.stdout, done.stderr[-2000:]

@@ -41,8 +41,8 @@ gains; ResNet's 7x7 stem over 4 channels uses 28 of 32 bfloat16 terms."""
 
 _TILES = ((AMX_BF16, BF16_TILE),)
 """The tile products whose convolutions are folded, by the instruction that names their CPU feature and their operand
-types: bfloat16's. Folded 8-bit convolutions computed what they did, but a model with them on tiles made
-onnxruntime's next inference in the same process stop on an illegal instruction, which is not understood yet."""
+types: bfloat16's. An 8-bit tile takes 64 terms, and ResNet's stem folded onto it (28 of them its own) ran slower
+than its unfolded ``vpdpbusd`` program tuned with the same trials (``bench/amx.py --stem``)."""
 
 
 def folded_channels(columns: int, channels: int, terms: int) -> int | None:
