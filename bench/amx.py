@@ -3,11 +3,14 @@
 NHWC convolutions of ResNet-50's shapes at batch 1, each tuned twice with the same trials on the ``host`` target (its
 whole space, and the space without the AMX tilings), checked against the plain program, then timed in turns in one
 process. The weight is a constant, as in a model: tuning times each program with its blocked copy made beforehand, and
-so does the final timing. Needs a CPU with AMX (``amx_int8``, ``amx_bf16`` in /proc/cpuinfo).
+so does the final timing. With ``--stem``, ResNet-50's stem (3 channels padded to 4) against its form folded by
+``fold-window-columns`` (a 7x1 convolution over 32 or 64 channels), both in the whole space. Needs a CPU with AMX
+(``amx_int8``, ``amx_bf16`` in /proc/cpuinfo).
 
     .venv/bin/python bench/amx.py --trials 64
     .venv/bin/python bench/amx.py --trials 64 --convolutions --out bench/results/amx_convolutions.json
     .venv/bin/python bench/amx.py --trials 64 --other-convolutions --only bf16 --out bench/results/amx_other.json
+    .venv/bin/python bench/amx.py --trials 64 --stem --out bench/results/amx_stem.json
 """
 
 from __future__ import annotations
@@ -97,6 +100,41 @@ def weight_packed(program: tvm.IRModule, arrays: list[np.ndarray]) -> tuple[obje
     return compile_for(program, resolve_target("host")), [arrays[0], weight, arrays[2]]
 
 
+def tuned(workload: Workload, modules: list[str], arrays: list[np.ndarray], want: np.ndarray, args: argparse.Namespace,
+          row: dict, name: str) -> tuple[object, list[np.ndarray]]:
+    """``workload`` tuned on the ``host`` target with ``modules``, its best program checked against ``want``; the
+    compiled program and its inputs (weight packed), with the tuning time, check and use of tiles in ``row``."""
+    with tempfile.TemporaryDirectory() as scratch:
+        started = time.perf_counter()
+        result = probtune.tune(workload, "host", args.trials, database=Path(scratch) / "bench.db", seed=args.seed,
+                               modules=modules)
+        row[f"{name}_tuning_seconds"] = round(time.perf_counter() - started, 1)
+    lib, inputs = weight_packed(result.schedule(), arrays)
+    row[f"{name}_check"] = check(run(lib, inputs), want)
+    row[f"{name}_tile_products"] = "tdp" in lib.mod.inspect_source("asm")
+    say(f"{workload.name} {name}: {row[f'{name}_check']}")
+    return lib, inputs
+
+
+def timed_in_turns(libs: dict[str, tuple[object, list[np.ndarray]]], operations: int, args: argparse.Namespace) -> dict:
+    """The programs timed in turns, so that a slow spell of the machine touches all: median milliseconds and GOPS."""
+    dev = tvm.cpu()
+    rounds: dict[str, list[float]] = {name: [] for name in libs}
+    for _ in range(args.rounds):
+        for name, (lib, inputs) in libs.items():
+            tensors = [tvm.runtime.tensor(x, dev) for x in inputs]
+            rounds[name].append(float(np.median(lib.mod.time_evaluator("main", dev, number=10, repeat=3)(*tensors).results)))
+    return {"rounds": rounds,
+            "ms": {name: round(float(np.median(times)) * 1e3, 4) for name, times in rounds.items()},
+            "gops": {name: round(operations / float(np.median(times)) / 1e9, 1) for name, times in rounds.items()}}
+
+
+def speedup(rounds: dict[str, list[float]], slow: str, fast: str) -> dict:
+    """The median and range of the same-round ratios of ``slow``'s time to ``fast``'s."""
+    ratios = sorted(s / f for s, f in zip(rounds[slow], rounds[fast]))
+    return {"median": round(float(np.median(ratios)), 3), "range": [round(ratios[0], 3), round(ratios[-1], 3)]}
+
+
 def bench_shape(workload: Workload, operations: int, args: argparse.Namespace) -> dict:
     """Both spaces tuned with the same trials, each best program checked, then the two timed in turns."""
     host = resolve_target("host")
@@ -104,31 +142,42 @@ def bench_shape(workload: Workload, operations: int, args: argparse.Namespace) -
     arrays = operands(workload)
     want = run(compile_for(workload.mod, resolve_target("llvm")), arrays)
     row: dict = {"workload": workload.name}
-    libs, inputs = {}, {}
-    for name, modules in spaces.items():
-        with tempfile.TemporaryDirectory() as scratch:
-            started = time.perf_counter()
-            result = probtune.tune(workload, "host", args.trials, database=Path(scratch) / "bench.db", seed=args.seed,
-                                   modules=modules)
-            row[f"{name}_tuning_seconds"] = round(time.perf_counter() - started, 1)
-        libs[name], inputs[name] = weight_packed(result.schedule(), arrays)
-        row[f"{name}_check"] = check(run(libs[name], inputs[name]), want)
-        row[f"{name}_tile_products"] = "tdp" in libs[name].mod.inspect_source("asm")
-        say(f"{workload.name} {name}: {row[f'{name}_check']}")
-    dev = tvm.cpu()
-    rounds: dict[str, list[float]] = {name: [] for name in libs}
-    for _ in range(args.rounds):  # in turns, so that a slow spell of the machine touches both
-        for name, lib in libs.items():
-            tensors = [tvm.runtime.tensor(x, dev) for x in inputs[name]]
-            rounds[name].append(float(np.median(lib.mod.time_evaluator("main", dev, number=10, repeat=3)(*tensors).results)))
-    ratios = sorted(v / a for v, a in zip(rounds["vector"], rounds["amx"]))
-    row.update({
-        "ms": {name: round(float(np.median(times)) * 1e3, 4) for name, times in rounds.items()},
-        "gops": {name: round(operations / float(np.median(times)) / 1e9, 1) for name, times in rounds.items()},
-        "amx_speedup_median": round(float(np.median(ratios)), 3),
-        "amx_speedup_range": [round(ratios[0], 3), round(ratios[-1], 3)],
-    })
+    libs = {name: tuned(workload, modules, arrays, want, args, row, name) for name, modules in spaces.items()}
+    timing = timed_in_turns(libs, operations, args)
+    ratio = speedup(timing.pop("rounds"), "vector", "amx")
+    row.update({**timing, "amx_speedup_median": ratio["median"], "amx_speedup_range": ratio["range"]})
     say(f"{workload.name}: AMX {row['amx_speedup_median']}x the vector instructions' speed ({row['gops']})")
+    return row
+
+
+def folded_stem(bf16: bool) -> tuple[Workload, int]:
+    """ResNet-50's stem as ``fold-window-columns`` computes it: a 7x1 convolution, stride (2, 1), over its input's
+    rows of 7 pixels' 4 channels side by side, padded to a tile's terms (32 bfloat16, 64 bytes)."""
+    terms = 32 if bf16 else 64
+    x = te.placeholder((1, 224, 112, terms), "bfloat16" if bf16 else "uint8", name="X")
+    w = te.placeholder((7, 1, terms, 64), "bfloat16" if bf16 else "int8", name="W")
+    y = topi.nn.conv2d_nhwc(x, w, (2, 1), (3, 0, 3, 0), 1, out_dtype="float32" if bf16 else "int32")
+    func = te.create_prim_func([x, w, y]).with_attr(LAYOUT_FREE_ATTR, [1])
+    return Workload.from_module(func, name=f"{'bf16' if bf16 else 'int8'}_stem_folded"), 2 * 112 * 112 * 64 * 7 * 7 * 4
+
+
+def bench_stem(bf16: bool, args: argparse.Namespace) -> dict:
+    """ResNet-50's stem (7x7, stride 2, 3 channels padded to 4) and its folded form, each tuned in the whole host space
+    with the same trials, checked against its plain program, then timed in turns. The folded form's timing leaves
+    out the copy that lays its input out (in a model, the input's own task writes it)."""
+    plain, operations = convolution(224, 4, 64, 7, 2, bf16)
+    folded, _ = folded_stem(bf16)
+    host = list(resolve_target("host").modules)
+    row: dict = {"workload": plain.name}
+    libs = {}
+    for name, workload in (("plain", plain), ("folded", folded)):
+        arrays = operands(workload)
+        want = run(compile_for(workload.mod, resolve_target("llvm")), arrays)
+        libs[name] = tuned(workload, host, arrays, want, args, row, name)
+    timing = timed_in_turns(libs, operations, args)
+    ratio = speedup(timing.pop("rounds"), "plain", "folded")
+    row.update({**timing, "folded_speedup_median": ratio["median"], "folded_speedup_range": ratio["range"]})
+    say(f"{plain.name}: folded {row['folded_speedup_median']}x the plain stem's speed ({row['gops']})")
     return row
 
 
@@ -140,18 +189,21 @@ def main() -> None:
     parser.add_argument("--convolutions", action="store_true", help="ResNet-50's convolutions instead of BERT's products")
     parser.add_argument("--other-convolutions", action="store_true",
                         help="ResNet-50's 7-pixel and stride-2 convolutions instead of BERT's products")
+    parser.add_argument("--stem", action="store_true",
+                        help="ResNet-50's stem against its form folded by fold-window-columns, in the whole space")
     parser.add_argument("--only", choices=("int8", "bf16"), help="one of the two types")
     parser.add_argument("--out", type=Path, default=Path("bench/results/amx.json"))
     args = parser.parse_args()
     if not {"amx_int8", "amx_bf16"} <= cpu_features():
         raise SystemExit(f"this CPU ({cpu_model()}) has no AMX int8 and bf16 tiles; run this on one that has")
     types = [bf16 for bf16 in (False, True) if args.only in (None, "bf16" if bf16 else "int8")]
-    if args.convolutions or args.other_convolutions:
+    if args.stem:
+        rows = [bench_stem(bf16, args) for bf16 in types]
+    elif args.convolutions or args.other_convolutions:
         shapes = OTHER_CONVOLUTIONS if args.other_convolutions else CONVOLUTIONS
-        workloads = [convolution(*shape, bf16) for bf16 in types for shape in shapes]
+        rows = [bench_shape(*convolution(*shape, bf16), args) for bf16 in types for shape in shapes]
     else:
-        workloads = [product(*shape, bf16) for bf16 in types for shape in SHAPES]
-    rows = [bench_shape(workload, operations, args) for workload, operations in workloads]
+        rows = [bench_shape(*product(*shape, bf16), args) for bf16 in types for shape in SHAPES]
     report = {"machine": cpu_model(), "cores": os.cpu_count(), "trials": args.trials, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
