@@ -215,7 +215,7 @@ space = generate_space(workload, SAPPHIRE_RAPIDS)
 sch, _ = space.draw(Rng(0), space.trace.with_decisions({{}}))
 lib = compile_for(sch.mod, SAPPHIRE_RAPIDS)
 tensors = [tvm.runtime.tensor(x) for x in _operands(workload)]
-lib["main"](*tensors)  # the tiles' permission asked before onnxruntime sets itself up: it takes its AMX products
+lib["main"](*tensors)  # as a compiled model's check runs: this program, onnxruntime, this program again, ...
 import onnxruntime
 session = onnxruntime.InferenceSession({folder!r} + "/cnn.qdq.onnx", providers=["CPUExecutionProvider"])
 x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)

@@ -11,10 +11,11 @@ kernel, so that a compiled model runs in any process that loads it. Each
 such statement first stores the thread's own configuration and loads it
 again after: a library that configured the thread's tiles once
 (onnxruntime's int8 products) goes on using them, and with another
-configuration left loaded its next tile instruction would fault. Every tile is 64 bytes wide;
-``A``'s and ``C``'s have the rows the intrinsics mark (``TILE_ROWS_KEY``),
-``B``'s 16. The tile layout rewrite (:class:`probtune_x86.amx.RewriteAMXLayout`)
-keeps a program to one count of rows.
+configuration left loaded its next tile instruction would fault. Every tile
+is 64 bytes wide; ``A``'s and ``C``'s have the rows the intrinsics mark
+(``TILE_ROWS_KEY``), ``B``'s 16. The tile layout rewrite
+(:class:`probtune_x86.amx.RewriteAMXLayout`) keeps a program to one count of
+rows.
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ def _with_tiles(rows: int, body: tirx.Stmt) -> list[tirx.Stmt]:
         _tile_call("llvm.x86.sttilecfg", tirx.address_of(saved[0])),
         _tile_call("llvm.x86.ldtilecfg", tirx.address_of(config[0])),
         body,
-        _tile_call("llvm.x86.ldtilecfg", tirx.address_of(saved[0])),  # all zeros (palette 0): the tiles released
+        # a thread whose tiles were not configured stored zeros (palette 0): loading them releases its tiles
+        _tile_call("llvm.x86.ldtilecfg", tirx.address_of(saved[0])),
     ]
 
 
