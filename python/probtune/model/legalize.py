@@ -10,7 +10,7 @@ per element. A bilinear upsampling is computed along the width first, for the
 input's rows only, then along the height (:func:`bilinear_upsampling`). A power
 by a small integer constant (a tanh-GELU's cube) is a product of its base. A
 gather clamps its indices (:func:`_take`, registered as TVM's own lowering,
-which constant folding uses too).
+which constant folding uses too). A bfloat16 max pool compares in float32.
 """
 
 from __future__ import annotations
@@ -226,7 +226,31 @@ def _take(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
 tvm.ir.register_op_attr("relax.take", "FLegalize", _take, level=11)  # over TVM's (level 10): FoldConstant uses it too
 
 
+def _max_pool(dims: int) -> Callable[[relax.BlockBuilder, relax.Call], relax.Expr]:
+    """The lowering of a ``dims``-d max pool: in bfloat16, comparing its input widened to float32 and rounding the
+    maxima back (exact: rounding keeps order), since TVM 0.27's bfloat16 lowering cannot store a vector of bfloat16
+    constants, the pool's initial value, so that no vectorized program of TVM's own form builds. Any other as TVM
+    lowers it."""
+    own = tvm.ir.Op.get(f"relax.nn.max_pool{dims}d").get_attr("FLegalize")
+    pool = {1: topi.nn.pool1d, 2: topi.nn.pool2d, 3: topi.nn.pool3d}[dims]
+
+    def lower(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+        attrs = call.attrs
+        if str(call.ty.dtype) != "bfloat16" or attrs.out_layout != attrs.layout:
+            return own(bb, call)
+
+        def pooled(x: te.Tensor) -> te.Tensor:
+            wide = pool(topi.cast(x, "float32"), kernel=attrs.pool_size, stride=attrs.strides, dilation=attrs.dilation,
+                        padding=attrs.padding, pool_type="max", ceil_mode=attrs.ceil_mode, layout=attrs.layout)
+            return topi.cast(wide, "bfloat16")
+
+        return bb.call_te(pooled, call.args[0], primfunc_name_hint=f"max_pool{dims}d")
+
+    return lower
+
+
 LEGALIZATIONS: dict[str, Callable[[relax.BlockBuilder, relax.Call], relax.Expr]] = {
+    **{f"relax.nn.max_pool{dims}d": _max_pool(dims) for dims in (1, 2, 3)},
     "relax.nn.batch_norm": _batch_norm,
     "relax.nn.conv2d_transpose": _conv2d_transpose,
     "relax.image.resize2d": _resize2d,
