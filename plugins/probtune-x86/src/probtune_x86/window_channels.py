@@ -29,8 +29,7 @@ from tvm.ir.expr import Constant
 from probtune.plugin import TargetSpec, mutated, static_shape
 from probtune_cpu.llvm_features import llvm_target_has
 from probtune_cpu.relax_calls import has_call
-from probtune_x86.amx import AMX_BF16, BF16_TILE, TILE_COLUMNS, TileProduct, tile_rows
-from probtune_x86.dot_product import DotInstruction
+from probtune_x86.amx import AMX_BF16, BF16_TILE, TILE_COLUMNS, tile_rows
 
 __all__ = ["MIN_TERMS_USED", "FoldWindowColumns", "folded_channels"]
 
@@ -38,11 +37,6 @@ MIN_TERMS_USED = 1 / 4
 """The least share of a folded convolution's tile terms that are its own (not zero channels): a tile product
 computed several times the vector dot product's sums per operator (``bench/amx.py``), so a tile a quarter full still
 gains; ResNet's 7x7 stem over 4 channels uses 28 of 32 bfloat16 terms."""
-
-_TILES = ((AMX_BF16, BF16_TILE),)
-"""The tile products whose convolutions are folded, by the instruction that names their CPU feature and their operand
-types: bfloat16's. An 8-bit tile takes 64 terms, and ResNet's stem folded onto it (28 of them its own) ran slower
-than its unfolded ``vpdpbusd`` program tuned with the same trials (``bench/amx.py --stem``)."""
 
 
 def folded_channels(columns: int, channels: int, terms: int) -> int | None:
@@ -55,27 +49,21 @@ def folded_channels(columns: int, channels: int, terms: int) -> int | None:
     return padded if columns * channels >= padded * MIN_TERMS_USED else None
 
 
-def _tile(call: relax.Call, target: TargetSpec) -> TileProduct | None:
-    """The tile product that sums ``call``'s operand types on ``target``'s CPU, if any."""
+def _folds_on(call: relax.Call, target: TargetSpec) -> bool:
+    """Whether ``call`` is a convolution of bfloat16 operands summed in float32 and ``target``'s CPU has AMX-BF16.
+    An 8-bit tile takes 64 terms, and ResNet's stem folded onto one (28 of them its own) ran slower than its unfolded
+    ``vpdpbusd`` program tuned with the same trials (``bench/amx.py --stem``): 8-bit convolutions are not folded."""
     if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.conv2d" or len(call.args) != 2:
-        return None
+        return False
     types = tuple(str(getattr(expr.ty, "dtype", "")) for expr in (*call.args, call))
-    tvm_target = dict(target.tvm_target)
-    for instruction, tile in _TILES:
-        if types == _operand_types(instruction) and llvm_target_has(tvm_target, instruction.llvm_feature):
-            return tile
-    return None
-
-
-def _operand_types(instruction: DotInstruction) -> tuple[str, str, str]:
-    return instruction.a_dtype, instruction.b_dtype, instruction.accumulator
+    return (types == (AMX_BF16.a_dtype, AMX_BF16.b_dtype, AMX_BF16.accumulator)
+            and llvm_target_has(dict(target.tvm_target), AMX_BF16.llvm_feature))
 
 
 def _plan(call: relax.Call, target: TargetSpec) -> int | None:
     """The folded input channels of a convolution this rewrite folds (module docstring); None for any other: it must
     be channels-last, ungrouped and undilated, with static shapes, output rows a tile's and channels whole tiles'."""
-    tile = _tile(call, target)
-    if tile is None:
+    if not _folds_on(call, target):
         return None
     attrs = call.attrs
     data, out = static_shape(call.args[0].ty.shape), static_shape(call.ty.shape)
@@ -89,7 +77,7 @@ def _plan(call: relax.Call, target: TargetSpec) -> int | None:
         or tile_rows(out[2]) is None
     ):
         return None
-    return folded_channels(kernel[1], data[3], tile.terms)
+    return folded_channels(kernel[1], data[3], BF16_TILE.terms)
 
 
 @relax.expr_functor.mutator
