@@ -23,10 +23,12 @@ from probtune.search.search_strategy import RandomSearch
 from probtune.targets import resolve_target
 from probtune.workloads.workload import Workload
 from probtune_cpu.host_cpu import cpu_features
+from probtune_cpu.multi_level_tiling import MultiLevelTiling
+from probtune_cpu.vector_unit import vector_register_bytes
 from probtune_x86 import BF16_FEATURE, VNNI_FEATURE
 from probtune_x86.amx import AMXBF16DotProduct, AMXDotProduct
 from probtune_x86.bf16 import BF16, BF16_CALL, BF16DotProduct
-from probtune_x86.dot_product import DotInstruction, DotProductTiling, dot_plan
+from probtune_x86.dot_product import DotInstruction, DotProductTiling, dot_plan, kept_accumulator_bytes
 from probtune_x86.features import X86_FEATURE_NAMES, x86_features
 from probtune_x86.vnni import VNNI, VNNIDotProduct
 
@@ -212,3 +214,52 @@ def test_programs_realized_in_helper_processes_are_tensorized_there(case, tmp_pa
     _needs(case)
     result = probtune.tune(_matmul(case, 64, 64, 64), "host", 16, database=tmp_path / "t.db", batch_size=8)
     assert result.best is not None and "rewrite-cpu-tensorize" not in result.rejections
+
+
+def _tiled_matmul(case: Case, write_back: int):
+    """A 64 x 64 x 128 product tiled around the instruction: i 4x4x2x2, the 4 blocks of 16 lanes 2x1x1x2, the sum
+    (128 / depth) in two levels; written back under level ``write_back`` + 1 of the tiling's structure."""
+    space = generate_space(_matmul(case, 64, 64, 128), _vector_host(), modules=[case.tiling], validators=[])
+    trace = space.trace
+    tiles = [i for i in trace.sampling_indices() if trace.instructions[i].kind == "sample_perfect_tile"]
+    write_backs = [i for i in trace.sampling_indices() if trace.instructions[i].kind == "sample_categorical"]
+    depth = 128 // case.instruction.depth
+    decisions = dict(zip(tiles, [[4, 4, 2, 2], [2, 1, 1, 2], [depth // 4, 4]]))
+    decisions[write_backs[0]] = write_back
+    sch, _ = space.realize(trace.with_decisions(decisions))
+    return sch, space.context
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_register_tile_prior_weighs_the_sums_an_instruction_tile_keeps_under_its_write_back(case):
+    _needs(case)
+    low, high = (share * vector_register_bytes(_vector_host()) for share in case.tiling.register_tile)
+    weights = []
+    for write_back, tiles in ((1, 2 * 2 * 2), (0, 4 * 2 * 2 * 2)):  # under level 2: i's and j's last two levels
+        sch, context = _tiled_matmul(case, write_back)
+        kept = kept_accumulator_bytes(sch.tvm, sch.tvm.get_sblock("C_o"))
+        assert kept == tiles * 64  # each a vector of 16 four-byte sums
+        expected = 1.0 if low <= kept <= high else case.tiling.off_register_tile_weight
+        weights.append(case.tiling.prior(sch.tvm, context))
+        assert weights[-1] == expected
+        assert MultiLevelTiling().prior(sch.tvm, context) == 1.0  # the instruction's tiles are not its to judge
+    assert weights == [1.0, case.tiling.off_register_tile_weight]  # 8 of 32 AVX-512 registers, then all 32
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_draws_under_the_register_tile_prior_keep_register_sized_sums_more_often(case):
+    _needs(case)
+    workload = _matmul(case, 256, 256, 256)
+    low, high = (share * vector_register_bytes(_vector_host()) for share in case.tiling.register_tile)
+
+    def share_in_range(tiling: DotProductTiling) -> float:
+        space = generate_space(workload, _vector_host(), modules=[tiling], validators=[])
+        rng, inside = Rng(7), 0
+        for _ in range(40):
+            sch, _ = space.draw(rng)
+            inside += low <= kept_accumulator_bytes(sch.tvm, sch.tvm.get_sblock("C_o")) <= high
+        return inside / 40
+
+    without = share_in_range(dataclasses.replace(case.tiling, off_register_tile_weight=1.0))
+    assert share_in_range(case.tiling) >= without + 0.3
+

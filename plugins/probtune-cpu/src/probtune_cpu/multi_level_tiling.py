@@ -59,12 +59,15 @@ from probtune.plugin import (
     sblock_names,
 )
 from probtune_cpu.parallel_vectorize import PARALLEL_KEY, VECTORIZE_KEY
+from probtune_cpu.tensorize import TENSORIZE_KEY
 from probtune_cpu.vector_unit import vector_register_bytes, vector_width
 
 __all__ = [
+    "OFF_REGISTER_TILE_WEIGHT",
     "PACKED_DIM_KEY",
     "PANEL_DIM_KEY",
     "PANEL_KEY",
+    "REGISTER_TILE",
     "WRITE_BACK_DEPTH_KEY",
     "MultiLevelTiling",
     "RewritePackedLayout",
@@ -73,6 +76,12 @@ __all__ = [
     "order_levels",
     "write_back_per_tile",
 ]
+
+REGISTER_TILE = (0.25, 0.5)
+"""The share of the vector register file (low, high) that a fresh draw's accumulator tiles are favoured to take."""
+
+OFF_REGISTER_TILE_WEIGHT = 0.1
+"""The probability a fresh draw with an accumulator tile outside ``REGISTER_TILE`` is kept."""
 
 WRITE_BACK_DEPTH_KEY = "probtune.write_back_depth"
 """Block annotation: the write-back goes under this many of the tiled block's outer loops."""
@@ -257,8 +266,8 @@ class MultiLevelTiling:
     align_innermost_to_vector: bool = True
     pack_strided_inputs: bool = True
     pack_panels: bool = True
-    register_tile: tuple[float, float] = (0.25, 0.5)
-    off_register_tile_weight: float = 0.1
+    register_tile: tuple[float, float] = REGISTER_TILE
+    off_register_tile_weight: float = OFF_REGISTER_TILE_WEIGHT
 
     def prior(self, sch: s_tir.Schedule, ctx: SpaceContext) -> float:
         """Favour fresh draws whose accumulator tiles fill ``register_tile`` of the target's vector registers.
@@ -270,12 +279,16 @@ class MultiLevelTiling:
         the range ran well slower than the best of their tune and seldom came
         near it (above a half, the inputs' vectors no longer fit beside the
         accumulators); the prior puts many more draws in the range
-        (bench/results/NOTES.md).
+        (bench/results/NOTES.md). A block an instruction replaces is left
+        to the module that tiled it (its iterations are the instruction's).
         """
         low, high = (share * vector_register_bytes(ctx.target) for share in self.register_tile)
         weight = 1.0
         for name in sblock_names(sch):
-            tile = accumulator_bytes(sch, sch.get_sblock(name))
+            block = sch.get_sblock(name)
+            if TENSORIZE_KEY in sch.get(block).annotations:
+                continue
+            tile = accumulator_bytes(sch, block)
             if tile is not None and not low <= tile <= high:
                 weight *= self.off_register_tile_weight
         return weight

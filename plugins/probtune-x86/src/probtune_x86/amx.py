@@ -130,6 +130,20 @@ def register_named(name: str) -> int:
     return tile_rows
 
 
+def _tile_address(buffer: tirx.Buffer, indices: tuple, storage: str, extent: tirx.PrimExpr, mask: int) -> tirx.PrimExpr:
+    """The address of ``buffer``'s element at ``indices``, where a tile is loaded or stored (``mask``: 1 read, 2
+    write, ``extent`` elements). An element's address follows the buffer when TVM's storage rewrite lets it share
+    memory with a buffer of another type, where a typed ``tvm_access_ptr`` then fails to lower. A bfloat16 buffer
+    keeps the typed pointer (as stored, 16-bit): its bf16 legalization would widen a buffer whose element is read
+    for its address."""
+    if buffer.dtype != "bfloat16":
+        return tirx.address_of(tirx.BufferLoad(buffer, list(indices)))
+    offset = buffer.elem_offset
+    for index, stride in zip(indices, buffer.strides):
+        offset = offset + index * stride
+    return tirx.call_intrin("handle", "tirx.tvm_access_ptr", tirx.type_annotation(storage), buffer.data, offset, extent, mask)
+
+
 @functools.cache
 def register_tile_intrinsic(tile: TileProduct, row_tiles: int = 1, column_tiles: int = 1, steps: int = 1,
                             tile_rows: int = TILE_ROWS) -> str:
@@ -173,27 +187,23 @@ def register_tile_intrinsic(tile: TileProduct, row_tiles: int = 1, column_tiles:
             with T.attr(0, TILE_ROWS_KEY, tile_rows):
                 for r in T.unroll(row_tiles):
                     for q in T.unroll(column_tiles):
-                        T.evaluate(T.call_llvm_intrin("void", load, T.Cast("int8", r * 2 + q), T.tvm_access_ptr(
-                            T.type_annotation(acc), C.data, C.elem_offset + r * tile_rows * ldc + q * TILE_COLUMNS,
-                            tile_rows * ldc, 1), T.Cast("int64", ldc * 4)))
+                        T.evaluate(T.call_llvm_intrin("void", load, T.Cast("int8", r * 2 + q), _tile_address(
+                            C, (r * tile_rows, q * TILE_COLUMNS), acc, tile_rows * ldc, 1), T.Cast("int64", ldc * 4)))
                 for s in range(steps):
                     for r in T.unroll(row_tiles):
-                        T.evaluate(T.call_llvm_intrin("void", load, T.Cast("int8", 4 + r), T.tvm_access_ptr(
-                            T.type_annotation(a_storage), A.data, A.elem_offset + r * tile_rows * lda + s * step,
-                            tile_rows * lda, 1), T.Cast("int64", lda * a_bytes)))
+                        T.evaluate(T.call_llvm_intrin("void", load, T.Cast("int8", 4 + r), _tile_address(
+                            A, (r * tile_rows, s * step), a_storage, tile_rows * lda, 1), T.Cast("int64", lda * a_bytes)))
                     for q in T.unroll(column_tiles):
-                        T.evaluate(T.call_llvm_intrin("void", load, T.Cast("int8", 6 + q), T.tvm_access_ptr(
-                            T.type_annotation(b_storage), B.data, B.elem_offset + q * ldb + s * step * TILE_COLUMNS,
-                            step * TILE_COLUMNS, 1), T.int64(64)))
+                        T.evaluate(T.call_llvm_intrin("void", load, T.Cast("int8", 6 + q), _tile_address(
+                            B, (q, s * step // depth, 0, 0), b_storage, step * TILE_COLUMNS, 1), T.int64(64)))
                     for r in T.unroll(row_tiles):
                         for q in T.unroll(column_tiles):
                             T.evaluate(T.call_llvm_intrin("void", product, T.Cast("int8", r * 2 + q), T.Cast("int8", 4 + r),
                                                           T.Cast("int8", 6 + q)))
                 for r in T.unroll(row_tiles):
                     for q in T.unroll(column_tiles):
-                        T.evaluate(T.call_llvm_intrin("void", store, T.Cast("int8", r * 2 + q), T.tvm_access_ptr(
-                            T.type_annotation(acc), C.data, C.elem_offset + r * tile_rows * ldc + q * TILE_COLUMNS,
-                            tile_rows * ldc, 2), T.Cast("int64", ldc * 4)))
+                        T.evaluate(T.call_llvm_intrin("void", store, T.Cast("int8", r * 2 + q), _tile_address(
+                            C, (r * tile_rows, q * TILE_COLUMNS), acc, tile_rows * ldc, 2), T.Cast("int64", ldc * 4)))
 
     from tvm.s_tir import TensorIntrin
 
@@ -308,6 +318,11 @@ class AMXDotProduct(DotProductTiling):
 
     name: str = "amx-dot-product"
     instruction: DotInstruction = AMX
+
+    def prior(self, sch: s_tir.Schedule, ctx: SpaceContext) -> float:
+        """Every draw kept: a tile product's sums stay in AMX's tile registers, which the vector tilings' register
+        tile does not measure."""
+        return 1.0
 
     def apply(self, sch: Schedule, block: BlockRV, ctx: SpaceContext) -> list[Schedule] | None:  # type: ignore[override]
         raw, block_rv, op = sch.tvm, sch.resolve(block), self.instruction
