@@ -174,8 +174,8 @@ class DotProductTiling:
     def prior(self, sch: s_tir.Schedule, ctx: SpaceContext) -> float:
         """Favour fresh draws whose instruction tiles keep ``register_tile`` of the target's vector registers as
         accumulators (:func:`kept_accumulator_bytes`); another keeps a draw with probability
-        ``off_register_tile_weight``. Tuning a bf16 stem, nearly all programs within 1.3x of the best kept 8 or 16
-        vectors of sums so, while most random draws kept fewer or many more (bench/results/NOTES.md)."""
+        ``off_register_tile_weight``. The programs near the best of a tuning keep that many sums, while most random
+        draws keep fewer or far more (bench/results/NOTES.md)."""
         low, high = (share * vector_register_bytes(ctx.target) for share in self.register_tile)
         weight = 1.0
         for name in sblock_names(sch):
@@ -230,8 +230,9 @@ def kept_accumulator_bytes(sch: s_tir.Schedule, tile: s_tir.schedule.SBlockRV) -
     an extent is not constant."""
     loops = sch.get_loops(tile)
     kinds = loop_kinds(sch, tile, loops)
+    written = sch.get(tile).writes[0]
     extents = [sch.get(loop).extent for loop in loops]
-    if not all(isinstance(extent, tirx.IntImm) for extent in extents):
+    if not all(isinstance(extent, tirx.IntImm) for extent in [*extents, *(r.extent for r in written.region)]):
         return None
     depth = sch.get(tile).annotations.get(WRITE_BACK_DEPTH_KEY)
     if depth is None:
@@ -241,7 +242,6 @@ def kept_accumulator_bytes(sch: s_tir.Schedule, tile: s_tir.schedule.SBlockRV) -
     for extent, kind in list(zip(extents, kinds))[int(depth):]:
         if kind == SPATIAL:
             elements *= int(extent)
-    written = sch.get(tile).writes[0]
     for extent in written.region:
         elements *= int(extent.extent)
     return elements * DataType(written.source.dtype).bits // 8
