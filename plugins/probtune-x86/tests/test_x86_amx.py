@@ -129,7 +129,6 @@ def test_programs_run_the_tile_product_and_compute_the_plain_programs_sums(workl
                 np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
 
 
-
 def test_tile_programs_build_where_storage_rewrite_shares_a_buffer_of_another_type():
     """TVM's storage rewrite lets the int32 write cache of a stride-2 convolution share the memory of its gathered
     uint8 input; the tiles then address it by element, which a typed access pointer could not (4 of these 12 draws
@@ -141,6 +140,7 @@ def test_tile_programs_build_where_storage_rewrite_shares_a_buffer_of_another_ty
     assert len(programs) >= 8
     for program in programs:
         assert "tdpbusd" in compile_for(program, SAPPHIRE_RAPIDS).mod.inspect_source("asm")
+
 
 def _two_products(first_rows: int, second_rows: int) -> Workload:
     """Two independent products in one program, of ``first_rows`` and ``second_rows`` rows."""

@@ -255,11 +255,11 @@ def test_draws_under_the_register_tile_prior_keep_register_sized_sums_more_often
     def share_in_range(tiling: DotProductTiling) -> float:
         space = generate_space(workload, _vector_host(), modules=[tiling], validators=[])
         rng, inside = Rng(7), 0
-        for _ in range(40):
+        for _ in range(80):
             sch, _ = space.draw(rng)
             inside += low <= kept_accumulator_bytes(sch.tvm, sch.tvm.get_sblock("C_o")) <= high
-        return inside / 40
+        return inside / 80
 
     without = share_in_range(dataclasses.replace(case.tiling, off_register_tile_weight=1.0))
-    assert share_in_range(case.tiling) >= without + 0.3
+    assert share_in_range(case.tiling) >= without + 0.25  # about 0.45 against 0.06-0.09
 
