@@ -22,30 +22,17 @@ from pathlib import Path
 import numpy as np
 from amx import TILINGS, convolution, operands, product, run, speedup, timed_in_turns, weight_packed
 from common import say
-from tvm import te, topi
 
 import probtune
 from probtune.measure.codegen import compile_for
-from probtune.measure.constant_layouts import LAYOUT_FREE_ATTR
 from probtune.space.space_generator import resolve_modules
 from probtune.targets import resolve_target
-from probtune.workloads.workload import Workload
 from probtune_cpu.host_cpu import cpu_features, cpu_model
 from probtune_x86 import BF16_FEATURE, VNNI_FEATURE
 from probtune_x86.dot_product import DotProductTiling
 
-
-def stem() -> tuple[Workload, int]:
-    """ResNet-50's stem in bf16 as a model compiles it: 7x7, stride 2, its 3 input channels padded to 4."""
-    x = te.placeholder((1, 224, 224, 4), "bfloat16", name="X")
-    w = te.placeholder((7, 7, 4, 64), "bfloat16", name="W")
-    y = topi.nn.conv2d_nhwc(x, w, 2, 3, 1, out_dtype="float32")
-    func = te.create_prim_func([x, w, y]).with_attr(LAYOUT_FREE_ATTR, [1])
-    return Workload.from_module(func, name="bf16_stem_7x7_s2"), 2 * 112 * 112 * 64 * 7 * 7 * 4
-
-
 WORKLOADS = {
-    "bf16_stem": stem,
+    "bf16_stem": lambda: convolution(224, 4, 64, 7, 2, True),  # ResNet-50's stem, its 3 channels padded to 4
     "bf16_conv3x3_56_16_64": lambda: convolution(56, 16, 64, 3, 1, True),
     "bf16_conv1x1_56_256_64": lambda: convolution(56, 256, 64, 1, 1, True),
     "bf16_dense_128_3072_768": lambda: product(128, 3072, 768, True),
