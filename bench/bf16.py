@@ -7,7 +7,9 @@ onnxruntime's float32 with the precision's tolerance); then the engines are
 timed alone in turns (bench/isolated.py). Besides the models' latencies, the
 tuned tasks are compared: the estimated time of the convolution and matrix
 product tasks (weight x best latency) in fp32 against bf16, and what the bf16
-model spends on casting activations to bf16. Needs a CPU with AVX512-BF16.
+model spends on casting activations to bf16. With ``--check-only`` only the
+bf16 form is tuned, compiled and checked, nothing timed. Needs a CPU with
+AVX512-BF16.
 
     .venv/bin/python bench/bf16.py --only mobilenet_v2,resnet50,bert_base --trials 300
 """
@@ -50,11 +52,11 @@ def bench_model(name: str, entry: dict, args: argparse.Namespace) -> dict:
     path = args.zoo / entry["file"]
     with tempfile.TemporaryDirectory(prefix=f"bf16-{name}-") as folder:
         scratch = Path(folder)
-        for precision in ("bf16", "fp32"):
+        for precision in ("bf16",) if args.check_only else ("bf16", "fp32"):
             say(f"[{name}] {precision}: {args.trials} trials in a fresh process")
             result[precision] = tune_in_worker(name, entry, path, args, scratch / precision, precision)
             say(f"[{name}] {precision}: {result[precision].get('check') or result[precision].get('error')}")
-        if all(result[p].get("stage") == "done" for p in ("bf16", "fp32")):
+        if not args.check_only and all(result[p].get("stage") == "done" for p in ("bf16", "fp32")):
             times = {p: task_times(result[p]) for p in ("bf16", "fp32")}
             result["task_seconds"] = times
             if times["bf16"]["products"] and times["fp32"]["products"]:

@@ -62,6 +62,8 @@ def parser(description: str, out: str) -> argparse.ArgumentParser:
     parsed.add_argument("--rounds", type=int, default=5)
     parsed.add_argument("--round-seconds", type=float, default=1.0)
     parsed.add_argument("--out", type=Path, default=RESULTS / out)
+    parsed.add_argument("--check-only", action="store_true",
+                        help="tune, compile and check the low-precision form only: no float32 form, no timings")
     return parsed
 
 

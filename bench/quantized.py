@@ -9,7 +9,8 @@ checked against onnxruntime by bench/zoo.py's worker, each in its own process;
 the engines are timed alone in turns (bench/isolated.py). With ``--also-without
 MODULES`` the int8 file is tuned once more with those space modules left out of
 the space (``amx-dot-product``: the vector instructions only), and timed in the
-same turns.
+same turns. With ``--check-only`` only the int8 file is tuned, compiled and
+checked: a sweep of which models run right, nothing timed.
 
     .venv/bin/python bench/quantized.py --only mobilenet_v2,resnet50 --trials 1000
 """
@@ -70,14 +71,14 @@ def bench_model(name: str, entry: dict, args: argparse.Namespace) -> dict:
         scratch = Path(folder)
         result["quantization"], int8_path = quantize(name, entry, args.zoo, scratch)
         fp32_path = args.zoo / entry["file"]
-        forms = [("int8", int8_path, ""), ("fp32", fp32_path, "")]
-        if args.also_without:
+        forms = [("int8", int8_path, "")] + ([] if args.check_only else [("fp32", fp32_path, "")])
+        if args.also_without and not args.check_only:
             forms.append(("int8_without", int8_path, args.also_without))
         for form, path, left_out in forms:
             say(f"[{name}] {form}: {args.trials} trials in a fresh process")
             result[form] = tune_in_worker(name, entry, path, args, scratch / form, without_modules=left_out)
             say(f"[{name}] {form}: {result[form].get('check') or result[form].get('error')}")
-        if all(result[form].get("stage") == "done" for form, _, _ in forms):
+        if not args.check_only and all(result[form].get("stage") == "done" for form, _, _ in forms):
             result.update(time_engines(entry, int8_path, fp32_path, scratch, args))
     return result
 

@@ -74,10 +74,11 @@ def plain_bindings(func: relax.Function) -> list[relax.VarBinding]:
 class _JoinProducers(relax.PyExprMutator):  # type: ignore[misc]
     """Drops the calls of ``producers`` and has each call that reads one compute it itself."""
 
-    def __init__(self, mod: tvm.IRModule, name: Name) -> None:
+    def __init__(self, mod: tvm.IRModule, name: Name, inputs_first: bool) -> None:
         super().__init__(mod)
         self.mod = mod
         self.name = name
+        self.inputs_first = inputs_first
         self.producers: dict[relax.Var, relax.Call] = {}
         self.count = 0
 
@@ -92,6 +93,9 @@ class _JoinProducers(relax.PyExprMutator):  # type: ignore[misc]
         sources = list(dict.fromkeys(
             source for arg in args for source in (self._producer(arg)[1] if arg in self.producers else [arg])
         ))
+        if self.inputs_first:  # the order in which the joined body first reads them, as FuseOps orders parameters
+            produced = {source for arg in args if arg in self.producers for source in self._producer(arg)[1]}
+            sources = [s for s in sources if s in produced] + [s for s in sources if s not in produced]
         joined = self._joined(gvar, args, binding.value, sources)
         new = self.builder_.emit(relax.Call(joined, [self.visit_expr(s) for s in sources]), str(binding.var.name))
         self.set_var_remap(binding.var, new)
@@ -140,12 +144,15 @@ class _JoinProducers(relax.PyExprMutator):  # type: ignore[misc]
         return bound.body.body
 
 
-def join_producers(mod: tvm.IRModule, choose: Choose, name: Name) -> tuple[tvm.IRModule, int]:
+def join_producers(mod: tvm.IRModule, choose: Choose, name: Name, inputs_first: bool = False
+                   ) -> tuple[tvm.IRModule, int]:
     """``mod`` (after FuseOps) with the producers ``choose`` picks computed inside the calls that read them, each such
-    reader a primitive function that ``name`` names; how many readers were joined.
+    reader a primitive function that ``name`` names; how many readers were joined. With ``inputs_first`` the joined
+    function takes the producers' inputs before the reader's own: the function FuseOps makes where it fuses the
+    producers itself, and so the same task.
 
     ``choose`` must pick only calls (:func:`callee`) bound to dataflow variables that nothing but other calls read."""
-    mutator = _JoinProducers(mod, name)
+    mutator = _JoinProducers(mod, name, inputs_first)
     for gvar, func in mod.functions_items():
         if isinstance(func, relax.Function) and not (func.attrs and func.attrs.get("Primitive")):
             mutator.producers = choose(mod, func)

@@ -28,6 +28,7 @@ from probtune.model.copy_reads import COPY_READS, read_copies_in_products
 from probtune.model.importer import Model
 from probtune.model.layouts import convert_layouts
 from probtune.model.legalize import legalize
+from probtune.model.narrow_outputs import NARROW_OUTPUTS, narrow_outputs
 from probtune.model.part_reads import PART_READS, read_parts_in_products
 from probtune.model.prepack import constant_arguments
 from probtune.model.quantized import INTEGER_OPERATORS, integer_operators
@@ -53,7 +54,8 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
     (:mod:`probtune.model.variable_names`), folds the transposed weights
     into constants, joins a narrowing cast of a tensor that something else
     reads to its producer (:mod:`probtune.model.cast_outputs`), fuses
-    operators, has row reductions compute the elementwise steps only they read
+    operators, has a task that would write a widened value write the narrow
+    one for its reader to widen (:mod:`probtune.model.narrow_outputs`), has row reductions compute the elementwise steps only they read
     (:mod:`probtune.model.reduction_inputs`) and products take the parts of a stacked tensor they read
     themselves (:mod:`probtune.model.part_reads`), and the casts and transposes they alone read where the target asks
     (:mod:`probtune.model.copy_reads`), and fuses TIR; then it folds the fused calls
@@ -72,6 +74,7 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
         annotated = _lowered(lambda: _annotated(unique_variable_names(legalize(mod))), target)
         annotated, joined = _optional(join_cast_outputs, CAST_OUTPUTS, annotated)
         grouped = _lowered(lambda: relax.transform.FuseOps()(annotated), target)
+        grouped, narrowing = _optional(narrow_outputs, NARROW_OUTPUTS, grouped)
         grouped, computing = _optional(reduction_inputs, REDUCTION_INPUTS, grouped)
         grouped, reading = _optional(read_parts_in_products, PART_READS, grouped)
         if target.copies_in_product_reads:
@@ -79,7 +82,8 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
         else:
             copying = 0
         fused = _lowered(lambda: relax.transform.FoldConstant()(relax.transform.FuseTIR()(grouped)), target)
-    joins = ((CAST_OUTPUTS, joined), (REDUCTION_INPUTS, computing), (PART_READS, reading), (COPY_READS, copying))
+    joins = ((CAST_OUTPUTS, joined), (NARROW_OUTPUTS, narrowing), (REDUCTION_INPUTS, computing), (PART_READS, reading),
+             (COPY_READS, copying))
     counts = {**counts, **{name: n for name, n in joins if n}}
     if target.split_concatenations:
         fused, _ = split_concatenations(fused)
