@@ -195,7 +195,7 @@ class _Split(relax.PyExprMutator):  # type: ignore[misc]
         super().__init__(mod)
         self.mod = mod
         self.chosen: set[relax.Var] = set()
-        self.widenings: set[str] = set()
+        self.widened: set[relax.Var] = set()  # the variables the widening calls bind
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         if binding.var not in self.chosen:
@@ -210,11 +210,12 @@ class _Split(relax.PyExprMutator):  # type: ignore[misc]
         steps = [step.value.args[0] for step in widening.steps]
         narrow_gvar = self.builder_.add_func(narrowed, _name(kept))
         widen_gvar = self.builder_.add_func(_widen(widening), _name(steps))
-        self.widenings.add(widen_gvar.name_hint)
         args = [self.visit_expr(arg) for arg in call.args]
         narrow = self.builder_.emit(relax.Call(narrow_gvar, args), f"{binding.var.name}_narrow")
         operands = [dict(zip(func.params, args))[param] for param in widening.params]
-        self.set_var_remap(binding.var, self.builder_.emit(relax.Call(widen_gvar, [narrow, *operands])))
+        widened = self.builder_.emit(relax.Call(widen_gvar, [narrow, *operands]))
+        self.widened.add(widened)
+        self.set_var_remap(binding.var, widened)
 
 
 def narrow_outputs(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
@@ -226,13 +227,11 @@ def narrow_outputs(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
             split.chosen = _splits(mod, func)
             if split.chosen:
                 split.builder_.update_func(gvar, split.visit_expr(func))
-    if not split.widenings:
+    if not split.widened:
         return mod, 0
 
     def widening_calls(_: tvm.IRModule, func: relax.Function) -> dict[relax.Var, relax.Call]:
-        return {b.var: b.value for b in plain_bindings(func)
-                if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.GlobalVar)
-                and b.value.op.name_hint in split.widenings}
+        return {b.var: b.value for b in plain_bindings(func) if b.var in split.widened}
 
     name: Name = lambda reader, producers: _name([*producers, reader])  # noqa: E731 - the joined task's name
     return join_producers(split.builder_.get(), widening_calls, name, inputs_first=True)
