@@ -69,7 +69,11 @@ def bench_model(name: str, entry: dict, args: argparse.Namespace) -> dict:
     result: dict[str, Any] = {"model": name, "family": entry.get("family")}
     with tempfile.TemporaryDirectory(prefix=f"quantized-{name}-") as folder:
         scratch = Path(folder)
-        result["quantization"], int8_path = quantize(name, entry, args.zoo, scratch)
+        try:
+            result["quantization"], int8_path = quantize(name, entry, args.zoo, scratch)
+        except Exception as exc:  # noqa: BLE001 - onnxruntime's quantizer refused the model: its row says why
+            result["int8"] = {"stage": "quantize", "error": f"onnxruntime's quantizer: {type(exc).__name__}: {exc}"[:500]}
+            return result
         fp32_path = args.zoo / entry["file"]
         forms = [("int8", int8_path, "")] + ([] if args.check_only else [("fp32", fp32_path, "")])
         if args.also_without and not args.check_only:

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
-from onnx import numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
 from tvm import relax
 from tvm.ir.expr import Constant
@@ -162,6 +162,31 @@ def test_layers_of_one_shape_with_scales_of_their_own_are_one_task(encoder_onnx,
     tasks = extract_tasks(fuse(load_model(path), resolve_target("host")))
     # the query, key and value projections: one shape, three weight scales (arguments, not literals in the code)
     assert max(task.weight for task in tasks if "matmul" in task.name) >= 3
+
+
+def _strided_conv1d(path) -> str:
+    """A 1-D convolution of stride 2 with padding and a bias, as a speech encoder's front end."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal((8, 4, 3)).astype(np.float32), "w"),
+               numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b")]
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1], strides=[2])], "conv1d",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8])], weights)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return str(path)
+
+
+@pytest.mark.parametrize("rank", [1, 2])
+def test_a_dynamically_quantized_convolution_imports_and_matches_onnxruntime(rank, small_cnn_onnx, tmp_path):
+    """``quantize_dynamic`` writes a convolution as ConvInteger, which TVM's frontend has no converter for (a vision
+    transformer's patch embedding failed to import)."""
+    source = str(small_cnn_onnx) if rank == 2 else _strided_conv1d(tmp_path / "conv1d.onnx")
+    path = tmp_path / "dynamic.onnx"
+    quantize_dynamic(source, str(path), weight_type=QuantType.QInt8)
+    assert "ConvInteger" in {node.op_type for node in onnx.load(path).graph.node}
+    model = load_model(path, SHAPES if rank == 2 else None)
+    compiled = tune_model(model, "host", trials=0, **FAST).compile()
+    assert compiled.check is not None and "outputs match onnxruntime" in str(compiled.check)
 
 
 def test_a_qoperator_model_is_imported_and_computed_on_integers(small_cnn_onnx, tmp_path):

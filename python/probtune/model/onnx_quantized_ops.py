@@ -1,10 +1,15 @@
-"""ONNX's QOperator forms of quantized operators (``QLinearConv``, ``QLinearMatMul``), which TVM 0.27's Relax
-frontend has no converter for, written as the QDQ form they compute.
+"""ONNX's QOperator forms of quantized operators (``QLinearConv``, ``QLinearMatMul``) and ``ConvInteger``, which
+TVM 0.27's Relax frontend has no converter for, written as the QDQ form they compute.
 
 ``QLinearConv(x, w, B)`` is ``quantize(conv(dequantize(x), dequantize(w)) +
 dequantize(B, x_scale * w_scale), y_scale, y_zero_point)``, as ONNX defines
 it; :mod:`probtune.model.quantized` then computes that form on integers, as
 onnxruntime's kernels do, wherever its weights are constant int8.
+
+``ConvInteger(x, w, x_zero_point, w_zero_point)`` (``quantize_dynamic``'s
+form of a convolution: a vision transformer's patch embedding, a speech
+encoder's 1-D front end) is the int32 convolution of both operands less
+their zero points, padding contributing zero, as ONNX defines it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from tvm.ir.expr import Constant
 
 from probtune.errors import ModelImportError
 
-__all__ = ["QUANTIZED_CONVERTERS", "qlinear_conv", "qlinear_matmul"]
+__all__ = ["QUANTIZED_CONVERTERS", "conv_integer", "qlinear_conv", "qlinear_matmul"]
 
 
 def _axis_of(scale: relax.Expr, axis: int) -> int:
@@ -80,4 +85,43 @@ def qlinear_matmul(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[st
     return _quantized(product, y_scale, y_zero, str(y_zero.ty.dtype) if y_zero is not None else "uint8")
 
 
-QUANTIZED_CONVERTERS = {"QLinearConv": qlinear_conv, "QLinearMatMul": qlinear_matmul}
+def _shifted(x: relax.Expr, zero: relax.Expr | None, channels_axis: int | None = None) -> relax.Expr:
+    """``x - zero`` in int32; a zero point per output channel (a 1-D ``zero``) broadcast along ``channels_axis``."""
+    wide = relax.op.astype(x, "int32")
+    if zero is None:
+        return wide
+    per_channel = channels_axis is not None and len(zero.ty.shape) == 1 and int(zero.ty.shape[0]) > 1
+    zero = relax.op.astype(zero, "int32")
+    if per_channel:
+        zero = relax.op.reshape(zero, [-1] + [1] * (len(x.ty.shape) - 1))
+    return relax.op.subtract(wide, zero)
+
+
+def conv_integer(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], opset: int) -> relax.Expr:
+    """ONNX ConvInteger (1-D or 2-D, explicit or no padding): the int32 convolution of both operands less their zero
+    points."""
+    x, w = inputs[0], inputs[1]
+    x_zero = inputs[2] if len(inputs) > 2 else None
+    w_zero = inputs[3] if len(inputs) > 3 else None
+    auto_pad = attrs.get("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+    rank = len(x.ty.shape)
+    if rank not in (3, 4) or auto_pad not in ("NOTSET", "VALID"):
+        raise ModelImportError(
+            f"ConvInteger with a {rank}-D input or auto_pad {auto_pad} is not supported (1-D and 2-D convolutions "
+            "with explicit padding are): export the model with explicit pads"
+        )
+    spatial = rank - 2
+    conv = relax.op.nn.conv1d if rank == 3 else relax.op.nn.conv2d
+    return conv(
+        _shifted(x, x_zero),
+        _shifted(w, w_zero, channels_axis=0),
+        strides=list(attrs.get("strides", [1] * spatial)),
+        padding=list(attrs.get("pads", [0] * 2 * spatial)),
+        dilation=list(attrs.get("dilations", [1] * spatial)),
+        groups=int(attrs.get("group", 1)),
+        out_dtype="int32",
+    )
+
+
+QUANTIZED_CONVERTERS = {"ConvInteger": conv_integer, "QLinearConv": qlinear_conv, "QLinearMatMul": qlinear_matmul}
