@@ -7,7 +7,7 @@ task (on a GPU, a kernel) of its own. After FuseOps and before FuseTIR,
 producers' inputs that computes the producers first; FuseTIR makes it one
 PrimFunc, whose space inlines the producers into the reads. Which producers
 move is the caller's choice (:mod:`probtune.model.part_reads`,
-:mod:`probtune.model.reduction_inputs`).
+:mod:`probtune.model.reduction_inputs`, :mod:`probtune.model.narrow_outputs`).
 """
 
 from __future__ import annotations

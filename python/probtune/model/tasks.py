@@ -55,7 +55,8 @@ def fuse(model: Model, target: TargetSpec, rewrites: Sequence[str | GraphRewrite
     into constants, joins a narrowing cast of a tensor that something else
     reads to its producer (:mod:`probtune.model.cast_outputs`), fuses
     operators, has a task that would write a widened value write the narrow
-    one for its reader to widen (:mod:`probtune.model.narrow_outputs`), has row reductions compute the elementwise steps only they read
+    one for its reader to widen (:mod:`probtune.model.narrow_outputs`), has
+    row reductions compute the elementwise steps only they read
     (:mod:`probtune.model.reduction_inputs`) and products take the parts of a stacked tensor they read
     themselves (:mod:`probtune.model.part_reads`), and the casts and transposes they alone read where the target asks
     (:mod:`probtune.model.copy_reads`), and fuses TIR; then it folds the fused calls
