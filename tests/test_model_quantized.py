@@ -149,6 +149,47 @@ def test_an_output_may_lie_as_far_from_onnxruntime_as_its_own_two_graphs_do(qdq_
         check_outputs(model, off)
 
 
+def test_a_float_output_may_lie_as_far_as_onnxruntimes_own_moves_for_inputs_ulps_apart(encoder_onnx, tmp_path,
+                                                                                      monkeypatch):
+    """A dynamically quantized model whose two onnxruntime graphs run the same kernels agree to the last bit, but a
+    flip in the last bits of a float moves its outputs as much as any other implementation's does: how far onnxruntime
+    moves for inputs a few ulps apart bounds a float output too. An output dequantized from 8 bits keeps its steps."""
+    from probtune.errors import ModelCheckError
+    from probtune.model import check as check_module
+
+    path = tmp_path / "encoder.dynamic.onnx"
+    quantize_dynamic(str(encoder_onnx), str(path), weight_type=QuantType.QInt8)
+    model = load_model(path)
+    reference = check_module.onnxruntime_runner(model)
+    inputs = model.random_inputs(0)
+    noise = check_module._noise_spread(model, inputs, reference(*inputs))
+    assert noise[0] > 0  # onnxruntime itself moves for inputs a few ulps apart
+    rms = float(np.sqrt(np.mean(np.square(reference(*inputs)[0]))))
+
+    def off(*x):
+        return [reference(*x)[0] + 0.05 * rms]
+
+    monkeypatch.setattr(check_module, "_reference_spread", lambda *args: {0: 0.0})
+    monkeypatch.setattr(check_module, "_noise_spread", lambda *args: {0: 0.03 * rms})
+    assert check_outputs(model, off).spread == pytest.approx(0.03, rel=1e-3)
+    monkeypatch.setattr(check_module, "_noise_spread", lambda *args: {0: 0.02 * rms})
+    with pytest.raises(ModelCheckError, match="differs from onnxruntime"):
+        check_outputs(model, off)
+
+
+def test_an_output_dequantized_from_8_bits_is_held_to_its_steps_whatever_the_noise(qdq_cnn, monkeypatch):
+    from probtune.errors import ModelCheckError
+    from probtune.model import check as check_module
+
+    model = load_model(qdq_cnn, SHAPES)
+    session = onnxruntime.InferenceSession(str(qdq_cnn), providers=["CPUExecutionProvider"])
+    step = float(numpy_helper.to_array(next(i for i in onnx.load(qdq_cnn).graph.initializer if i.name == "logits_scale")))
+    monkeypatch.setattr(check_module, "_reference_spread", lambda *args: {0: 0.0})
+    monkeypatch.setattr(check_module, "_noise_spread", lambda *args: {0: 10 * step})
+    with pytest.raises(ModelCheckError, match="differs from onnxruntime"):
+        check_outputs(model, lambda x: [session.run(None, {"x": x})[0] + 2 * step])
+
+
 def test_a_target_without_vnni_computes_the_same_integers(qdq_cnn):
     model = load_model(qdq_cnn, SHAPES)
     assert "vnni-dot-product" not in resolve_target("x86-avx2").modules
