@@ -50,9 +50,9 @@ on the same inputs is what such flips legitimately cost; a wrong program
 differs by about the whole output. An output that is not dequantized from 8
 bits may also differ by this many times as much as onnxruntime's own output
 moves when its float inputs move by a couple of ulps (``INPUT_NOISE``): where
-both of its graphs run the same kernels (Whisper's encoder, dynamically
-quantized: 1e-6 of the RMS apart), that is what a float difference in the
-last bit costs (2.5% of the RMS there)."""
+both of its graphs run the same kernels (a dynamically quantized speech
+encoder's), they agree to the last bit, and only this shows what a float
+difference in the last bit costs."""
 
 INPUT_NOISE = 2.0**-22
 """The relative change put on a quantizing model's float inputs to see how far onnxruntime's outputs move for a
