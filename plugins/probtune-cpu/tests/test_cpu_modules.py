@@ -168,6 +168,30 @@ def test_auto_inline_keeps_a_pass_its_consumer_reads_at_two_places(host):
     assert_samples_correct(workload, full, host, samples=6)
 
 
+def _rolled_windows() -> Workload:
+    """Swin's window merge and cyclic shift: 2 x 2 windows of 7 x 7 merged into a 14 x 14 map, rolled by 3 along
+    its rows, then its columns (each a choice between two reads), plus a residual."""
+    windows = te.placeholder((4, 7, 7, 8), name="windows")
+    residual = te.placeholder((1, 14, 14, 8), name="residual")
+    merged = te.compute((1, 14, 14, 8), lambda n, h, w, c: windows[h // 7 * 2 + w // 7, h % 7, w % 7, c], name="merged")
+    rows = te.compute(merged.shape, lambda n, h, w, c: tirx.if_then_else(
+        h >= 3, merged[n, h - 3, w, c], merged[n, h + 11, w, c]), name="rows")
+    cols = te.compute(merged.shape, lambda n, h, w, c: tirx.if_then_else(
+        w >= 3, rows[n, h, w - 3, c], rows[n, h, w + 11, c]), name="cols")
+    out = te.compute(merged.shape, lambda *i: cols(*i) + residual(*i), name="out")
+    return Workload.from_module(tvm.IRModule({"main": te.create_prim_func([windows, residual, out])}))
+
+
+def test_auto_inline_takes_a_roll_as_one_read_per_element(host):
+    """A roll reads its input in one branch or the other of a choice: one place per element, so it is inlined.
+    Kept, random-compute-location computed the merge under the roll's parallel rows, where TVM's region of a read
+    at two distant rows made Swin-T's default program wrong."""
+    workload = _rolled_windows()
+    space = generate_space(workload, host, modules=["auto-inline"])
+    assert len(block_names(fresh_program(workload, space, 0))) == 1  # merged, rolled and added in one block
+    assert_samples_correct(workload, generate_space(workload, host), host, samples=8)
+
+
 def _tanh_then(consumer: str) -> Workload:
     """``tanh(A)`` read by a matrix product (each element once per column) or by an elementwise add."""
     a = te.placeholder((4, 16), name="A")

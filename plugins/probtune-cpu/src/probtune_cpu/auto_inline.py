@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
+from tvm.ir.expr import TensorLoad
 
 from probtune.plugin import BlockRV, Schedule, SpaceContext, allows, is_spatial, iter_stmts
 from probtune_cpu.output_reuse import loads_of
@@ -61,15 +62,40 @@ def _calls_any(expr: tirx.Expr, op_names: Iterable[str]) -> bool:
 
 def _read_at_several_places(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
     """Whether a consumer reads the block's output at more than one index per element it computes (a stencil, a
-    resize's neighbouring rows): inlined, the block would be computed that many times over."""
+    resize's neighbouring rows): inlined, the block would be computed that many times over. Reads in the two
+    branches of a choice (a concatenation's, a roll's) are one per element."""
     buffer = sch.get(block).writes[0].source
     for consumer in sch.get_consumers(block):
         body = sch.get(consumer).body
-        value = body.value if isinstance(body, tirx.BufferStore) else None
-        loads = loads_of(value, buffer) if value is not None else []
-        if any(not tvm_ffi.structural_equal(load.indices, loads[0].indices) for load in loads[1:]):
+        if isinstance(body, tirx.BufferStore) and len(_places_per_element(body.value, buffer)) > 1:
             return True
     return False
+
+
+def _places_per_element(expr: object, buffer: tirx.Buffer) -> list[TensorLoad]:
+    """The loads of ``buffer`` at distinct indices that one evaluation of ``expr`` makes at most: of a choice
+    (``if_then_else``, ``Select``), its condition's and its more reading branch's."""
+    if isinstance(expr, tvm.ir.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "prim.if_then_else":
+        condition, *branches = expr.args
+    elif isinstance(expr, tirx.Select):
+        condition, branches = expr.condition, [expr.true_value, expr.false_value]
+    else:
+        children = [getattr(expr, field, None) for field in _EXPR_CHILD_FIELDS]
+        flat = [c for child in children for c in (child if isinstance(child, tvm_ffi.Array) else [child])
+                if isinstance(c, tirx.Expr)]
+        own = [expr] if isinstance(expr, TensorLoad) and expr.source.same_as(buffer) else []
+        return _distinct(own + [load for child in flat for load in _places_per_element(child, buffer)])
+    most = max((_places_per_element(branch, buffer) for branch in branches), key=len)
+    return _distinct(_places_per_element(condition, buffer) + most)
+
+
+def _distinct(loads: list[TensorLoad]) -> list[TensorLoad]:
+    """``loads`` without repeats of an index."""
+    distinct: list[TensorLoad] = []
+    for load in loads:
+        if not any(tvm_ffi.structural_equal(load.indices, seen.indices) for seen in distinct):
+            distinct.append(load)
+    return distinct
 
 
 def _recomputed_if_inlined(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
