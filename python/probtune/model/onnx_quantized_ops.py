@@ -50,17 +50,24 @@ def _bias_scale(x_scale: relax.Expr, w_scale: relax.Expr) -> relax.Expr:
     return relax.op.multiply(x_scale, w_scale)
 
 
+def _check_convolution(op_type: str, x: relax.Expr, attrs: dict[str, Any], ranks: tuple[int, ...]) -> None:
+    """ModelImportError unless ``x`` has one of ``ranks`` and the convolution's padding is explicit (or none)."""
+    auto_pad = attrs.get("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+    rank = len(x.ty.shape)
+    if rank not in ranks or auto_pad not in ("NOTSET", "VALID"):
+        dims = " and ".join(f"{r - 2}-D" for r in ranks)
+        raise ModelImportError(
+            f"{op_type} with a {rank}-D input or auto_pad {auto_pad} is not supported ({dims} convolutions with "
+            "explicit padding are): export the model with explicit pads"
+        )
+
+
 def qlinear_conv(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str, Any], opset: int) -> relax.Expr:
     """ONNX QLinearConv (2-D, explicit or no padding) as dequantize -> conv2d (+ bias) -> quantize."""
     x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero = inputs[:8]
     bias = inputs[8] if len(inputs) > 8 else None
-    auto_pad = attrs.get("auto_pad", b"NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
-    if len(x.ty.shape) != 4 or auto_pad not in ("NOTSET", "VALID"):
-        raise ModelImportError(
-            f"QLinearConv with a {len(x.ty.shape)}-D input or auto_pad {auto_pad} is not supported (2-D convolutions "
-            "with explicit padding are): export the model with explicit pads"
-        )
+    _check_convolution("QLinearConv", x, attrs, (4,))
     conv = relax.op.nn.conv2d(
         _dequantized(x, x_scale, x_zero),
         _dequantized(w, w_scale, w_zero, axis=0),
@@ -103,16 +110,9 @@ def conv_integer(bb: relax.BlockBuilder, inputs: Sequence[Any], attrs: dict[str,
     x, w = inputs[0], inputs[1]
     x_zero = inputs[2] if len(inputs) > 2 else None
     w_zero = inputs[3] if len(inputs) > 3 else None
-    auto_pad = attrs.get("auto_pad", b"NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
-    rank = len(x.ty.shape)
-    if rank not in (3, 4) or auto_pad not in ("NOTSET", "VALID"):
-        raise ModelImportError(
-            f"ConvInteger with a {rank}-D input or auto_pad {auto_pad} is not supported (1-D and 2-D convolutions "
-            "with explicit padding are): export the model with explicit pads"
-        )
-    spatial = rank - 2
-    conv = relax.op.nn.conv1d if rank == 3 else relax.op.nn.conv2d
+    _check_convolution("ConvInteger", x, attrs, (3, 4))
+    spatial = len(x.ty.shape) - 2
+    conv = relax.op.nn.conv1d if spatial == 1 else relax.op.nn.conv2d
     return conv(
         _shifted(x, x_zero),
         _shifted(w, w_zero, channels_axis=0),
