@@ -121,6 +121,31 @@ def small_cnn_onnx(tmp_path_factory):
     return path
 
 
+def quantized_cnn(source, target, **options):
+    """The ONNX file ``source`` (one input ``x`` of shape (1, 3, 16, 16)) quantized statically by onnxruntime into
+    ``target``, calibrated on 4 random inputs: QDQ, per-channel int8 weights, uint8 activations, unless ``options``
+    (``quantize_static``'s) say otherwise."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    rng = np.random.default_rng(0)
+    samples = iter([{"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(4)])
+
+    class Samples(CalibrationDataReader):
+        def get_next(self) -> dict | None:
+            return next(samples, None)
+
+    settings = dict(quant_format=QuantFormat.QDQ, per_channel=True, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8) | options
+    quantize_static(str(source), str(target), Samples(), **settings)
+    return target
+
+
+@pytest.fixture(scope="session")
+def qdq_cnn(small_cnn_onnx, tmp_path_factory):
+    """examples.small_cnn (3x3 convolutions with padding, a residual add, pooling, a Gemm) quantized statically."""
+    return quantized_cnn(small_cnn_onnx, tmp_path_factory.mktemp("quantized") / "small_cnn.qdq.onnx")
+
+
 @pytest.fixture(scope="session")
 def encoder_onnx(tmp_path_factory):
     """One small transformer encoder layer (hidden 32, 2 heads, sequence 16), as an ONNX file."""

@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 from tvm import relax
 
-from conftest import fused_ops, untuned_runner
+from conftest import called_primfuncs, fused_ops, untuned_runner
 from probtune.model import load_model
 from probtune.model import tasks as model_tasks
 from probtune.model.narrow_outputs import NARROW_OUTPUTS, narrow_outputs
@@ -21,31 +20,9 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 SHAPES = {"x": (1, 3, 16, 16)}
 
 
-class _Samples(CalibrationDataReader):
-    def __init__(self) -> None:
-        rng = np.random.default_rng(0)
-        self.left = iter([{"x": rng.standard_normal(SHAPES["x"]).astype(np.float32)} for _ in range(4)])
-
-    def get_next(self) -> dict | None:
-        return next(self.left, None)
-
-
-@pytest.fixture(scope="module")
-def qdq_cnn(small_cnn_onnx, tmp_path_factory):
-    """examples.small_cnn quantized statically by onnxruntime: the results of its stem, its residual block and its
-    final mean are dequantized for one reader each (a max pool, a mean, a transpose)."""
-    path = tmp_path_factory.mktemp("narrow") / "cnn.qdq.onnx"
-    quantize_static(str(small_cnn_onnx), str(path), _Samples(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
-    return path
-
-
 def _float_writers(fused: tvm.IRModule) -> list[str]:
     """The called PrimFuncs of ``fused`` that write float32 (their last parameter is their output)."""
-    names: list[str] = []
-    relax.analysis.post_order_visit(fused["main"], lambda e: names.append(e.args[0].name_hint) if isinstance(
-        e, relax.Call) and getattr(e.op, "name", "") == "relax.call_tir" else None)
-    return [name for name in names if str(fused[name].params[-1].dtype) == "float32"]
+    return [name for name in called_primfuncs(fused) if str(fused[name].params[-1].dtype) == "float32"]
 
 
 def test_dequantized_results_are_written_in_8_bits_and_the_outputs_stay_the_same(qdq_cnn, monkeypatch):

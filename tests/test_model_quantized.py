@@ -2,7 +2,7 @@
 
 The static cases are QDQ files from ``quantize_static`` (per-channel int8
 weights, uint8 activations with nonzero zero points where a tensor is not
-after a ReLU); the dynamic case is ``quantize_dynamic``'s MatMulInteger form.
+after a ReLU); the dynamic cases are ``quantize_dynamic``'s MatMulInteger and ConvInteger forms.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import onnx
 import onnxruntime
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
+from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic
 from tvm import relax
 from tvm.ir.expr import Constant
 
+from conftest import quantized_cnn
 from probtune.model import load_model, tune_model
 from probtune.model.check import check_outputs
 from probtune.model.quantized import INTEGER_OPERATORS, integer_operators
@@ -24,27 +25,6 @@ from probtune.targets import resolve_target
 
 SHAPES = {"x": (1, 3, 16, 16)}
 FAST = dict(batch_size=4, confirm=0)
-
-
-class _RandomSamples(CalibrationDataReader):
-    def __init__(self, shape: tuple[int, ...], count: int = 4) -> None:
-        rng = np.random.default_rng(0)
-        self.left = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(count)])
-
-    def get_next(self) -> dict | None:
-        return next(self.left, None)
-
-
-def _quantize_static(source, target, weight_type=QuantType.QInt8):
-    quantize_static(str(source), str(target), _RandomSamples(SHAPES["x"]), quant_format=QuantFormat.QDQ,
-                    per_channel=True, activation_type=QuantType.QUInt8, weight_type=weight_type)
-    return target
-
-
-@pytest.fixture(scope="module")
-def qdq_cnn(small_cnn_onnx, tmp_path_factory):
-    """examples.small_cnn (3x3 convolutions with padding, a residual add, pooling, a Gemm) quantized statically."""
-    return _quantize_static(small_cnn_onnx, tmp_path_factory.mktemp("quantized") / "small_cnn.qdq.onnx")
 
 
 def _calls(mod) -> list[relax.Call]:
@@ -91,7 +71,7 @@ def test_a_qdq_model_compiles_to_onnxruntimes_integers(qdq_cnn):
 
 
 def test_weights_with_zero_points_stay_dequantized_and_still_match(small_cnn_onnx, tmp_path):
-    path = _quantize_static(small_cnn_onnx, tmp_path / "u8_weights.onnx", weight_type=QuantType.QUInt8)
+    path = quantized_cnn(small_cnn_onnx, tmp_path / "u8_weights.onnx", weight_type=QuantType.QUInt8)
     model = load_model(path, SHAPES)
     _, rewritten, left = integer_operators(model.mod)
     assert rewritten == 0 and sorted(left) == ["relax.matmul", *["relax.nn.conv2d"] * 3]
@@ -232,9 +212,7 @@ def test_a_dynamically_quantized_convolution_imports_and_matches_onnxruntime(ran
 
 def test_a_qoperator_model_is_imported_and_computed_on_integers(small_cnn_onnx, tmp_path):
     path = tmp_path / "small_cnn.qoperator.onnx"
-    quantize_static(str(small_cnn_onnx), str(path), _RandomSamples(SHAPES["x"]), quant_format=QuantFormat.QOperator,
-                    per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                    op_types_to_quantize=["Conv", "MatMul"])
+    quantized_cnn(small_cnn_onnx, path, quant_format=QuantFormat.QOperator, op_types_to_quantize=["Conv", "MatMul"])
     ops = {node.op_type for node in onnx.load(path).graph.node}
     assert "QLinearConv" in ops
     model = load_model(path, SHAPES)

@@ -10,8 +10,8 @@ import onnx
 import onnxruntime
 import pytest
 from onnx import numpy_helper
-from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
+from conftest import quantized_cnn
 from probtune.model import load_model, tune_model
 from probtune.model.examples import small_cnn
 from probtune.model.layouts import convert_layouts
@@ -31,23 +31,12 @@ HAS_AMX = AMX_BF16_FEATURE in cpu_features()
 SHAPES = {"x": (1, 3, 16, 16)}
 
 
-class _RandomSamples(CalibrationDataReader):
-    def __init__(self, count: int = 4) -> None:
-        rng = np.random.default_rng(0)
-        self.left = iter([{"x": rng.standard_normal(SHAPES["x"]).astype(np.float32)} for _ in range(count)])
-
-    def get_next(self) -> dict | None:
-        return next(self.left, None)
-
-
 @pytest.fixture(scope="module")
 def qdq_cnn_24(tmp_path_factory):
     """examples.small_cnn with 24 channels (3 -> 24 -> 24 -> 48, a residual add between), quantized by onnxruntime."""
     folder = tmp_path_factory.mktemp("vnni_channels")
     onnx.save(small_cnn(channels=24, size=16), folder / "cnn.onnx")
-    quantize_static(str(folder / "cnn.onnx"), str(folder / "cnn.qdq.onnx"), _RandomSamples(), quant_format=QuantFormat.QDQ,
-                    per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
-    return folder / "cnn.qdq.onnx"
+    return quantized_cnn(folder / "cnn.onnx", folder / "cnn.qdq.onnx")
 
 
 @pytest.mark.parametrize(
